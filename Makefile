@@ -1,0 +1,36 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
+# Both create .venv in the repo first. torch is installed on its own, before the package, so pip
+# never resolves a bare `torch` to the multi-GB CUDA build; override TORCH / TORCH_PIP_ARGS for GPUs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-all bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH) $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(BIN)/python -m launchers.generate
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-all: venv
+	$(BIN)/python -m pytest -q -m ''
+
+bench: venv
+	mkdir -p bench_out
+	$(BIN)/python -m benchmarks.rollout --out bench_out/rollout.json
+
+clean:
+	rm -rf $(VENV) bench_out

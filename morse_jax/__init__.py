@@ -1,0 +1,1 @@
+"""MoRSE in JAX: a frozen decoder, role and subtask LoRA experts, and HGRPO training."""

@@ -1,0 +1,187 @@
+"""The decoder as plain functions: `forward(params, config, tokens, ...) -> (logits, cache)`.
+
+Layers run under `jax.lax.scan` over the stacked weights. Batches are left-padded: every row's last
+prompt token sits in the same slot, so a decode step writes one cache slot for all rows at once.
+Positions are explicit per row, so padding never shifts RoPE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from morse_jax.llm.config import LlmConfig, RopeConfig
+from morse_jax.llm.params import LayerParams, Params
+
+_NEG = -1e30  # finite, so fully masked (padding) query rows give zeros, not NaN
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+  k: jax.Array  # [l, b, k, s, x]: slots next to each other per head, as attention reads them
+  v: jax.Array  # [l, b, k, s, x]
+  valid: jax.Array  # [b, s] bool: the slot holds a real (non-padding) token
+  length: jax.Array  # [] int32: slots written so far, the same for every row
+  next_pos: jax.Array  # [b] int32: RoPE position of each row's next real token
+
+  @property
+  def max_len(self) -> int:
+    return self.k.shape[3]
+
+
+def init_cache(config: LlmConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+  shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                 valid=jnp.zeros((batch, max_len), bool), length=jnp.zeros((), jnp.int32),
+                 next_pos=jnp.zeros((batch,), jnp.int32))
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
+  """Inverse frequencies [x/2], including linear and llama3 scaling (as transformers computes)."""
+  inv = 1.0 / (rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+  inv = inv.astype(np.float32)
+  if rope.type == "linear":
+    return inv / rope.factor
+  if rope.type == "llama3":
+    old = rope.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / rope.low_freq_factor, old / rope.high_freq_factor
+    wavelen = 2 * np.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / rope.factor, inv)
+    smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+  return inv
+
+
+def _rope_tables(positions, config: LlmConfig):
+  inv = jnp.asarray(rope_inv_freq(config.rope, config.head_dim))
+  angles = positions.astype(jnp.float32)[..., None] * inv  # [b, t, x/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)  # [b, t, x]
+  return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def _apply_rope(x, cos, sin):
+  """rotate_half convention of transformers (halves, not interleaved pairs)."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  out = x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin
+  return out.astype(x.dtype)
+
+
+def rms_norm(x, weight, eps):
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight * normed.astype(x.dtype)
+
+
+def _linear(x, w, b=None):
+  y = jnp.einsum("btd,fd->btf", x, w, preferred_element_type=jnp.float32)  # w [out, in]
+  if b is not None:
+    y = y + b
+  return y.astype(x.dtype)
+
+
+def _attention(q, k, v, mask, config: LlmConfig):
+  """q [b,t,h,x], k/v [b,k,s,x], mask [b,t,s] -> [b,t,h*x]. GQA without repeating k/v."""
+  b, t = q.shape[:2]
+  groups = config.num_heads // config.num_kv_heads
+  q = q.reshape(b, t, config.num_kv_heads, groups, config.head_dim)
+  scores = jnp.einsum("btkgx,bksx->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = scores * (config.head_dim ** -0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bksx->btkgx", probs, v, preferred_element_type=jnp.float32)
+  return out.reshape(b, t, config.q_size).astype(v.dtype)
+
+
+def _layer(x, lp: LayerParams, cos, sin, mask, kv, config: LlmConfig):
+  """One decoder layer. kv is None (no cache) or (k_all, v_all, layer, start): the whole stacked
+  cache travels in the scan carry and is updated in place at [layer, :, :, start]."""
+  b, t, _ = x.shape
+  h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
+  q = _linear(h, lp.wq, lp.bq).reshape(b, t, config.num_heads, config.head_dim)
+  k = _linear(h, lp.wk, lp.bk).reshape(b, t, config.num_kv_heads, config.head_dim)
+  v = _linear(h, lp.wv, lp.bv).reshape(b, t, config.num_kv_heads, config.head_dim)
+  if config.qk_norm:
+    q = rms_norm(q, lp.q_norm, config.rms_norm_eps)
+    k = rms_norm(k, lp.k_norm, config.rms_norm_eps)
+  q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+  k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, k, t, x]
+  if kv is not None:
+    k_all, v_all, layer, start = kv
+    k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None], (layer, 0, 0, start, 0))
+    v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None], (layer, 0, 0, start, 0))
+    k, v, kv = k_all[layer], v_all[layer], (k_all, v_all)
+  x = x + _linear(_attention(q, k, v, mask, config), lp.wo, lp.bo)
+  h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
+  gate = jax.nn.silu(_linear(h, lp.w_gate))
+  x = x + _linear(gate * _linear(h, lp.w_up), lp.w_down)
+  return x, kv
+
+
+def default_positions(attention_mask, cache: KVCache | None):
+  """Per-row positions that skip left padding, continuing from the cache when there is one."""
+  base = 0 if cache is None else cache.next_pos[:, None]
+  return base + jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "last_only"))
+def forward(params: Params, config: LlmConfig, tokens, positions=None, attention_mask=None,
+            cache: KVCache | None = None, *, last_only: bool = False):
+  """Runs the decoder.
+
+  Args:
+    tokens: [b, t] int token ids.
+    positions: [b, t] RoPE positions; by default derived from `attention_mask` (and the cache).
+    attention_mask: [b, t], 1 for real tokens, 0 for padding (left padding); default all ones.
+    cache: a KVCache; the t tokens are written at slots [cache.length, cache.length + t).
+    last_only: return logits for the last slot only ([b, 1, v]), as prefill needs.
+
+  Returns:
+    (logits [b, t, v] float32, updated cache or None).
+  """
+  b, t = tokens.shape
+  mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+  if positions is None:
+    positions = default_positions(mask, cache)
+  cos, sin = _rope_tables(positions, config)
+  x = jnp.take(params.embed, tokens, axis=0)
+  if cache is None:
+    slots = jnp.arange(t)
+    attn_mask = mask[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
+    start = 0
+  else:
+    start = cache.length
+    valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start))
+    q_slots = start + jnp.arange(t)
+    k_slots = jnp.arange(cache.max_len)
+    attn_mask = valid[:, None, :] & (q_slots[None, :, None] >= k_slots[None, None, :])
+
+  if cache is None:
+    x, _ = jax.lax.scan(lambda x, lp: _layer(x, lp, cos, sin, attn_mask, None, config),
+                        x, params.layers)
+  else:
+    def body(carry, xs):
+      x, k_all, v_all = carry
+      lp, layer = xs
+      x, (k_all, v_all) = _layer(x, lp, cos, sin, attn_mask, (k_all, v_all, layer, start), config)
+      return (x, k_all, v_all), None
+
+    layers = jnp.arange(config.num_layers)
+    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params.layers, layers))
+  if last_only:
+    x = x[:, -1:]
+  x = rms_norm(x, params.final_norm, config.rms_norm_eps)
+  head = params.embed if params.lm_head is None else params.lm_head
+  logits = jnp.einsum("btd,vd->btv", x, head, preferred_element_type=jnp.float32)
+  if cache is not None:
+    last_real = jnp.max(jnp.where(mask, positions, -1), axis=1)
+    cache = KVCache(k=k_all, v=v_all, valid=valid, length=cache.length + t,
+                    next_pos=jnp.maximum(cache.next_pos, last_real + 1))
+  return logits, cache

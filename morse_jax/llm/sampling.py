@@ -1,0 +1,182 @@
+"""Batched generation: one jitted prefill plus an on-device decode loop (`lax.while_loop`).
+
+Rows, prompt length and generation length are bucketed to powers of two, so calls with similar
+sizes reuse one compiled program. The loop stops on device when every row has emitted an EOS id or
+the requested number of tokens; nothing returns to the host per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from morse_jax.llm.config import LlmConfig
+from morse_jax.llm.model import forward, init_cache
+from morse_jax.llm.params import Params
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """temperature 0 means greedy. top_k 0 and top_p 1 switch those filters off."""
+
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature!r}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+    if self.top_k < 0:
+      raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k!r}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@dataclasses.dataclass
+class SampleOutput:
+  tokens: np.ndarray  # [rows, max_new] int32, pad_id after the end
+  logprobs: np.ndarray  # [rows, max_new] float32, log p of each token under the sampling dist.
+  lengths: np.ndarray  # [rows] int32, generated tokens including the EOS token
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Smallest power of two >= max(n, minimum)."""
+  return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def _filter_logits(logits, sampling: SamplingConfig):
+  """Temperature, top-k and top-p applied to [b, v] f32 logits; removed entries become -inf."""
+  logits = logits / sampling.temperature
+  if sampling.top_k:
+    kth = jax.lax.top_k(logits, sampling.top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if sampling.top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs  # keep a token while the mass before it < p
+    keep = mass_before < sampling.top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return logits
+
+
+def _choose(logits, keys, step, sampling: SamplingConfig):
+  """One token per row and its log-prob under the distribution it was drawn from."""
+  if sampling.greedy:
+    token = jnp.argmax(logits, axis=-1)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+  else:
+    filtered = _filter_logits(logits, sampling)
+    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
+    token = jax.vmap(jax.random.categorical)(step_keys, filtered)
+    logp = jax.nn.log_softmax(filtered, axis=-1)
+  token = token.astype(jnp.int32)
+  return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "gen_len", "eos_ids", "pad_id"))
+def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
+                    *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
+                    pad_id: int = 0):
+  """Generates from left-padded prompts, all on device.
+
+  Args:
+    tokens, attention_mask: [b, p] left-padded prompts and their mask.
+    keys: [b] PRNG keys, one per row (rows are reproducible whatever the batch around them).
+    max_new: [] int32, tokens to generate (<= gen_len); traced, so it does not recompile.
+    gen_len: static capacity of the output and of the cache beyond the prompt.
+
+  Returns:
+    tokens [b, gen_len], logprobs [b, gen_len], lengths [b].
+  """
+  b, p = tokens.shape
+  cache = init_cache(config, b, p + gen_len, params.embed.dtype)
+  logits, cache = forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
+                          last_only=True)
+  eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+  out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)
+  out_logp = jnp.zeros((b, gen_len), jnp.float32)
+  done = jnp.zeros((b,), bool)
+  lengths = jnp.zeros((b,), jnp.int32)
+
+  def cond(state):
+    step, _, _, done, *_ = state
+    return (step < max_new) & ~jnp.all(done)
+
+  def body(state):
+    step, logits, cache, done, out_tokens, out_logp, lengths = state
+    token, logp = _choose(logits[:, -1], keys, step, sampling)
+    token = jnp.where(done, pad_id, token)
+    logp = jnp.where(done, 0.0, logp)
+    out_tokens = out_tokens.at[:, step].set(token)
+    out_logp = out_logp.at[:, step].set(logp)
+    lengths = lengths + (~done).astype(jnp.int32)
+    done = done | jnp.isin(token, eos)
+    logits, cache = forward(params, config, token[:, None], cache=cache)
+    return step + 1, logits, cache, done, out_tokens, out_logp, lengths
+
+  state = (jnp.zeros((), jnp.int32), logits, cache, done, out_tokens, out_logp, lengths)
+  state = jax.lax.while_loop(cond, body, state)
+  return state[4], state[5], state[6]
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length: int, rows: int, pad_id: int):
+  """[rows, length] tokens and mask; rows beyond the prompts hold one pad token."""
+  tokens = np.full((rows, length), pad_id, np.int32)
+  mask = np.zeros((rows, length), np.int32)
+  for i in range(rows):
+    prompt = prompts[i] if i < len(prompts) else [pad_id]
+    if len(prompt):
+      tokens[i, length - len(prompt):] = prompt
+      mask[i, length - len(prompt):] = 1
+  return tokens, mask
+
+
+def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], *,
+           max_new_tokens: int, rng: jax.Array, sampling: SamplingConfig = SamplingConfig(),
+           eos_ids: Sequence[int] = (), pad_id: int = 0, row_multiple: int = 1,
+           shard_inputs=None) -> SampleOutput:
+  """Samples continuations of token-id prompts of any lengths.
+
+  rng: one PRNG key; row i uses fold_in(rng, i), so a row's tokens do not depend on batch size.
+  row_multiple: pad the number of rows to a multiple of this (the mesh's data axis size).
+  shard_inputs: optional callable placing (tokens, mask, keys) on a mesh before the call.
+  """
+  if not prompts:
+    raise ValueError("sample: prompts is empty")
+  if max_new_tokens <= 0:
+    raise ValueError(f"sample: max_new_tokens must be > 0, got {max_new_tokens!r}")
+  if any(len(p) == 0 for p in prompts):
+    raise ValueError("sample: every prompt needs at least one token")
+  too_big = [t for p in prompts for t in p if not 0 <= t < config.vocab_size]
+  if too_big:
+    raise ValueError(f"sample: token id {too_big[0]} is outside the vocabulary "
+                     f"[0, {config.vocab_size})")
+  rows = bucket(len(prompts), minimum=1)
+  rows = -(-rows // row_multiple) * row_multiple
+  prompt_len = bucket(max(len(p) for p in prompts))
+  gen_len = bucket(max_new_tokens)
+  tokens, mask = left_pad(prompts, prompt_len, rows, pad_id)
+  keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
+  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  if shard_inputs is not None:
+    tokens, mask, keys = shard_inputs(tokens, mask, keys)
+  out_tokens, out_logp, lengths = generate_padded(
+      params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
+      gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id)
+  n = len(prompts)
+  out_tokens, out_logp, lengths = jax.device_get((out_tokens, out_logp, lengths))
+  return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],
+                      logprobs=out_logp[:n, :max_new_tokens], lengths=lengths[:n])

@@ -1,0 +1,112 @@
+"""Logical-axis sharding: one `ShardingRules` maps named tensor axes to the ('data', 'model') mesh.
+
+Weights are split Megatron-style over `model` (heads, kv heads, mlp, vocab); rows over `data`.
+A logical axis whose size the mesh axis does not divide stays replicated rather than failing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from morse_jax.llm.model import KVCache
+from morse_jax.llm.params import LayerParams, Params
+
+LOGICAL_AXES = ("batch", "sequence", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab",
+                "layers")
+
+PARAM_AXES = Params(
+    embed=("vocab", "embed"),
+    layers=LayerParams(
+        attn_norm=("layers", "embed"),
+        wq=("layers", "heads", "embed"),
+        wk=("layers", "kv_heads", "embed"),
+        wv=("layers", "kv_heads", "embed"),
+        wo=("layers", "embed", "heads"),
+        mlp_norm=("layers", "embed"),
+        w_gate=("layers", "mlp", "embed"),
+        w_up=("layers", "mlp", "embed"),
+        w_down=("layers", "embed", "mlp"),
+        bq=("layers", "heads"),
+        bk=("layers", "kv_heads"),
+        bv=("layers", "kv_heads"),
+        bo=("layers", "embed"),
+        q_norm=("layers", "head_dim"),
+        k_norm=("layers", "head_dim"),
+    ),
+    final_norm=("embed",),
+    lm_head=("vocab", "embed"),
+)
+
+CACHE_AXES = KVCache(k=("layers", "batch", "kv_heads", "sequence", "head_dim"),
+                     v=("layers", "batch", "kv_heads", "sequence", "head_dim"),
+                     valid=("batch", "sequence"), length=(), next_pos=("batch",))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+  """Logical axis name -> mesh axis name (or None for replicated)."""
+
+  batch: str | None = "data"
+  sequence: str | None = None
+  embed: str | None = None
+  heads: str | None = "model"
+  kv_heads: str | None = "model"
+  head_dim: str | None = None
+  mlp: str | None = "model"
+  vocab: str | None = "model"
+  layers: str | None = None
+
+  def spec(self, logical: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec for an array (None names a replicated axis); axes the mesh axis does not divide evenly stay replicated."""
+    out = []
+    for name, size in zip(logical, shape):
+      if name is None:
+        out.append(None)
+        continue
+      if name not in LOGICAL_AXES:
+        raise ValueError(f"unknown logical axis {name!r} (known: {LOGICAL_AXES})")
+      axis = getattr(self, name)
+      if axis is not None and axis not in mesh.shape:
+        raise ValueError(f"ShardingRules.{name} = {axis!r} is not a mesh axis {tuple(mesh.shape)}")
+      out.append(axis if axis is not None and size % mesh.shape[axis] == 0 else None)
+    return PartitionSpec(*out)
+
+  def sharding(self, logical, shape, mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, self.spec(tuple(logical), tuple(shape), mesh))
+
+
+def make_mesh(data: int, model: int = 1, devices=None) -> Mesh:
+  """A ('data', 'model') mesh with Auto axis types (jax.make_mesh defaults to Explicit)."""
+  devices = jax.devices() if devices is None else devices
+  if data * model > len(devices):
+    raise ValueError(f"mesh {data}x{model} needs {data * model} devices, have {len(devices)}")
+  grid = np.asarray(devices[:data * model]).reshape(data, model)
+  return Mesh(grid, ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def param_shardings(params: Params, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  return jax.tree.map(lambda a, ax: None if a is None else rules.sharding(ax, a.shape, mesh),
+                      params, PARAM_AXES, is_leaf=lambda x: x is None or isinstance(x, tuple))
+
+
+def shard_params(params: Params, mesh: Mesh, rules: ShardingRules = ShardingRules()) -> Params:
+  return jax.device_put(params, param_shardings(params, mesh, rules))
+
+
+def cache_shardings(cache: KVCache, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  return jax.tree.map(lambda a, ax: rules.sharding(ax, a.shape, mesh), cache, CACHE_AXES,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def shard_rows(mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  """A callable placing arrays with rows on axis 0 over the batch axis (for `sample`)."""
+
+  def place(*arrays):
+    return tuple(jax.device_put(a, rules.sharding(("batch",) + (None,) * (a.ndim - 1), a.shape,
+                                                  mesh)) if a.ndim else a for a in arrays)
+
+  return place

@@ -1,0 +1,26 @@
+"""Shared fixtures. Eight fake CPU devices must be requested before jax is first imported."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from tests import tiny_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def hf_folders(tmp_path_factory):
+  """family -> (folder of a saved tiny random transformers model, the torch model)."""
+  return {family: tiny_models.save_hf_model(family, str(tmp_path_factory.mktemp(family)))
+          for family in tiny_models.FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def eight_devices():
+  if len(jax.devices()) < 8:
+    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax import")
+  return jax.devices()

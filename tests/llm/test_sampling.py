@@ -1,0 +1,163 @@
+"""The sampler: filters, EOS handling, log-probs, per-row rngs, bucketing and compile counts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from morse_jax import llm
+from morse_jax.llm import sampling as sampling_lib
+from tests import tiny_models
+
+CONFIG = llm.LlmConfig("llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return llm.init_random(CONFIG, jax.random.key(0), scale=0.3, norm_jitter=0.2)
+
+
+def prompts_of(lengths, seed=0):
+  return [tiny_models.random_tokens(seed + i, (n,)).tolist() for i, n in enumerate(lengths)]
+
+
+class CompileCounter:
+  """Counts XLA backend compilations while active."""
+
+  def __init__(self):
+    self.count = 0
+    self.active = False
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def _on_event(self, name, duration, **kwargs):
+    if self.active and name == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+  def __enter__(self):
+    self.count, self.active = 0, True
+    return self
+
+  def __exit__(self, *exc):
+    self.active = False
+
+
+def test_bucket():
+  assert [llm.bucket(n) for n in (1, 16, 17, 64, 65)] == [16, 16, 32, 64, 128]
+  assert llm.bucket(3, minimum=1) == 4
+
+
+def test_similar_sizes_do_not_recompile(params):
+  sampling = llm.SamplingConfig(temperature=0.8, top_p=0.9, top_k=20)
+  llm.sample(params, CONFIG, prompts_of([5, 9, 20]), max_new_tokens=10, rng=jax.random.key(0),
+             sampling=sampling)
+  with CompileCounter() as counter:  # 4 rows, prompt <= 32, new <= 16: the same buckets
+    llm.sample(params, CONFIG, prompts_of([17, 3, 30, 8], seed=5), max_new_tokens=13,
+               rng=jax.random.key(1), sampling=sampling)
+  assert counter.count == 0
+  with CompileCounter() as counter:  # a longer prompt bucket must compile: the counter works
+    llm.sample(params, CONFIG, prompts_of([40]), max_new_tokens=13, rng=jax.random.key(1),
+               sampling=sampling)
+  assert counter.count >= 1
+
+
+def test_logprobs_are_model_log_softmax_at_temperature_one(params):
+  """With no filter, each recorded log-prob equals log_softmax of a full forward pass."""
+  prompts = prompts_of([6, 11])
+  out = llm.sample(params, CONFIG, prompts, max_new_tokens=8, rng=jax.random.key(3),
+                   sampling=llm.SamplingConfig(temperature=1.0))
+  for row, prompt in enumerate(prompts):
+    seq = np.asarray(prompt + out.tokens[row].tolist())[None]
+    logits, _ = llm.forward(params, CONFIG, jnp.asarray(seq))
+    logp = jax.nn.log_softmax(logits[0], axis=-1)
+    positions = np.arange(len(prompt) - 1, seq.shape[1] - 1)
+    expected = np.asarray(logp)[positions, out.tokens[row]]
+    np.testing.assert_allclose(out.logprobs[row], expected, atol=2e-5)
+
+
+def test_temperature_scales_logprobs(params):
+  prompts = prompts_of([7])
+  out = llm.sample(params, CONFIG, prompts, max_new_tokens=4, rng=jax.random.key(4),
+                   sampling=llm.SamplingConfig(temperature=0.5))
+  seq = np.asarray(prompts[0] + out.tokens[0].tolist())[None]
+  logits, _ = llm.forward(params, CONFIG, jnp.asarray(seq))
+  logp = np.asarray(jax.nn.log_softmax(logits[0] / 0.5, axis=-1))
+  positions = np.arange(len(prompts[0]) - 1, seq.shape[1] - 1)
+  np.testing.assert_allclose(out.logprobs[0], logp[positions, out.tokens[0]], atol=2e-5)
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(params):
+  prompts = prompts_of([5, 12, 3])
+  kwargs = dict(max_new_tokens=12, rng=jax.random.key(5))
+  greedy = llm.sample(params, CONFIG, prompts, sampling=llm.GREEDY, **kwargs)
+  top1 = llm.sample(params, CONFIG, prompts, sampling=llm.SamplingConfig(1.0, top_k=1), **kwargs)
+  top_p = llm.sample(params, CONFIG, prompts, sampling=llm.SamplingConfig(1.0, top_p=1e-6),
+                     **kwargs)
+  np.testing.assert_array_equal(top1.tokens, greedy.tokens)
+  np.testing.assert_array_equal(top_p.tokens, greedy.tokens)
+  np.testing.assert_allclose(top1.logprobs, 0.0, atol=1e-6)  # a one-token distribution
+
+
+def test_filter_keeps_the_right_sets():
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+  top_p = np.asarray(sampling_lib._filter_logits(logits, llm.SamplingConfig(1.0, top_p=0.8)))
+  assert np.isfinite(top_p).tolist() == [[True, True, False, False]]
+  top_p = np.asarray(sampling_lib._filter_logits(logits, llm.SamplingConfig(1.0, top_p=0.81)))
+  assert np.isfinite(top_p).tolist() == [[True, True, True, False]]
+  top_k = np.asarray(sampling_lib._filter_logits(logits, llm.SamplingConfig(1.0, top_k=3)))
+  assert np.isfinite(top_k).tolist() == [[True, True, True, False]]
+
+
+def test_sampling_frequencies_follow_filtered_distribution():
+  """Many draws from the filtered distribution match its probabilities."""
+  probs = np.asarray([0.5, 0.3, 0.15, 0.05])
+  logits = jnp.tile(jnp.log(jnp.asarray(probs))[None], (4000, 1))
+  keys = jax.random.split(jax.random.key(0), 4000)
+  tokens, logp = sampling_lib._choose(logits, keys, 0, llm.SamplingConfig(1.0, top_p=0.8))
+  freq = np.bincount(np.asarray(tokens), minlength=4) / 4000
+  np.testing.assert_allclose(freq, [0.625, 0.375, 0, 0], atol=0.03)
+  np.testing.assert_allclose(np.exp(np.asarray(logp))[np.asarray(tokens) == 0], 0.625, atol=1e-5)
+
+
+def test_eos_stops_rows_and_pads(params):
+  prompts = prompts_of([4, 8, 6])
+  free = llm.sample(params, CONFIG, prompts, max_new_tokens=16, rng=jax.random.key(6),
+                    sampling=llm.GREEDY)
+  eos = (int(free.tokens[0, 2]), int(free.tokens[1, 5]))
+  out = llm.sample(params, CONFIG, prompts, max_new_tokens=16, rng=jax.random.key(6),
+                   sampling=llm.GREEDY, eos_ids=eos, pad_id=0)
+  for row in range(3):
+    hits = [i for i, t in enumerate(free.tokens[row]) if t in eos]
+    expected_len = hits[0] + 1 if hits else 16
+    assert out.lengths[row] == expected_len
+    np.testing.assert_array_equal(out.tokens[row, :expected_len], free.tokens[row, :expected_len])
+    assert (out.tokens[row, expected_len:] == 0).all()
+    assert (out.logprobs[row, expected_len:] == 0).all()
+
+
+def test_rows_do_not_depend_on_their_neighbours(params):
+  """A row's tokens depend on its prompt and its index's key, not on batch size or padding."""
+  prompts = prompts_of([3, 10, 25])
+  sampling = llm.SamplingConfig(temperature=1.0, top_p=0.95)
+  batch = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=jax.random.key(7),
+                     sampling=sampling)
+  first = llm.sample(params, CONFIG, prompts[:1], max_new_tokens=10, rng=jax.random.key(7),
+                     sampling=sampling)
+  np.testing.assert_array_equal(batch.tokens[0], first.tokens[0])
+  np.testing.assert_allclose(batch.logprobs[0], first.logprobs[0], atol=1e-5)
+  other = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=jax.random.key(8),
+                     sampling=sampling)
+  assert not np.array_equal(other.tokens, batch.tokens)
+
+
+def test_bad_arguments_name_the_field(params):
+  with pytest.raises(ValueError, match="temperature"):
+    llm.SamplingConfig(temperature=-1)
+  with pytest.raises(ValueError, match="top_p"):
+    llm.SamplingConfig(top_p=0)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    llm.sample(params, CONFIG, [[1]], max_new_tokens=0, rng=jax.random.key(0))
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    llm.sample(params, CONFIG, [[1, 500]], max_new_tokens=2, rng=jax.random.key(0))
+  with pytest.raises(ValueError, match="at least one token"):
+    llm.sample(params, CONFIG, [[]], max_new_tokens=2, rng=jax.random.key(0))

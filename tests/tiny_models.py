@@ -1,0 +1,79 @@
+"""Tiny random transformers models and tokenizers, made locally with no download."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+VOCAB = 96
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+SPECIAL = ["<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def hf_config(family: str, **overrides):
+  from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+  common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
+                bos_token_id=None, eos_token_id=None, pad_token_id=0, tie_word_embeddings=False,
+                max_position_embeddings=256)
+  if family == "llama":
+    common.update(rope_theta=500000.0, attention_bias=True,
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                    high_freq_factor=4.0, original_max_position_embeddings=32))
+    return LlamaConfig(**{**common, **overrides})
+  if family == "qwen2":
+    return Qwen2Config(**{**common, "tie_word_embeddings": True, **overrides})
+  if family == "qwen3":
+    return Qwen3Config(**{**common, "head_dim": 16, "rope_theta": 1e6, **overrides})
+  raise ValueError(family)
+
+
+def make_torch_model(family: str, seed: int = 0, **overrides):
+  """A random model with norms and biases randomised too, so that they are really checked."""
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  torch.manual_seed(seed)
+  model = AutoModelForCausalLM.from_config(hf_config(family, **overrides)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name or "bias" in name:
+        p.add_(torch.randn_like(p) * 0.3)
+  return model
+
+
+def make_tokenizer(chat_template: str | None = CHAT_TEMPLATE):
+  """A word-level tokenizer over a fixed vocabulary of VOCAB ids, with special tokens."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  words = [f"w{i}" for i in range(VOCAB - len(SPECIAL) - 1)]
+  vocab = {tok: i for i, tok in enumerate(SPECIAL + ["<unk>"] + words)}
+  core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+  core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|end|>",
+                                unk_token="<unk>", additional_special_tokens=SPECIAL[2:])
+  if chat_template is not None:
+    tok.chat_template = chat_template
+  return tok
+
+
+def save_hf_model(family: str, folder: str, with_tokenizer: bool = True, **overrides):
+  model = make_torch_model(family, **overrides)
+  model.save_pretrained(folder)
+  if with_tokenizer:
+    make_tokenizer().save_pretrained(folder)
+  with open(os.path.join(folder, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [1, 7], "pad_token_id": 0}, f)
+  return folder, model
+
+
+def random_tokens(seed: int, shape) -> np.ndarray:
+  return np.random.RandomState(seed).randint(5, VOCAB, shape).astype(np.int32)
