@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax.llm.config import LlmConfig
-from morse_jax.llm.model import forward, init_cache
+from morse_jax.llm.model import forward, init_cache, unstack_layers
 from morse_jax.llm.params import Params
 
 
@@ -86,10 +86,11 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
   return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "gen_len", "eos_ids", "pad_id"))
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "gen_len", "eos_ids", "pad_id",
+                                             "unstack"))
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
                     *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
-                    pad_id: int = 0):
+                    pad_id: int = 0, unstack: bool = False):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -97,6 +98,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     keys: [b] PRNG keys, one per row (rows are reproducible whatever the batch around them).
     max_new: [] int32, tokens to generate (<= gen_len); traced, so it does not recompile.
     gen_len: static capacity of the output and of the cache beyond the prompt.
+    unstack: run the decode loop over per-layer weight copies (see `unstack_layers`); faster on
+      CPU, where sliced weights are copied every step, at the cost of one copy of the layers.
 
   Returns:
     tokens [b, gen_len], logprobs [b, gen_len], lengths [b].
@@ -105,6 +108,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
   cache = init_cache(config, b, p + gen_len, params.embed.dtype)
   logits, cache = forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
                           last_only=True)
+  if unstack:
+    params = dataclasses.replace(params, layers=unstack_layers(params.layers))
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
   out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)
   out_logp = jnp.zeros((b, gen_len), jnp.float32)
@@ -147,12 +152,13 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, rows: int, pad_id: i
 def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], *,
            max_new_tokens: int, rng: jax.Array, sampling: SamplingConfig = SamplingConfig(),
            eos_ids: Sequence[int] = (), pad_id: int = 0, row_multiple: int = 1,
-           shard_inputs=None) -> SampleOutput:
+           shard_inputs=None, unstack: bool | None = None) -> SampleOutput:
   """Samples continuations of token-id prompts of any lengths.
 
   rng: one PRNG key; row i uses fold_in(rng, i), so a row's tokens do not depend on batch size.
   row_multiple: pad the number of rows to a multiple of this (the mesh's data axis size).
   shard_inputs: optional callable placing (tokens, mask, keys) on a mesh before the call.
+  unstack: see `generate_padded`; by default on for the CPU backend only.
   """
   if not prompts:
     raise ValueError("sample: prompts is empty")
@@ -175,7 +181,8 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
     tokens, mask, keys = shard_inputs(tokens, mask, keys)
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
-      gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id)
+      gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
+      unstack=jax.default_backend() == "cpu" if unstack is None else unstack)
   n = len(prompts)
   out_tokens, out_logp, lengths = jax.device_get((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],
