@@ -177,3 +177,29 @@ def test_unstacked_decode_equals_scanned_decode(params):
   per_layer = dataclasses.replace(params, layers=llm.unstack_layers(params.layers))
   np.testing.assert_allclose(np.asarray(llm.forward(per_layer, CONFIG, tokens)[0]),
                              np.asarray(llm.forward(params, CONFIG, tokens)[0]), atol=1e-5)
+
+
+def sorted_top_p_keep(probs, top_p):
+  """The textbook nucleus set: sort descending, keep while the mass before a token is < top_p."""
+  keep = np.zeros_like(probs, bool)
+  for row, p in enumerate(probs):
+    order = np.argsort(-p, kind="stable")
+    before = np.cumsum(p[order]) - p[order]
+    kept = order[before < top_p]
+    keep[row, p >= p[kept].min()] = True  # ties with the last kept token stay too
+  return keep
+
+
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.99])
+def test_top_p_bisection_equals_sorted_nucleus(top_p):
+  logits = jax.random.normal(jax.random.key(11), (32, 500)) * 3.0
+  probs = jax.nn.softmax(logits, axis=-1)
+  keep = np.asarray(probs >= sampling_lib.top_p_threshold(probs, top_p))
+  np.testing.assert_array_equal(keep, sorted_top_p_keep(np.asarray(probs, np.float64), top_p))
+
+
+def test_inverse_cdf_skips_zero_probability_entries():
+  probs = jnp.asarray([[0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 1.0, 0.0]] * 2)
+  uniform = jnp.asarray([0.0, 0.0, 0.999999, 0.5])
+  np.testing.assert_array_equal(np.asarray(sampling_lib.inverse_cdf(probs, uniform)),
+                                [1, 2, 3, 2])
