@@ -79,8 +79,7 @@ def main(argv):
   sampling = llm.SamplingConfig(temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
                                 top_k=_TOP_K.value)
   kwargs = dict(max_new_tokens=_MAX_NEW.value, sampling=sampling, eos_ids=model.stop_ids,
-                pad_id=tok.pad_id if tok else 0, row_multiple=data,
-                shard_inputs=sharding.shard_rows(mesh))
+                pad_id=tok.pad_id if tok else 0, mesh=mesh)
   start = time.perf_counter()
   llm.sample(params, model.config, rows, rng=jax.random.key(_SEED.value), **kwargs)
   first = time.perf_counter() - start

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax.llm.config import LlmConfig
+from morse_jax.llm import sharding as sharding_lib
 from morse_jax.llm.model import forward, init_cache, unstack_layers
 from morse_jax.llm.params import Params
 
@@ -120,10 +121,11 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "gen_len", "eos_ids", "pad_id",
-                                             "unstack"))
+                                             "unstack", "mesh", "rules"))
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
                     *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
-                    pad_id: int = 0, unstack: bool = False):
+                    pad_id: int = 0, unstack: bool = False, mesh=None,
+                    rules: sharding_lib.ShardingRules | None = None):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -133,12 +135,17 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     gen_len: static capacity of the output and of the cache beyond the prompt.
     unstack: run the decode loop over per-layer weight copies (see `unstack_layers`); faster on
       CPU, where sliced weights are copied every step, at the cost of one copy of the layers.
+    mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
+      kv heads over the model axis) instead of wherever propagation would put it.
 
   Returns:
     tokens [b, gen_len], logprobs [b, gen_len], lengths [b].
   """
   b, p = tokens.shape
   cache = init_cache(config, b, p + gen_len, params.embed.dtype)
+  if mesh is not None:
+    cache = jax.lax.with_sharding_constraint(
+        cache, sharding_lib.cache_shardings(cache, mesh, rules or sharding_lib.ShardingRules()))
   logits, cache = forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
                           last_only=True)
   if unstack:
@@ -184,13 +191,15 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, rows: int, pad_id: i
 
 def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], *,
            max_new_tokens: int, rng: jax.Array, sampling: SamplingConfig = SamplingConfig(),
-           eos_ids: Sequence[int] = (), pad_id: int = 0, row_multiple: int = 1,
-           shard_inputs=None, unstack: bool | None = None) -> SampleOutput:
+           eos_ids: Sequence[int] = (), pad_id: int = 0, mesh=None,
+           rules: sharding_lib.ShardingRules | None = None,
+           unstack: bool | None = None) -> SampleOutput:
   """Samples continuations of token-id prompts of any lengths.
 
   rng: one PRNG key; row i uses fold_in(rng, i), so a row's tokens do not depend on batch size.
-  row_multiple: pad the number of rows to a multiple of this (the mesh's data axis size).
-  shard_inputs: optional callable placing (tokens, mask, keys) on a mesh before the call.
+  mesh, rules: a device mesh (and ShardingRules, default ones) to run on: rows are padded to a
+    multiple of the batch axis and placed over it; pass params already placed with
+    `sharding.shard_params` on the same mesh.
   unstack: see `generate_padded`; by default on for the CPU backend only.
   """
   if not prompts:
@@ -204,18 +213,21 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
     raise ValueError(f"sample: token id {too_big[0]} is outside the vocabulary "
                      f"[0, {config.vocab_size})")
   rows = bucket(len(prompts), minimum=1)
-  rows = -(-rows // row_multiple) * row_multiple
+  rules = rules or sharding_lib.ShardingRules()
+  if mesh is not None and rules.batch is not None:
+    rows = -(-rows // mesh.shape[rules.batch]) * mesh.shape[rules.batch]
   prompt_len = bucket(max(len(p) for p in prompts))
   gen_len = bucket(max_new_tokens)
   tokens, mask = left_pad(prompts, prompt_len, rows, pad_id)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
-  if shard_inputs is not None:
-    tokens, mask, keys = shard_inputs(tokens, mask, keys)
+  if mesh is not None:
+    tokens, mask, keys = sharding_lib.shard_rows(mesh, rules)(tokens, mask, keys)
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
       gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
-      unstack=jax.default_backend() == "cpu" if unstack is None else unstack)
+      unstack=jax.default_backend() == "cpu" if unstack is None else unstack, mesh=mesh,
+      rules=None if mesh is None else rules)
   n = len(prompts)
   out_tokens, out_logp, lengths = jax.device_get((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],

@@ -58,7 +58,7 @@ def test_sharded_logits_and_samples_equal_one_device(data, model, reference, eig
   assert logits.sharding.spec[0] == "data"
   np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=1e-5, rtol=1e-5)
   out = llm.sample(sharded, CONFIG, prompts, max_new_tokens=12, rng=jax.random.key(1),
-                   sampling=sampling, row_multiple=data, shard_inputs=place)
+                   sampling=sampling, mesh=mesh)
   np.testing.assert_array_equal(out.tokens, ref_out.tokens)
   np.testing.assert_allclose(out.logprobs, ref_out.logprobs, atol=1e-5)
 
