@@ -16,6 +16,7 @@ import numpy as np
 
 from morse_jax.llm.config import LlmConfig, RopeConfig
 from morse_jax.llm.params import LayerParams, Params
+from morse_jax.lora.mixture import Adapter, adapted_linear
 
 _NEG = -1e30  # finite, so fully masked (padding) query rows give zeros, not NaN
 
@@ -100,14 +101,27 @@ def _attention(q, k, v, mask, config: LlmConfig):
   return out.reshape(b, t, config.q_size).astype(v.dtype)
 
 
-def _layer(x, lp: LayerParams, cos, sin, mask, kv, config: LlmConfig):
-  """One decoder layer. kv is None (no cache) or (k_all, v_all, layer, start): the whole stacked
-  cache travels in the scan carry and is updated in place at [layer, :, :, start]."""
+def _layer(x, lp: LayerParams, lora, ctx, kv):
+  """One decoder layer.
+
+  lora: None or this layer's {target: (a [K,d,r], b [K,r,o])} (all zeros on non-adapted layers
+    under scan). ctx: (cos, sin, mask, config, adapter).
+  kv: None (no cache) or (k_all, v_all, layer, start): the whole stacked cache travels in the scan
+    carry and is updated in place at [layer, :, :, start].
+  """
+  cos, sin, mask, config, adapter = ctx
+
+  def proj(target, h, w, bias=None):
+    if lora is None or target not in lora:
+      return _linear(h, w, bias)
+    a, b_ = lora[target]
+    return adapted_linear(h, w, bias, a, b_, adapter.routes, adapter.scale, adapter.kernel)
+
   b, t, _ = x.shape
   h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
-  q = _linear(h, lp.wq, lp.bq).reshape(b, t, config.num_heads, config.head_dim)
-  k = _linear(h, lp.wk, lp.bk).reshape(b, t, config.num_kv_heads, config.head_dim)
-  v = _linear(h, lp.wv, lp.bv).reshape(b, t, config.num_kv_heads, config.head_dim)
+  q = proj("q", h, lp.wq, lp.bq).reshape(b, t, config.num_heads, config.head_dim)
+  k = proj("k", h, lp.wk, lp.bk).reshape(b, t, config.num_kv_heads, config.head_dim)
+  v = proj("v", h, lp.wv, lp.bv).reshape(b, t, config.num_kv_heads, config.head_dim)
   if config.qk_norm:
     q = rms_norm(q, lp.q_norm, config.rms_norm_eps)
     k = rms_norm(k, lp.k_norm, config.rms_norm_eps)
@@ -118,10 +132,10 @@ def _layer(x, lp: LayerParams, cos, sin, mask, kv, config: LlmConfig):
     k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None], (layer, 0, 0, start, 0))
     v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None], (layer, 0, 0, start, 0))
     k, v, kv = k_all[layer], v_all[layer], (k_all, v_all)
-  x = x + _linear(_attention(q, k, v, mask, config), lp.wo, lp.bo)
+  x = x + proj("o", _attention(q, k, v, mask, config), lp.wo, lp.bo)
   h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
-  gate = jax.nn.silu(_linear(h, lp.w_gate))
-  x = x + _linear(gate * _linear(h, lp.w_up), lp.w_down)
+  gate = jax.nn.silu(proj("gate", h, lp.w_gate))
+  x = x + proj("down", gate * proj("up", h, lp.w_up), lp.w_down)
   return x, kv
 
 
@@ -137,25 +151,28 @@ def unstack_layers(tree):
   return tuple(jax.tree.map(lambda a, i=i: a[i], tree) for i in range(n))
 
 
-def _run_layers(x, layers, cos, sin, attn_mask, kv, start, config: LlmConfig):
+def _run_layers(x, layers, ctx, kv, start):
   """Scans stacked layers, or loops in Python over a tuple from `unstack_layers`."""
+  config, adapter = ctx[3], ctx[4]
   if isinstance(layers, tuple):
     for i, lp in enumerate(layers):
-      x, new_kv = _layer(x, lp, cos, sin, attn_mask, None if kv is None else (*kv, i, start),
-                         config)
+      lora = None if adapter is None else adapter.for_layer(i)
+      x, new_kv = _layer(x, lp, lora, ctx, None if kv is None else (*kv, i, start))
       kv = None if kv is None else new_kv
     return x, kv
+  lora = None if adapter is None else adapter.stacked_over(config.num_layers)
   if kv is None:
-    x, _ = jax.lax.scan(lambda x, lp: _layer(x, lp, cos, sin, attn_mask, None, config), x, layers)
+    x, _ = jax.lax.scan(lambda x, xs: _layer(x, xs[0], xs[1], ctx, None), x, (layers, lora))
     return x, None
 
   def body(carry, xs):
     x, k_all, v_all = carry
-    lp, layer = xs
-    x, (k_all, v_all) = _layer(x, lp, cos, sin, attn_mask, (k_all, v_all, layer, start), config)
+    lp, lora_layer, layer = xs
+    x, (k_all, v_all) = _layer(x, lp, lora_layer, ctx, (k_all, v_all, layer, start))
     return (x, k_all, v_all), None
 
-  (x, k_all, v_all), _ = jax.lax.scan(body, (x, *kv), (layers, jnp.arange(config.num_layers)))
+  xs = (layers, lora, jnp.arange(config.num_layers))
+  (x, k_all, v_all), _ = jax.lax.scan(body, (x, *kv), xs)
   return x, (k_all, v_all)
 
 
@@ -167,7 +184,8 @@ def default_positions(attention_mask, cache: KVCache | None):
 
 @functools.partial(jax.jit, static_argnames=("config", "last_only"))
 def forward(params: Params, config: LlmConfig, tokens, positions=None, attention_mask=None,
-            cache: KVCache | None = None, *, last_only: bool = False):
+            cache: KVCache | None = None, *, last_only: bool = False,
+            adapter: Adapter | None = None):
   """Runs the decoder.
 
   Args:
@@ -176,6 +194,7 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     attention_mask: [b, t], 1 for real tokens, 0 for padding (left padding); default all ones.
     cache: a KVCache; the t tokens are written at slots [cache.length, cache.length + t).
     last_only: return logits for the last slot only ([b, 1, v]), as prefill needs.
+    adapter: LoRA experts and per-row routes (morse_jax.lora.Adapter); None for the bare backbone.
 
   Returns:
     (logits [b, t, v] float32, updated cache or None).
@@ -198,7 +217,7 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     attn_mask = valid[:, None, :] & (q_slots[None, :, None] >= k_slots[None, None, :])
 
   kv = None if cache is None else (cache.k, cache.v)
-  x, kv = _run_layers(x, params.layers, cos, sin, attn_mask, kv, start, config)
+  x, kv = _run_layers(x, params.layers, (cos, sin, attn_mask, config, adapter), kv, start)
   if last_only:
     x = x[:, -1:]
   x = rms_norm(x, params.final_norm, config.rms_norm_eps)

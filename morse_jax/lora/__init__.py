@@ -1,0 +1,5 @@
+"""Mixture of LoRA experts: stacked role and subtask experts, per-row mixture kernels."""
+
+from morse_jax.lora.experts import (ExpertWeights, LoraConfig, LoraConfigError, TARGETS,
+                                    expert_param_count, init_experts, trainable_fraction)
+from morse_jax.lora.mixture import KERNELS, Routes, adapted_linear, reference_delta, uniform_routes

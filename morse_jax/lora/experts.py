@@ -1,0 +1,140 @@
+"""Role and subtask LoRA experts: for each adapted projection, all experts in one array.
+
+  A[target]: [la, K, d_in, r] ~ N(0, init_std)     B[target]: [la, K, r, d_out] = 0
+la = adapted layers, K = roles + subtask experts (experts 0..len(roles)-1 are the role experts).
+The adapted projection is  x W + (alpha / r) * sum_k w_k (x A_k) B_k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from morse_jax.llm.config import LlmConfig
+
+# target name -> (weight field in LayerParams, d_in, d_out as functions of the model config)
+TARGETS = {
+    "q": ("wq", lambda c: c.hidden_size, lambda c: c.q_size),
+    "k": ("wk", lambda c: c.hidden_size, lambda c: c.kv_size),
+    "v": ("wv", lambda c: c.hidden_size, lambda c: c.kv_size),
+    "o": ("wo", lambda c: c.q_size, lambda c: c.hidden_size),
+    "gate": ("w_gate", lambda c: c.hidden_size, lambda c: c.intermediate_size),
+    "up": ("w_up", lambda c: c.hidden_size, lambda c: c.intermediate_size),
+    "down": ("w_down", lambda c: c.intermediate_size, lambda c: c.hidden_size),
+}
+PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+                "down": "mlp.down_proj"}
+
+
+class LoraConfigError(ValueError):
+  """A LoRA setting is invalid; the message names the field and the value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Which projections and layers carry experts, and how many. Defaults: the authors' setup."""
+
+  targets: tuple[str, ...] = ("q", "v", "o")
+  layers: tuple[int, ...] | None = None  # explicit indices (negative count from the end)
+  last_n_layers: int = 8  # used when `layers` is None
+  rank: int = 8
+  alpha: float = 16.0
+  roles: tuple[str, ...] = ("execute", "merge")
+  num_subtask_experts: int = 4
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    unknown = [t for t in self.targets if t not in TARGETS]
+    if unknown or not self.targets:
+      raise LoraConfigError(f"LoraConfig.targets: unknown target {unknown or self.targets!r} "
+                            f"(known: {tuple(TARGETS)})")
+    if len(set(self.targets)) != len(self.targets):
+      raise LoraConfigError(f"LoraConfig.targets has duplicates: {self.targets!r}")
+    if not isinstance(self.rank, int) or self.rank <= 0:
+      raise LoraConfigError(f"LoraConfig.rank must be a positive integer, got {self.rank!r}")
+    if self.num_subtask_experts < 0:
+      raise LoraConfigError(
+          f"LoraConfig.num_subtask_experts must be >= 0, got {self.num_subtask_experts!r}")
+    if self.num_experts == 0:
+      raise LoraConfigError("LoraConfig: no experts (roles is empty and num_subtask_experts is 0)")
+    if len(set(self.roles)) != len(self.roles):
+      raise LoraConfigError(f"LoraConfig.roles has duplicates: {self.roles!r}")
+    if self.layers is None and self.last_n_layers <= 0:
+      raise LoraConfigError(f"LoraConfig.last_n_layers must be > 0, got {self.last_n_layers!r}")
+
+  @property
+  def num_experts(self) -> int:
+    return len(self.roles) + self.num_subtask_experts
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+  def role_index(self, role: str) -> int:
+    if role not in self.roles:
+      raise LoraConfigError(f"unknown role {role!r} (roles: {self.roles})")
+    return self.roles.index(role)
+
+  def subtask_index(self, j: int) -> int:
+    """Expert id of subtask expert j."""
+    if not 0 <= j < self.num_subtask_experts:
+      raise LoraConfigError(f"subtask expert {j} does not exist "
+                            f"(num_subtask_experts={self.num_subtask_experts})")
+    return len(self.roles) + j
+
+  def adapted_layers(self, model: LlmConfig) -> tuple[int, ...]:
+    """Sorted, validated layer indices."""
+    n = model.num_layers
+    if self.layers is None:
+      if self.last_n_layers > n:
+        raise LoraConfigError(f"LoraConfig.last_n_layers={self.last_n_layers} but the model has "
+                              f"{n} layers")
+      return tuple(range(n - self.last_n_layers, n))
+    out = []
+    for i in self.layers:
+      if not -n <= i < n:
+        raise LoraConfigError(f"LoraConfig.layers: index {i} is out of range for a model with "
+                              f"{n} layers")
+      out.append(i % n)
+    if len(set(out)) != len(out):
+      raise LoraConfigError(f"LoraConfig.layers has duplicates: {self.layers!r}")
+    return tuple(sorted(out))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class ExpertWeights:
+  a: jax.Array  # [la, K, d_in, r]
+  b: jax.Array  # [la, K, r, d_out]
+
+
+def init_experts(lora: LoraConfig, model: LlmConfig, key: jax.Array,
+                 dtype=jnp.float32) -> dict[str, ExpertWeights]:
+  """A ~ N(0, init_std), B = 0: every expert starts as the identity edit."""
+  layers = len(lora.adapted_layers(model))
+  out = {}
+  for target, k in zip(lora.targets, jax.random.split(key, len(lora.targets))):
+    _, d_in, d_out = TARGETS[target]
+    out[target] = ExpertWeights(
+        a=(lora.init_std * jax.random.normal(
+            k, (layers, lora.num_experts, d_in(model), lora.rank))).astype(dtype),
+        b=jnp.zeros((layers, lora.num_experts, lora.rank, d_out(model)), dtype))
+  return out
+
+
+def expert_param_count(lora: LoraConfig, model: LlmConfig) -> int:
+  layers = len(lora.adapted_layers(model))
+  per_expert = sum(lora.rank * (TARGETS[t][1](model) + TARGETS[t][2](model)) for t in lora.targets)
+  return layers * lora.num_experts * per_expert
+
+
+def trainable_fraction(lora: LoraConfig, model: LlmConfig, router_dim: int = 128,
+                       router_input_dim: int | None = None) -> float:
+  """(experts + router projection + prototypes) / (backbone + all of those)."""
+  router = (router_input_dim or model.hidden_size) * router_dim
+  router += lora.num_subtask_experts * router_dim
+  trainable = expert_param_count(lora, model) + router
+  return trainable / (model.num_params() + trainable)

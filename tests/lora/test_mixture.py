@@ -1,0 +1,183 @@
+"""Mixture kernels against a per-expert loop, inside the model, against peft, and exported."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from morse_jax import llm, lora
+from morse_jax.lora import export, mixture
+from tests import tiny_models
+
+ROUTE_SETS = [[0, 2, 3], [1, 4, 5], [0, 2, 3], [0, 5]]  # shared and distinct, one shorter
+
+
+def random_experts(key, num_experts=6, d=16, r=4, o=12, scale=0.3):
+  ka, kb = jax.random.split(key)
+  return (scale * jax.random.normal(ka, (num_experts, d, r)),
+          scale * jax.random.normal(kb, (num_experts, r, o)))
+
+
+@pytest.mark.parametrize("kernel", ["dense", "gather", "grouped"])
+def test_kernels_equal_the_loop_forward_and_gradients(kernel):
+  kx, kw, ke = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (4, 5, 16))
+  w = 0.3 * jax.random.normal(kw, (12, 16))
+  a, b = random_experts(ke)
+  routes = mixture.uniform_routes(ROUTE_SETS, width=3)
+
+  def ours(a, b):
+    return mixture.adapted_linear(x, w, None, a, b, routes, 2.0, kernel)
+
+  def loop(a, b):
+    return jnp.einsum("btd,od->bto", x, w) + mixture.reference_delta(x, a, b, routes, 2.0)
+
+  np.testing.assert_allclose(ours(a, b), loop(a, b), atol=1e-5)
+  probe = jax.random.normal(jax.random.key(1), (4, 5, 12))
+  grads = jax.grad(lambda a, b: jnp.sum(ours(a, b) * probe), argnums=(0, 1))(a, b)
+  ref = jax.grad(lambda a, b: jnp.sum(loop(a, b) * probe), argnums=(0, 1))(a, b)
+  for g, g_ref in zip(grads, ref):
+    np.testing.assert_allclose(g, g_ref, atol=1e-5)
+  # Expert 1 is used by row 1 only: its gradient is non-zero; an unused expert gets none.
+  assert float(jnp.abs(grads[0][1]).sum()) > 0
+  unused = mixture.uniform_routes([[0, 2]] * 4)
+  g_unused = jax.grad(lambda a: jnp.sum(mixture.adapted_linear(
+      x, w, None, a, b, unused, 2.0, kernel)))(a)
+  assert float(jnp.abs(g_unused[1]).sum()) == 0
+
+
+def test_merged_kernel_equals_loop_for_a_shared_route():
+  kx, kw, ke = jax.random.split(jax.random.key(2), 3)
+  x = jax.random.normal(kx, (3, 7, 16))
+  w = 0.3 * jax.random.normal(kw, (12, 16))
+  a, b = random_experts(ke)
+  routes = mixture.uniform_routes([[1, 3, 4]] * 3)
+  ref = jnp.einsum("btd,od->bto", x, w) + mixture.reference_delta(x, a, b, routes, 2.0)
+  np.testing.assert_allclose(mixture.adapted_linear(x, w, None, a, b, routes, 2.0, "merged"),
+                             ref, atol=1e-5)
+  ga = jax.grad(lambda a: jnp.sum(mixture.adapted_linear(x, w, None, a, b, routes, 2.0,
+                                                         "merged") ** 2))(a)
+  gr = jax.grad(lambda a: jnp.sum((jnp.einsum("btd,od->bto", x, w) + mixture.reference_delta(
+      x, a, b, routes, 2.0)) ** 2))(a)
+  np.testing.assert_allclose(ga, gr, atol=1e-4, rtol=1e-5)
+
+
+LORA = lora.LoraConfig(targets=("q", "v", "o"), last_n_layers=1, rank=4, alpha=8.0)
+
+
+@pytest.fixture(scope="module")
+def llama(hf_folders):
+  folder, torch_model = hf_folders["llama"]
+  model = llm.load(folder)
+  experts = lora.init_experts(LORA, model.config, jax.random.key(3))
+  # B = 0 at init would hide every mistake: give B random values too.
+  keys = iter(jax.random.split(jax.random.key(4), 8))
+  experts = {t: lora.ExpertWeights(a=e.a * 10, b=0.2 * jax.random.normal(next(keys), e.b.shape))
+             for t, e in experts.items()}
+  return model, torch_model, experts
+
+
+def adapter_for(experts, model, routes, kernel="dense"):
+  return mixture.Adapter(experts=experts, routes=routes,
+                         layers=LORA.adapted_layers(model.config), scale=LORA.scale, kernel=kernel)
+
+
+def test_kernels_agree_inside_the_model_prefill_and_decode(llama):
+  model, _, experts = llama
+  tokens = jnp.asarray(tiny_models.random_tokens(0, (4, 9)))
+  routes = mixture.uniform_routes(ROUTE_SETS, width=3)
+  dense, _ = llm.forward(model.params, model.config, tokens,
+                         adapter=adapter_for(experts, model, routes))
+  bare, _ = llm.forward(model.params, model.config, tokens)
+  assert float(jnp.abs(dense - bare).max()) > 1e-2  # the experts change the output
+  for kernel in ("gather", "grouped"):
+    out, _ = llm.forward(model.params, model.config, tokens,
+                         adapter=adapter_for(experts, model, routes, kernel))
+    np.testing.assert_allclose(out, dense, atol=1e-4)
+  # Cached decode with experts equals the full pass (scan path and per-layer path).
+  adapter = adapter_for(experts, model, routes, "gather")
+  for layers in (model.params.layers, llm.unstack_layers(model.params.layers)):
+    params = llm.Params(embed=model.params.embed, layers=layers,
+                        final_norm=model.params.final_norm, lm_head=model.params.lm_head)
+    cache = llm.init_cache(model.config, 4, 16)
+    first, cache = llm.forward(params, model.config, tokens[:, :6], cache=cache, adapter=adapter)
+    steps = [first]
+    for i in range(6, 9):
+      logits, cache = llm.forward(params, model.config, tokens[:, i:i + 1], cache=cache,
+                                  adapter=adapter)
+      steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), dense, atol=1e-4)
+
+
+def test_merged_kernel_and_merged_weights_match(llama):
+  model, _, experts = llama
+  tokens = jnp.asarray(tiny_models.random_tokens(1, (2, 8)))
+  route = [0, 3, 4]
+  routes = mixture.uniform_routes([route] * 2)
+  merged_kernel, _ = llm.forward(model.params, model.config, tokens,
+                                 adapter=adapter_for(experts, model, routes, "merged"))
+  folded = export.merge_route(model.params, experts, LORA, model.config, route)
+  plain, _ = llm.forward(folded, model.config, tokens)
+  dense, _ = llm.forward(model.params, model.config, tokens,
+                         adapter=adapter_for(experts, model, routes))
+  np.testing.assert_allclose(merged_kernel, dense, atol=1e-4)
+  np.testing.assert_allclose(plain, dense, atol=1e-4)
+
+
+def peft_logits(torch_model, adapter_dir, tokens):
+  import copy
+
+  from peft import PeftModel
+
+  peft_model = PeftModel.from_pretrained(copy.deepcopy(torch_model), adapter_dir).eval()
+  with torch.no_grad():
+    return peft_model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
+
+
+def test_one_expert_equals_peft_lora(llama, tmp_path):
+  model, torch_model, experts = llama
+  tokens = jnp.asarray(tiny_models.random_tokens(2, (2, 10)))
+  expert = 4
+  export.export_peft(experts, LORA, model.config, [expert], str(tmp_path))
+  ours, _ = llm.forward(model.params, model.config, tokens,
+                        adapter=adapter_for(experts, model, mixture.uniform_routes([[expert]] * 2)))
+  np.testing.assert_allclose(peft_logits(torch_model, str(tmp_path), tokens), ours, atol=1e-4)
+
+
+def test_exported_route_loaded_by_peft_gives_our_mixture(llama, tmp_path):
+  model, torch_model, experts = llama
+  tokens = jnp.asarray(tiny_models.random_tokens(3, (2, 10)))
+  route = [1, 2, 5]
+  export.export_peft(experts, LORA, model.config, route, str(tmp_path))
+  ours, _ = llm.forward(model.params, model.config, tokens,
+                        adapter=adapter_for(experts, model, mixture.uniform_routes([route] * 2),
+                                            "gather"))
+  np.testing.assert_allclose(peft_logits(torch_model, str(tmp_path), tokens), ours, atol=1e-4)
+
+
+def test_trainable_fraction_reproduces_the_paper_on_qwen3_4b_shapes():
+  qwen3_4b = llm.LlmConfig("qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+                           num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+                           qk_norm=True, tie_word_embeddings=True)
+  assert abs(qwen3_4b.num_params() - 4.022e9) < 0.01e9
+  fraction = lora.trainable_fraction(lora.LoraConfig(), qwen3_4b)
+  assert abs(100 * fraction - 0.170) < 0.005, 100 * fraction
+
+
+def test_bad_settings_are_named():
+  small = llm.LlmConfig("llama", 10, 8, 16, 4, 2, 1, 4)
+  with pytest.raises(lora.LoraConfigError, match="unknown target"):
+    lora.LoraConfig(targets=("q", "qkv"))
+  with pytest.raises(lora.LoraConfigError, match="rank must be a positive integer, got 0"):
+    lora.LoraConfig(rank=0)
+  with pytest.raises(lora.LoraConfigError, match="no experts"):
+    lora.LoraConfig(roles=(), num_subtask_experts=0)
+  with pytest.raises(lora.LoraConfigError, match="index 7 is out of range .* 4 layers"):
+    lora.LoraConfig(layers=(1, 7)).adapted_layers(small)
+  with pytest.raises(lora.LoraConfigError, match="subtask expert 4 does not exist"):
+    lora.LoraConfig().subtask_index(4)
+  with pytest.raises(ValueError, match="expert 9, which does not exist"):
+    export.route_as_lora({}, lora.LoraConfig(), [0, 9])
+  with pytest.raises(ValueError, match="unknown mixture kernel 'fast'"):
+    mixture.Adapter(experts={}, routes=None, layers=(), scale=1.0, kernel="fast")
