@@ -125,7 +125,7 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
                     *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
                     pad_id: int = 0, unstack: bool = False, mesh=None,
-                    rules: sharding_lib.ShardingRules | None = None):
+                    rules: sharding_lib.ShardingRules | None = None, adapter=None):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -135,6 +135,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     gen_len: static capacity of the output and of the cache beyond the prompt.
     unstack: run the decode loop over per-layer weight copies (see `unstack_layers`); faster on
       CPU, where sliced weights are copied every step, at the cost of one copy of the layers.
+    adapter: optional morse_jax.lora Adapter: each row runs with its own mixture of experts.
     mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
       kv heads over the model axis) instead of wherever propagation would put it.
 
@@ -147,7 +148,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     cache = jax.lax.with_sharding_constraint(
         cache, sharding_lib.cache_shardings(cache, mesh, rules or sharding_lib.ShardingRules()))
   logits, cache = forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
-                          last_only=True)
+                          last_only=True, adapter=adapter)
   if unstack:
     params = dataclasses.replace(params, layers=unstack_layers(params.layers))
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
@@ -169,7 +170,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     out_logp = out_logp.at[:, step].set(logp)
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | jnp.isin(token, eos)
-    logits, cache = forward(params, config, token[:, None], cache=cache)
+    logits, cache = forward(params, config, token[:, None], cache=cache, adapter=adapter)
     return step + 1, logits, cache, done, out_tokens, out_logp, lengths
 
   state = (jnp.zeros((), jnp.int32), logits, cache, done, out_tokens, out_logp, lengths)
@@ -189,11 +190,20 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, rows: int, pad_id: i
   return tokens, mask
 
 
+def _pad_routes(adapter, n: int, rows: int):
+  """Routes for the bucketed rows: padding rows repeat row 0's route (their output is dropped)."""
+  if adapter.routes.idx.shape[0] != n:
+    raise ValueError(f"sample: adapter.routes has {adapter.routes.idx.shape[0]} rows for "
+                     f"{n} prompts")
+  pad = lambda a: jnp.concatenate([a, jnp.repeat(a[:1], rows - n, axis=0)], axis=0)
+  return dataclasses.replace(adapter, routes=jax.tree.map(pad, adapter.routes))
+
+
 def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], *,
            max_new_tokens: int, rng: jax.Array, sampling: SamplingConfig = SamplingConfig(),
            eos_ids: Sequence[int] = (), pad_id: int = 0, mesh=None,
            rules: sharding_lib.ShardingRules | None = None,
-           unstack: bool | None = None) -> SampleOutput:
+           unstack: bool | None = None, adapter=None) -> SampleOutput:
   """Samples continuations of token-id prompts of any lengths.
 
   rng: one PRNG key; row i uses fold_in(rng, i), so a row's tokens do not depend on batch size.
@@ -201,6 +211,7 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
   unstack: see `generate_padded`; by default on for the CPU backend only.
+  adapter: optional morse_jax.lora Adapter whose routes have one row per prompt.
   """
   if not prompts:
     raise ValueError("sample: prompts is empty")
@@ -221,13 +232,15 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   tokens, mask = left_pad(prompts, prompt_len, rows, pad_id)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  if adapter is not None:
+    adapter = _pad_routes(adapter, len(prompts), rows)
   if mesh is not None:
     tokens, mask, keys = sharding_lib.shard_rows(mesh, rules)(tokens, mask, keys)
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
       gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
       unstack=jax.default_backend() == "cpu" if unstack is None else unstack, mesh=mesh,
-      rules=None if mesh is None else rules)
+      rules=None if mesh is None else rules, adapter=adapter)
   n = len(prompts)
   out_tokens, out_logp, lengths = jax.device_get((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],

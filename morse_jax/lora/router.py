@@ -1,0 +1,153 @@
+"""Prototype router: which subtask experts a subtask's calls use.
+
+  e = embed("{title}: {description[:120]}")     frozen (backbone_mean or sentence)
+  h = e @ proj                                   proj [D, dim], trainable, no bias
+  logits_j = cos(h, P_j) / temperature           P [Ks, dim] learnable prototypes
+  pi = softmax(logits)
+
+Training draws an ordered top-K route without replacement (Gumbel top-k, i.e. a Plackett-Luce
+sample); inference takes the K most probable. The route log-probability is the exact
+Plackett-Luce one, log pi(e_1..e_K) = sum_j [log pi_{e_j} - log(1 - sum_{i<j} pi_{e_i})], or the
+reference code's approximation sum_j log pi_{e_j} (`sum_log_p`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LOG_PROBS = ("plackett_luce", "sum_log_p")
+MERGE_MODES = ("union", "random_subset")
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig:
+  dim: int = 128
+  top_k: int = 2  # subtask experts per route
+  temperature: float | None = None  # None: plain cosine logits
+  log_prob: str = "plackett_luce"
+  merge_experts: str = "union"  # a merge node's experts: union of its parents', or a subset
+  max_resample: int = 8  # tries to make the B routes of a group distinct
+  proto_l2: float = 1e-4  # 0 switches a regulariser off
+  orthogonality: float = 0.05
+  diversity: float = 0.02
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    if self.dim <= 0 or self.top_k <= 0:
+      raise ValueError(f"RouterConfig: dim and top_k must be > 0, got {self.dim!r}, "
+                       f"{self.top_k!r}")
+    if self.temperature is not None and self.temperature <= 0:
+      raise ValueError(f"RouterConfig.temperature must be > 0 or None, got {self.temperature!r}")
+    if self.log_prob not in LOG_PROBS:
+      raise ValueError(f"RouterConfig.log_prob {self.log_prob!r} not in {LOG_PROBS}")
+    if self.merge_experts not in MERGE_MODES:
+      raise ValueError(f"RouterConfig.merge_experts {self.merge_experts!r} not in {MERGE_MODES}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class RouterParams:
+  proj: jax.Array  # [D, dim]
+  prototypes: jax.Array  # [Ks, dim]
+
+
+def init_router(config: RouterConfig, input_dim: int, num_subtask_experts: int,
+                key: jax.Array) -> RouterParams:
+  if config.top_k > num_subtask_experts:
+    raise ValueError(f"RouterConfig.top_k={config.top_k} exceeds num_subtask_experts="
+                     f"{num_subtask_experts}")
+  kp, kq = jax.random.split(key)
+  return RouterParams(
+      proj=config.init_std * jax.random.normal(kp, (input_dim, config.dim)),
+      prototypes=jax.random.normal(kq, (num_subtask_experts, config.dim)) / np.sqrt(config.dim))
+
+
+def subtask_text(title: str, description: str) -> str:
+  return f"{title}: {description[:120]}"
+
+
+def log_probs(params: RouterParams, emb, config: RouterConfig):
+  """[n, D] embeddings -> [n, Ks] log pi."""
+  h = emb @ params.proj
+  h = h / (jnp.linalg.norm(h, axis=-1, keepdims=True) + 1e-8)
+  p = params.prototypes / (jnp.linalg.norm(params.prototypes, axis=-1, keepdims=True) + 1e-8)
+  logits = h @ p.T
+  if config.temperature is not None:
+    logits = logits / config.temperature
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+def route_log_prob(logp, route, mode: str = "plackett_luce"):
+  """logp [n, Ks], route [n, K] ordered expert indices (0-based subtask ids) -> [n]."""
+  chosen = jnp.take_along_axis(logp, route, axis=-1)  # [n, K]
+  if mode == "sum_log_p":
+    return chosen.sum(-1)
+  if mode != "plackett_luce":
+    raise ValueError(f"route_log_prob: mode {mode!r} not in {LOG_PROBS}")
+  # log of the mass left before draw j: logsumexp over experts not drawn at steps < j.
+  drawn = jax.nn.one_hot(route, logp.shape[-1], dtype=bool)  # [n, K, Ks]
+  before = jnp.cumsum(drawn, axis=1) - drawn  # drawn strictly before step j
+  remaining = jax.nn.logsumexp(jnp.where(before > 0, -jnp.inf, logp[:, None, :]), axis=-1)
+  return (chosen - remaining).sum(-1)
+
+
+def sample_routes(key, logp, k: int):
+  """Gumbel top-k: [n, Ks] -> [n, k] ordered draws without replacement (Plackett-Luce)."""
+  perturbed = logp + jax.random.gumbel(key, logp.shape)
+  return jax.lax.top_k(perturbed, k)[1]
+
+
+def greedy_routes(logp, k: int):
+  return jax.lax.top_k(logp, k)[1]
+
+
+def distinct_routes(key, logp_row, num_routes: int, k: int, max_resample: int) -> np.ndarray:
+  """B ordered routes for one node whose expert sets differ where possible (host loop).
+
+  A draw whose set repeats an earlier one is redrawn up to `max_resample` times, then kept.
+  """
+  routes, seen = [], set()
+  for b in range(num_routes):
+    for attempt in range(max_resample + 1):
+      key, sub = jax.random.split(key)
+      route = np.asarray(sample_routes(sub, logp_row[None], k)[0])
+      if frozenset(route.tolist()) not in seen or attempt == max_resample:
+        break
+    seen.add(frozenset(route.tolist()))
+    routes.append(route)
+  return np.stack(routes)
+
+
+def merge_node_experts(parent_routes: Sequence[Sequence[int]], mode: str, k: int,
+                       rng: np.random.Generator) -> list[int]:
+  """A merge node's subtask experts: the union of its parents' (sorted), or a random k of it.
+  The router log-prob of such a route is 0 (it was not drawn from the router)."""
+  union = sorted({int(e) for route in parent_routes for e in route})
+  if mode == "union":
+    return union
+  if mode == "random_subset":
+    return sorted(rng.choice(union, size=min(k, len(union)), replace=False).tolist())
+  raise ValueError(f"merge_node_experts: mode {mode!r} not in {MERGE_MODES}")
+
+
+def regularisers(params: RouterParams, logp, config: RouterConfig) -> dict[str, jax.Array]:
+  """Weighted terms (0 when switched off):
+    proto_l2      * sum ||P_j||^2
+    orthogonality * ||P^ P^T - I||_F^2        (P^ row-normalised prototypes)
+    diversity     * KL(mean_n pi_n || uniform) (pushes batch usage toward all experts)
+  """
+  p = params.prototypes
+  pn = p / (jnp.linalg.norm(p, axis=-1, keepdims=True) + 1e-8)
+  gram = pn @ pn.T
+  mean = jnp.exp(logp).mean(0)
+  ks = p.shape[0]
+  return {
+      "proto_l2": config.proto_l2 * jnp.sum(p * p),
+      "orthogonality": config.orthogonality * jnp.sum((gram - jnp.eye(ks)) ** 2),
+      "diversity": config.diversity * jnp.sum(mean * (jnp.log(mean + 1e-12) + jnp.log(ks))),
+  }
