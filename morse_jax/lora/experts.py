@@ -138,3 +138,25 @@ def trainable_fraction(lora: LoraConfig, model: LlmConfig, router_dim: int = 128
   router += lora.num_subtask_experts * router_dim
   trainable = expert_param_count(lora, model) + router
   return trainable / (model.num_params() + trainable)
+
+
+def make_adapter(experts: dict[str, ExpertWeights], lora: LoraConfig, model: LlmConfig,
+                 expert_sets, kernel: str = "auto", width: int | None = None):
+  """An Adapter for rows whose experts are `expert_sets[row]` (uniform weights 1/|E|).
+
+  Validates every expert id. With kernel "auto", a batch whose rows all share one route uses the
+  `merged` kernel (the delta folded into W once per call); otherwise the shape heuristic applies.
+  """
+  from morse_jax.lora.mixture import Adapter, uniform_routes  # experts <- mixture: no cycle
+
+  for row, experts_of_row in enumerate(expert_sets):
+    bad = [k for k in experts_of_row if not 0 <= int(k) < lora.num_experts]
+    if bad:
+      raise LoraConfigError(f"route of row {row} names expert {bad[0]}, which does not exist "
+                            f"(num_experts={lora.num_experts})")
+    if len(set(experts_of_row)) != len(experts_of_row):
+      raise LoraConfigError(f"route of row {row} repeats an expert: {list(experts_of_row)}")
+  if kernel == "auto" and len({tuple(s) for s in expert_sets}) == 1:
+    kernel = "merged"
+  return Adapter(experts=experts, routes=uniform_routes(expert_sets, width),
+                 layers=lora.adapted_layers(model), scale=lora.scale, kernel=kernel)

@@ -110,7 +110,7 @@ def test_kernels_agree_inside_the_model_prefill_and_decode(llama):
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), dense, atol=1e-4)
 
 
-def test_merged_kernel_and_merged_weights_match(llama):
+def test_merged_kernel_and_merged_weights_match(llama, tmp_path):
   model, _, experts = llama
   tokens = jnp.asarray(tiny_models.random_tokens(1, (2, 8)))
   route = [0, 3, 4]
@@ -123,6 +123,14 @@ def test_merged_kernel_and_merged_weights_match(llama):
                          adapter=adapter_for(experts, model, routes))
   np.testing.assert_allclose(merged_kernel, dense, atol=1e-4)
   np.testing.assert_allclose(plain, dense, atol=1e-4)
+  # The merged weights as a Hugging Face folder: transformers reads the same logits back.
+  from transformers import AutoModelForCausalLM
+
+  llm.save(llm.Model(config=model.config, params=folded, hf_config=model.hf_config), str(tmp_path))
+  reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+  with torch.no_grad():
+    theirs = reloaded(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(theirs, plain, atol=1e-4)
 
 
 def peft_logits(torch_model, adapter_dir, tokens):
@@ -218,3 +226,24 @@ def test_expert_gradients_through_the_model_agree_across_kernels(llama):
     for t in experts:
       np.testing.assert_allclose(got[t].a, ref[t].a, atol=1e-5)
       np.testing.assert_allclose(got[t].b, ref[t].b, atol=1e-5)
+
+
+def test_make_adapter_validates_and_picks_kernels(llama):
+  model, _, experts = llama
+  shared = lora.make_adapter(experts, LORA, model.config, [[0, 2]] * 3)
+  assert shared.kernel == "merged"
+  mixed = lora.make_adapter(experts, LORA, model.config, [[0, 2], [1, 3, 5]])
+  assert mixed.kernel == "auto" and mixed.routes.idx.shape == (2, 3)
+  tokens = jnp.asarray(tiny_models.random_tokens(6, (2, 5)))
+  auto, _ = llm.forward(model.params, model.config, tokens, adapter=mixed)
+  dense, _ = llm.forward(model.params, model.config, tokens,
+                         adapter=lora.make_adapter(experts, LORA, model.config,
+                                                   [[0, 2], [1, 3, 5]], kernel="dense"))
+  np.testing.assert_allclose(auto, dense, atol=1e-5)
+  assert mixture.pick_kernel(512, 16, 3, backend="gpu") == "grouped"
+  assert mixture.pick_kernel(512, 6, 3, backend="cpu") == "dense"
+  assert mixture.pick_kernel(512, 16, 3, backend="cpu") == "gather"
+  with pytest.raises(lora.LoraConfigError, match="row 1 names expert 6, which does not exist"):
+    lora.make_adapter(experts, LORA, model.config, [[0], [1, 6]])
+  with pytest.raises(lora.LoraConfigError, match="repeats an expert"):
+    lora.make_adapter(experts, LORA, model.config, [[2, 2]])
