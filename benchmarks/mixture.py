@@ -12,13 +12,12 @@ speedup_vs_loop (op-by-op loop / best per-row kernel).
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
 import time
 
 from absl import app, flags
+
+from benchmarks.common import write_report
 
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this file.")
 _QUICK = flags.DEFINE_bool("quick", False, "Two token counts, fewer repeats (< 1 minute).")
@@ -139,9 +138,6 @@ def _peft_times(tokens: int, repeats: int):
 
 def main(argv):
   del argv
-  import jax
-  import torch
-
   sizes = [256, 1024] if _QUICK.value else [256, 1024, 4096]
   repeats = 3 if _QUICK.value else 7
   results = []
@@ -157,13 +153,7 @@ def main(argv):
           f"{1e3 * r['loop_jit_s']:8.2f} "
           f"{r['best_ratio_vs_base']:8.3f}x {r['speedup_vs_loop']:8.1f}x "
           f"{r['peft_ratio_vs_torch_base']:9.3f}x   (best: {r['best_kernel']})", flush=True)
-  report = {"benchmark": "mixture", "machine": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "jax": jax.__version__, "torch": torch.__version__,
-            "backend": jax.default_backend(), "shapes": results}
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(report, f, indent=2)
-    print(f"wrote {_OUT.value}")
+  write_report("mixture", _OUT.value, shapes=results)
 
 
 if __name__ == "__main__":

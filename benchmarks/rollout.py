@@ -10,14 +10,13 @@ per bucket); the first transformers call is excluded as warm-up too.
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 
 from absl import app, flags
+
+from benchmarks.common import write_report
 
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this file.")
 _QUICK = flags.DEFINE_bool("quick", False, "Tiny model only, fewer repeats.")
@@ -101,9 +100,6 @@ def run_case(name, shape, mode, repeats, dtype_name):
 
 def main(argv):
   del argv
-  import jax
-  import torch
-
   models = ["tiny"] if _QUICK.value else list(MODELS)
   repeats = 1 if _QUICK.value else _REPEATS.value
   results = []
@@ -114,14 +110,7 @@ def main(argv):
       print(f"{r['case']:<24} ours {r['ours_tokens_per_s']:9.1f} tok/s   transformers "
             f"{r['transformers_tokens_per_s']:9.1f} tok/s   ratio {r['ratio_vs_transformers']:5.2f}x"
             f"   (first call {r['ours_first_call_s']:.1f}s)", flush=True)
-  report = {"benchmark": "rollout", "machine": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "jax": jax.__version__, "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "backend": jax.default_backend(),
-            "results": results}
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(report, f, indent=2)
-    print(f"wrote {_OUT.value}")
+  write_report("rollout", _OUT.value, results=results)
 
 
 if __name__ == "__main__":
