@@ -139,7 +139,7 @@ def _peft_times(tokens: int, repeats: int):
 def main(argv):
   del argv
   sizes = [256, 1024] if _QUICK.value else [256, 1024, 4096]
-  repeats = 3 if _QUICK.value else 7
+  repeats = 2 if _QUICK.value else 7
   results = []
   print(f"{'tokens':>6} {'base ms':>8} " + " ".join(f"{k:>8}" for k in
                                                   ("dense", "gather", "grouped", "merged"))
