@@ -23,34 +23,39 @@ def _clip(a, clip):
   return a if clip is None else jnp.clip(a, -clip, clip)
 
 
-def grpo(rewards, eps: float = EPS, clip: float | None = 5.0):
+def grpo(rewards, eps: float = EPS, clip: float | None = 5.0, normalize: bool = True):
   """Standard GRPO (the paper's ablation): one advantage over all B*M samples of a node,
 
     A_bm = (u_bm - mean(u)) / (std(u) + eps),   0 when std(u) = 0,
 
-  used for the experts and the router alike. Returns [B, M].
+  used for the experts and the router alike. Returns [B, M]. normalize=False keeps the bare
+  baseline-subtracted reward (the setting of the paper's Proposition 3.1).
   """
   u = jnp.asarray(rewards, jnp.float32)
-  std = u.std()
-  a = jnp.where(std > 0, (u - u.mean()) / (std + eps), 0.0)
+  a = u - u.mean()
+  if normalize:
+    std = u.std()
+    a = jnp.where(std > 0, a / (std + eps), 0.0)
   return _clip(a, clip)
 
 
-def hgrpo(rewards, eps: float = EPS, clip: float | None = 5.0) -> HgrpoAdvantages:
+def hgrpo(rewards, eps: float = EPS, clip: float | None = 5.0,
+          normalize: bool = True) -> HgrpoAdvantages:
   """Hierarchical GRPO:
 
     A_within_bm = (u_bm - mu_b) / (sigma_b + eps)        0 where sigma_b = 0
     A_cross_b   = (mu_b - mean_b mu_b) / (sigma_C + eps)  0 where sigma_C = 0
 
   with mu_b, sigma_b the mean and std of route b's M rewards and sigma_C the std of the route
-  means. Clipped to +-clip (None: no clip).
+  means. Clipped to +-clip (None: no clip). normalize=False drops the divisions.
   """
   u = jnp.asarray(rewards, jnp.float32)
   mu = u.mean(axis=1)  # [B]
-  sigma = u.std(axis=1)
-  within = jnp.where(sigma[:, None] > 0, (u - mu[:, None]) / (sigma[:, None] + eps), 0.0)
-  sigma_c = mu.std()
-  cross = jnp.where(sigma_c > 0, (mu - mu.mean()) / (sigma_c + eps), 0.0)
+  within, cross = u - mu[:, None], mu - mu.mean()
+  if normalize:
+    sigma, sigma_c = u.std(axis=1), mu.std()
+    within = jnp.where(sigma[:, None] > 0, within / (sigma[:, None] + eps), 0.0)
+    cross = jnp.where(sigma_c > 0, cross / (sigma_c + eps), 0.0)
   return HgrpoAdvantages(within=_clip(within, clip), cross=_clip(cross, clip))
 
 
