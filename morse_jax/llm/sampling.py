@@ -125,7 +125,7 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
                     *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
                     pad_id: int = 0, unstack: bool = False, mesh=None,
-                    rules: sharding_lib.ShardingRules | None = None, adapter=None):
+                    rules: sharding_lib.ShardingRules | None = None, adapter=None, active=None):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -138,6 +138,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     adapter: optional morse_jax.lora Adapter: each row runs with its own mixture of experts.
     mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
       kv heads over the model axis) instead of wherever propagation would put it.
+    active: [b] bool, False for padding rows: they count as finished from the start, so the loop
+      can stop as soon as every real row has emitted an EOS id.
 
   Returns:
     tokens [b, gen_len], logprobs [b, gen_len], lengths [b].
@@ -154,7 +156,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
   out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)
   out_logp = jnp.zeros((b, gen_len), jnp.float32)
-  done = jnp.zeros((b,), bool)
+  done = jnp.zeros((b,), bool) if active is None else ~active
   lengths = jnp.zeros((b,), jnp.int32)
 
   def cond(state):
@@ -231,16 +233,17 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   gen_len = bucket(max_new_tokens)
   tokens, mask = left_pad(prompts, prompt_len, rows, pad_id)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
+  active = jnp.asarray(np.arange(rows) < len(prompts))
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
   if adapter is not None:
     adapter = _pad_routes(adapter, len(prompts), rows)
   if mesh is not None:
-    tokens, mask, keys = sharding_lib.shard_rows(mesh, rules)(tokens, mask, keys)
+    tokens, mask, keys, active = sharding_lib.shard_rows(mesh, rules)(tokens, mask, keys, active)
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
       gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
       unstack=jax.default_backend() == "cpu" if unstack is None else unstack, mesh=mesh,
-      rules=None if mesh is None else rules, adapter=adapter)
+      rules=None if mesh is None else rules, adapter=adapter, active=active)
   n = len(prompts)
   out_tokens, out_logp, lengths = jax.device_get((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],

@@ -203,3 +203,18 @@ def test_inverse_cdf_skips_zero_probability_entries():
   uniform = jnp.asarray([0.0, 0.0, 0.999999, 0.5])
   np.testing.assert_array_equal(np.asarray(sampling_lib.inverse_cdf(probs, uniform)),
                                 [1, 2, 3, 2])
+
+
+def test_padding_rows_do_not_keep_the_loop_running(params):
+  """3 prompts bucket to 4 rows; once the 3 real rows hit EOS the loop stops (all lengths short)."""
+  prompts = prompts_of([4, 8, 6])
+  free = llm.sample(params, CONFIG, prompts, max_new_tokens=16, rng=jax.random.key(6),
+                    sampling=llm.GREEDY)
+  eos = tuple(int(t) for t in free.tokens[:, 0])  # every real row stops at its first token
+  tokens, mask = sampling_lib.left_pad(prompts, 16, 4, 0)
+  keys = jax.random.split(jax.random.key(0), 4)
+  active = jnp.asarray([True, True, True, False])
+  _, _, lengths = sampling_lib.generate_padded(
+      params, CONFIG, jnp.asarray(tokens), jnp.asarray(mask), keys, jnp.int32(16),
+      sampling=llm.GREEDY, gen_len=16, eos_ids=eos, active=active)
+  np.testing.assert_array_equal(np.asarray(lengths), [1, 1, 1, 0])
