@@ -93,9 +93,6 @@ class _TensorReader:
     self.files = files
     self.handles: dict[str, Any] = {}
 
-  def __contains__(self, name):
-    return name in self.files
-
   def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
     if name not in self.files:
       raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from morse_jax.llm.config import LlmConfig
+from morse_jax.lora.mixture import Adapter, uniform_routes
 
 # target name -> (weight field in LayerParams, d_in, d_out as functions of the model config)
 TARGETS = {
@@ -85,6 +86,19 @@ class LoraConfig:
                             f"(num_subtask_experts={self.num_subtask_experts})")
     return len(self.roles) + j
 
+  def check_route(self, route, what: str = "route") -> list[int]:
+    """The route's expert ids as ints; raises if it is empty, repeats or names a missing expert."""
+    route = [int(k) for k in route]
+    if not route:
+      raise LoraConfigError(f"{what} is empty: it needs at least one expert id")
+    bad = [k for k in route if not 0 <= k < self.num_experts]
+    if bad:
+      raise LoraConfigError(f"{what} names expert {bad[0]}, which does not exist "
+                            f"(num_experts={self.num_experts})")
+    if len(set(route)) != len(route):
+      raise LoraConfigError(f"{what} repeats an expert: {route}")
+    return route
+
   def adapted_layers(self, model: LlmConfig) -> tuple[int, ...]:
     """Sorted, validated layer indices."""
     n = model.num_layers
@@ -147,15 +161,7 @@ def make_adapter(experts: dict[str, ExpertWeights], lora: LoraConfig, model: Llm
   Validates every expert id. With kernel "auto", a batch whose rows all share one route uses the
   `merged` kernel (the delta folded into W once per call); otherwise the shape heuristic applies.
   """
-  from morse_jax.lora.mixture import Adapter, uniform_routes  # experts <- mixture: no cycle
-
-  for row, experts_of_row in enumerate(expert_sets):
-    bad = [k for k in experts_of_row if not 0 <= int(k) < lora.num_experts]
-    if bad:
-      raise LoraConfigError(f"route of row {row} names expert {bad[0]}, which does not exist "
-                            f"(num_experts={lora.num_experts})")
-    if len(set(experts_of_row)) != len(experts_of_row):
-      raise LoraConfigError(f"route of row {row} repeats an expert: {list(experts_of_row)}")
+  expert_sets = [lora.check_route(s, f"route of row {row}") for row, s in enumerate(expert_sets)]
   if kernel == "auto" and len({tuple(s) for s in expert_sets}) == 1:
     kernel = "merged"
   return Adapter(experts=experts, routes=uniform_routes(expert_sets, width),

@@ -21,22 +21,9 @@ from morse_jax.llm.params import Params
 from morse_jax.lora.experts import PEFT_MODULES, TARGETS, LoraConfig
 
 
-def _check_route(route: Sequence[int], lora: LoraConfig) -> list[int]:
-  route = [int(k) for k in route]
-  if not route:
-    raise ValueError("route is empty: it needs at least one expert id")
-  bad = [k for k in route if not 0 <= k < lora.num_experts]
-  if bad:
-    raise ValueError(f"route names expert {bad[0]}, which does not exist "
-                     f"(num_experts={lora.num_experts})")
-  if len(set(route)) != len(route):
-    raise ValueError(f"route repeats an expert: {route}")
-  return route
-
-
 def route_as_lora(experts, lora: LoraConfig, route: Sequence[int]):
   """{target: (A' [la, in, |E| r], B' [la, |E| r, out])} and the exported alpha."""
-  route = _check_route(route, lora)
+  route = lora.check_route(route)
   out = {}
   for target, e in jax.device_get(experts).items():
     a = np.concatenate([np.asarray(e.a[:, k], np.float32) for k in route], axis=-1)
