@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 EPS = 1e-6
@@ -66,3 +67,65 @@ def should_skip(rewards, *advantages, min_std: float = MIN_REWARD_STD) -> bool:
   if float(u.std()) < min_std:
     return True
   return all(not bool(jnp.any(jnp.asarray(a) != 0)) for a in advantages)
+
+
+ESTIMATORS = ("hgrpo", "grpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class RowAdvantages:
+  policy: jnp.ndarray  # [n]: each row's advantage for the expert (LoRA) loss
+  route: jnp.ndarray  # [G]: each route's advantage for the router loss
+  node_skipped: jnp.ndarray  # [N] bool: a node with rows whose reward spread is below min_std
+
+
+def _segment_stats(values, segment, weight, count: int):
+  """Population mean and std of `values` per segment, rows weighted 0/1 by `weight`."""
+  total = jax.ops.segment_sum(weight, segment, count)
+  safe = jnp.maximum(total, 1.0)
+  mean = jax.ops.segment_sum(values * weight, segment, count) / safe
+  var = jax.ops.segment_sum(weight * (values - mean[segment]) ** 2, segment, count) / safe
+  return mean, jnp.sqrt(var), total
+
+
+def row_advantages(rewards, route, valid, *, num_nodes: int, routes_per_node: int,
+                   estimator: str = "hgrpo", eps: float = EPS, clip: float | None = 5.0,
+                   normalize: bool = True, min_std: float = MIN_REWARD_STD) -> RowAdvantages:
+  """`hgrpo` / `grpo` for rows in any order, on device (jit- and shard-friendly).
+
+  rewards [n]; route [n] global route ids g = node * B + b; valid [n] 0 for padding rows.
+  Per-route and per-node means are segment sums over all rows, so on a mesh whose rows are
+  split over devices they are gathered across devices by the compiler.
+
+    hgrpo: policy = A_within of the row; route = A_cross of the route.
+    grpo:  policy = the node-wide advantage of the row; route = mean of it over the route's rows.
+
+  A node whose reward std is below `min_std` gets advantage 0 everywhere (the authors skip it).
+  """
+  if estimator not in ESTIMATORS:
+    raise ValueError(f"row_advantages: estimator {estimator!r} not in {ESTIMATORS}")
+  n_routes = num_nodes * routes_per_node
+  u = jnp.asarray(rewards, jnp.float32)
+  w = jnp.asarray(valid, jnp.float32)
+  node = route // routes_per_node
+  node_of_route = jnp.arange(n_routes) // routes_per_node
+  node_mean, node_std, node_rows = _segment_stats(u, node, w, num_nodes)
+  skipped = (node_std < min_std) | (node_rows == 0)  # nodes without rows are padding
+  mu_b, sigma_b, route_rows = _segment_stats(u, route, w, n_routes)
+  if estimator == "hgrpo":
+    policy = u - mu_b[route]
+    has_rows = (route_rows > 0).astype(jnp.float32)
+    mu_c, sigma_c, _ = _segment_stats(mu_b, node_of_route, has_rows, num_nodes)
+    cross = (mu_b - mu_c[node_of_route]) * has_rows
+    if normalize:
+      policy = jnp.where(sigma_b[route] > 0, policy / (sigma_b[route] + eps), 0.0)
+      cross = jnp.where(sigma_c[node_of_route] > 0, cross / (sigma_c[node_of_route] + eps), 0.0)
+  else:
+    policy = u - node_mean[node]
+    if normalize:
+      policy = jnp.where(node_std[node] > 0, policy / (node_std[node] + eps), 0.0)
+    policy = _clip(policy, clip)
+    cross = jax.ops.segment_sum(policy * w, route, n_routes) / jnp.maximum(route_rows, 1.0)
+  policy = jnp.where(skipped[node] | (w == 0), 0.0, _clip(policy, clip))
+  cross = jnp.where(skipped[node_of_route], 0.0, _clip(cross, clip))
+  return RowAdvantages(policy=policy, route=cross, node_skipped=skipped & (node_rows > 0))

@@ -3,7 +3,8 @@
 The experts learn only from the clipped-surrogate loss on generated tokens (advantages `within`,
 or GRPO's shared advantage); the router learns only from its cross-route loss plus regularisers.
 They are separate parameter trees with separate AdamW optimisers, so neither gets the other's
-gradient.
+gradient. Advantages are computed inside the step from the rows' rewards (segment sums), so on a
+mesh the route and node means are reduced across devices (and hosts) by the compiler.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.model import forward
 from morse_jax.lora import router as router_lib
 from morse_jax.lora.mixture import Adapter, Routes
-from morse_jax.rl.losses import policy_loss, router_loss
+from morse_jax.rl.advantages import ESTIMATORS, MIN_REWARD_STD, row_advantages
+from morse_jax.rl.losses import AGGREGATIONS, aggregate_parts, policy_loss, router_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +35,27 @@ class StepConfig:
   aggregation: str = "token-mean"
   alpha_pi: float = 0.15
   kl_coef: float = 0.0
+  estimator: str = "hgrpo"  # or "grpo" (the paper's ablation)
+  advantage_clip: float | None = 5.0
+  normalize_advantages: bool = True
+  min_reward_std: float = MIN_REWARD_STD
+  micro_batches: int = 1  # gradient accumulation: rows split into this many passes
+  temperature: float = 1.0  # the rollout's sampling temperature (0, greedy, counts as 1)
+
+  def __post_init__(self):
+    if self.aggregation not in AGGREGATIONS:
+      raise ValueError(f"StepConfig.aggregation {self.aggregation!r} not in {AGGREGATIONS}")
+    if self.estimator not in ESTIMATORS:
+      raise ValueError(f"StepConfig.estimator {self.estimator!r} not in {ESTIMATORS}")
+    if not isinstance(self.micro_batches, int) or self.micro_batches < 1:
+      raise ValueError(f"StepConfig.micro_batches must be an int >= 1, got "
+                       f"{self.micro_batches!r}")
+    for name in ("expert_lr", "router_lr", "max_grad_norm", "epsilon"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"StepConfig.{name} must be > 0, got {getattr(self, name)!r}")
+    if self.temperature < 0 or self.kl_coef < 0:
+      raise ValueError(f"StepConfig: temperature and kl_coef must be >= 0, got "
+                       f"{self.temperature!r}, {self.kl_coef!r}")
 
 
 def make_optimizers(config: StepConfig):
@@ -45,75 +68,159 @@ def make_optimizers(config: StepConfig):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class PolicyBatch:
-  """Rows = sampled candidates. Token arrays are [n, T]; `loss_mask` is 1 on generated tokens."""
+  """Rows = sampled candidates (any order, padding rows allowed). Token arrays are [n, T]."""
 
   tokens: jax.Array
   attention_mask: jax.Array
-  loss_mask: jax.Array
-  logp_old: jax.Array  # [n, T]: log-prob of tokens[:, t] when sampled (0 where loss_mask is 0)
-  advantages: jax.Array  # [n]: A_within (HGRPO) or the shared GRPO advantage
+  loss_mask: jax.Array  # 1 on tokens the policy generated; 0 on prompt, tool output, padding
+  logp_old: jax.Array  # log-prob of tokens[:, t] when sampled (0 where loss_mask is 0)
+  rewards: jax.Array  # [n] the verifier's reward of the row
+  route: jax.Array  # [n] int32 global route id g = node * B + b
+  valid: jax.Array  # [n] 1 for real rows, 0 for padding
   routes: Routes  # [n, e] each row's experts
+  logp_ref: jax.Array | None = None  # [n, T] adapters-off log-probs; needed when kl_coef > 0
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class RouterBatch:
-  """One entry per sampled route of a routed node (merge nodes, with log-prob 0, are left out)."""
+  """One entry per global route g (G = nodes x B)."""
 
-  embeddings: jax.Array  # [B, D]
-  subtask_routes: jax.Array  # [B, K] ordered subtask-expert draws (0-based subtask ids)
-  advantages: jax.Array  # [B]: A_cross (HGRPO) or the mean GRPO advantage of the route
+  embeddings: jax.Array  # [G, D] router input of the route's node
+  subtask_routes: jax.Array  # [G, K] ordered subtask-expert draws (0-based subtask ids)
+  mask: jax.Array  # [G] 1 when the router drew the route (0: merge nodes, padding)
 
 
-def token_logprobs(params, config: LlmConfig, adapter: Adapter, tokens, attention_mask):
-  """[n, T] log p(tokens[:, t] | tokens[:, :t]) under the adapted model (0 at t = 0)."""
+def token_logprobs(params, config: LlmConfig, adapter: Adapter | None, tokens, attention_mask,
+                   temperature: float = 1.0):
+  """([n, T] log p(tokens[:, t] | tokens[:, :t]), [n, T] entropy of that distribution), both 0
+  at t = 0, under softmax(logits / temperature) of the adapted model."""
   logits, _ = forward(params, config, tokens, attention_mask=attention_mask, adapter=adapter)
-  logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+  logits = logits[:, :-1].astype(jnp.float32) / (temperature or 1.0)
+  logp = jax.nn.log_softmax(logits, axis=-1)
   picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-  return jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)
+  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+  pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
+  return pad(picked), pad(entropy)
+
+
+def _micro(tree, k: int):
+  """[n, ...] -> [k, n / k, ...] with micro-batch j = rows j, j + k, ...: every device's share of
+  a row-sharded batch stays on that device."""
+  def split(x):
+    return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, tree)
+
+
+def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config, step_config,
+                  layers, scale, kernel):
+  """Gradient of the policy loss over all rows, accumulated over micro-batches. Each micro-batch
+  divides by the whole batch's denominators, so the sum equals the one-pass loss exactly."""
+  _, denominator = aggregate_parts(jnp.zeros(policy.loss_mask.shape), policy.loss_mask,
+                                   step_config.aggregation)
+  token_count = jnp.sum(policy.loss_mask.astype(jnp.float32))
+  kl = step_config.kl_coef > 0
+  if kl and policy.logp_ref is None:
+    raise ValueError("train_step: StepConfig.kl_coef > 0 needs PolicyBatch.logp_ref")
+
+  def loss_fn(experts, rows):
+    batch, adv = rows
+    adapter = Adapter(experts=experts, routes=batch.routes, layers=layers, scale=scale,
+                      kernel=kernel)
+    logp, entropy = token_logprobs(backbone, config, adapter, batch.tokens, batch.attention_mask,
+                                   step_config.temperature)
+    loss, metrics = policy_loss(
+        logp, batch.logp_old, adv, batch.loss_mask, epsilon=step_config.epsilon,
+        epsilon_high=step_config.epsilon_high, aggregation=step_config.aggregation,
+        kl_coef=step_config.kl_coef, logp_ref=batch.logp_ref if kl else None,
+        denominator=denominator, token_count=token_count)
+    mask = batch.loss_mask.astype(jnp.float32)
+    metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(token_count, 1.0)
+    return loss, metrics
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  k = step_config.micro_batches
+  if k == 1:
+    return grad_fn(experts, (policy, advantages))
+  rows = _micro((policy, advantages), k)
+
+  def body(carry, micro):
+    out = grad_fn(experts, micro)
+    return jax.tree.map(jnp.add, carry, out), None
+
+  zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, experts,
+                                                      jax.tree.map(lambda x: x[0], rows)))
+  return jax.lax.scan(body, zeros, rows)[0]
 
 
 @functools.partial(jax.jit, static_argnames=("config", "router_config", "step_config", "layers",
-                                             "scale", "kernel"))
+                                             "scale", "kernel", "routes_per_node",
+                                             "num_routes"))
 def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch,
-               router_batch: RouterBatch, *, config: LlmConfig,
-               router_config: router_lib.RouterConfig, step_config: StepConfig,
-               layers: tuple[int, ...], scale: float, kernel: str = "dense"):
-  """Returns (experts, router_params, opt_states, metrics)."""
-  expert_opt, router_opt = make_optimizers(step_config)
+               router_batch: RouterBatch | None, *, config: LlmConfig,
+               router_config: router_lib.RouterConfig | None, step_config: StepConfig,
+               layers: tuple[int, ...], scale: float, kernel: str = "dense",
+               routes_per_node: int, num_routes: int):
+  """Returns (experts, router_params, opt_states, metrics).
 
-  def expert_loss(experts):
-    adapter = Adapter(experts=experts, routes=policy.routes, layers=layers, scale=scale,
-                      kernel=kernel)
-    logp = token_logprobs(backbone, config, adapter, policy.tokens, policy.attention_mask)
-    logp_ref = None
-    if step_config.kl_coef:
-      logp_ref = token_logprobs(backbone, config, None, policy.tokens, policy.attention_mask)
-    return policy_loss(logp, policy.logp_old, policy.advantages, policy.loss_mask,
-                       epsilon=step_config.epsilon, epsilon_high=step_config.epsilon_high,
-                       aggregation=step_config.aggregation, kl_coef=step_config.kl_coef,
-                       logp_ref=logp_ref)
+  num_routes: G, the number of global route ids (nodes x routes_per_node). When every advantage
+  is 0 (no node carries signal) nothing changes, optimiser moments included, and metrics
+  report skipped = 1. Without a router, pass router_params, router_batch and router_config None.
+  """
+  if num_routes % routes_per_node:
+    raise ValueError(f"train_step: num_routes={num_routes} is not a multiple of "
+                     f"routes_per_node={routes_per_node}")
+  expert_opt, router_opt = make_optimizers(step_config)
+  adv = row_advantages(policy.rewards, policy.route, policy.valid,
+                       num_nodes=num_routes // routes_per_node, routes_per_node=routes_per_node,
+                       estimator=step_config.estimator, clip=step_config.advantage_clip,
+                       normalize=step_config.normalize_advantages,
+                       min_std=step_config.min_reward_std)
+  route_adv = adv.route if router_batch is None else adv.route * router_batch.mask
+  skip = ~(jnp.any(adv.policy != 0) | jnp.any(route_adv != 0))
 
   def total_router_loss(router_params):
     logp = router_lib.log_probs(router_params, router_batch.embeddings, router_config)
     route_logp = router_lib.route_log_prob(logp, router_batch.subtask_routes,
                                            router_config.log_prob)
     regs = router_lib.regularisers(router_params, logp, router_config)
-    loss = router_loss(route_logp, router_batch.advantages, step_config.alpha_pi)
-    return loss + sum(regs.values()), {"router_pg_loss": loss, **regs}
+    loss = router_loss(route_logp, adv.route, step_config.alpha_pi, router_batch.mask)
+    mask = router_batch.mask.astype(jnp.float32)
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    route_entropy = jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return loss + sum(regs.values()), {"router_pg_loss": loss, "route_entropy": route_entropy,
+                                       **regs}
 
-  (e_loss, e_metrics), e_grads = jax.value_and_grad(expert_loss, has_aux=True)(experts)
-  (r_loss, r_metrics), r_grads = jax.value_and_grad(total_router_loss, has_aux=True)(
-      router_params)
-  e_updates, e_state = expert_opt.update(e_grads, opt_states[0], experts)
-  r_updates, r_state = router_opt.update(r_grads, opt_states[1], router_params)
-  metrics = {"expert_loss": e_loss, "router_loss": r_loss,
-             "expert_grad_norm": optax.global_norm(e_grads),
-             "router_grad_norm": optax.global_norm(r_grads), **e_metrics, **r_metrics}
-  return (optax.apply_updates(experts, e_updates), optax.apply_updates(router_params, r_updates),
-          (e_state, r_state), metrics)
+  def update(_):
+    (e_loss, e_metrics), e_grads = _expert_grads(
+        backbone, experts, policy, adv.policy, config=config, step_config=step_config,
+        layers=layers, scale=scale, kernel=kernel)
+    e_updates, e_state = expert_opt.update(e_grads, opt_states[0], experts)
+    metrics = {"expert_loss": e_loss, "expert_grad_norm": optax.global_norm(e_grads),
+               **e_metrics}
+    new_router, r_state = router_params, opt_states[1]
+    if router_params is not None:
+      (r_loss, r_metrics), r_grads = jax.value_and_grad(total_router_loss, has_aux=True)(
+          router_params)
+      r_updates, r_state = router_opt.update(r_grads, opt_states[1], router_params)
+      new_router = optax.apply_updates(router_params, r_updates)
+      metrics.update(router_loss=r_loss, router_grad_norm=optax.global_norm(r_grads),
+                     **r_metrics)
+    return optax.apply_updates(experts, e_updates), new_router, (e_state, r_state), metrics
+
+  def keep(_):
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(update, None)[3])
+    return experts, router_params, opt_states, zeros
+
+  experts, router_params, opt_states, metrics = jax.lax.cond(skip, keep, update, None)
+  metrics.update(skipped=skip.astype(jnp.float32),
+                 skipped_nodes=jnp.sum(adv.node_skipped.astype(jnp.float32)),
+                 advantage_abs_mean=jnp.sum(jnp.abs(adv.policy) * policy.valid)
+                 / jnp.maximum(jnp.sum(policy.valid), 1))
+  return experts, router_params, opt_states, metrics
 
 
 def init_opt_states(experts, router_params, step_config: StepConfig):
   expert_opt, router_opt = make_optimizers(step_config)
-  return expert_opt.init(experts), router_opt.init(router_params)
+  router_state = None if router_params is None else router_opt.init(router_params)
+  return expert_opt.init(experts), router_state

@@ -1,4 +1,7 @@
-"""One jitted HGRPO step on a tiny model: consistency with the sampler, and learning signs."""
+"""The jitted HGRPO step on a tiny model: consistency with the sampler, learning signs, skips,
+micro-batches and meshes."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +10,7 @@ import pytest
 
 from morse_jax import llm, lora
 from morse_jax.lora import mixture, router
+from morse_jax.rl import rollout as rl_rollout
 from morse_jax.rl import train_step as ts
 from tests import tiny_models
 
@@ -15,96 +19,160 @@ CONFIG = llm.LlmConfig("llama", vocab_size=96, hidden_size=32, intermediate_size
 LORA = lora.LoraConfig(last_n_layers=1, rank=4, alpha=8.0, num_subtask_experts=4)
 RCFG = router.RouterConfig(dim=8, top_k=2)
 STEP = ts.StepConfig(expert_lr=3e-2, router_lr=3e-2)
-SETS = [[0, 2, 3], [0, 4, 5], [1, 2, 4], [1, 3, 5]]
+# Default rates; the aggregation with per-row weights and the KL term, the most that can differ.
+BASE = ts.StepConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)
+EMB_DIM = 6
+# Node 0: route 0 splits its candidates (within-route signal), route 1 is flat.
+# Node 1: route 0 always wins, route 1 always loses (cross-route signal only).
+REWARDS = [1.0, 0.0, 0.5, 0.5, 1.0, 1.0, 0.0, 0.0]
+
+
+def requests():
+  emb = np.asarray(jax.random.normal(jax.random.key(4), (2, EMB_DIM)))
+  prompts = [tiny_models.random_tokens(i, (3 + 2 * i,)).tolist() for i in range(2)]
+  return [rl_rollout.NodeRequest(prompts[0], "execute", [[0, 2], [1, 3]], embedding=emb[0]),
+          rl_rollout.NodeRequest(prompts[1], "execute", [[0, 1], [2, 3]], embedding=emb[1])]
 
 
 @pytest.fixture(scope="module")
-def rollout():
+def setup():
   backbone = llm.init_random(CONFIG, jax.random.key(0), scale=0.3, norm_jitter=0.2)
   experts = lora.init_experts(LORA, CONFIG, jax.random.key(1))
-  adapter = lora.make_adapter(experts, LORA, CONFIG, SETS, kernel="gather")
-  prompts = [tiny_models.random_tokens(i, (3 + i,)).tolist() for i in range(4)]
-  out = llm.sample(backbone, CONFIG, prompts, max_new_tokens=6, rng=jax.random.key(2),
-                   sampling=llm.SamplingConfig(temperature=1.0), adapter=adapter)
-  p = max(map(len, prompts))
-  tokens, mask = llm.sampling.left_pad(prompts, p, 4, 0)
-  gen_mask = (np.arange(6)[None] < out.lengths[:, None]).astype(np.int32)
-  batch = ts.PolicyBatch(
-      tokens=jnp.asarray(np.concatenate([tokens, out.tokens], 1)),
-      attention_mask=jnp.asarray(np.concatenate([mask, gen_mask], 1)),
-      loss_mask=jnp.asarray(np.concatenate([np.zeros_like(mask), gen_mask], 1)),
-      logp_old=jnp.asarray(np.concatenate([np.zeros(mask.shape, np.float32), out.logprobs], 1)),
-      advantages=jnp.asarray([1.0, -1.0, 0.0, 0.0]), routes=adapter.routes)
-  return backbone, experts, adapter, batch
+  # Non-zero B, so that the adapted model differs from the backbone.
+  experts = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(5), x.shape),
+                         experts)
+  out = rl_rollout.rollout(backbone, CONFIG, experts, LORA, requests(), group_size=2,
+                           rng=jax.random.key(2), max_new_tokens=6,
+                           sampling=llm.SamplingConfig(temperature=1.0), kl=True, kernel="gather")
+  return backbone, experts, out
 
 
-def run_steps(backbone, experts, batch, router_batch, n, step=STEP):
-  rparams = router.init_router(RCFG, 6, 4, jax.random.key(3))
+def run_steps(backbone, experts, batch, rbatch, n, step=STEP, rparams=None):
+  rparams = rparams or router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3))
   states = ts.init_opt_states(experts, rparams, step)
   history = []
   for _ in range(n):
     experts, rparams, states, metrics = ts.train_step(
-        backbone, experts, rparams, states, batch, router_batch, config=CONFIG,
-        router_config=RCFG, step_config=step, layers=LORA.adapted_layers(CONFIG),
-        scale=LORA.scale, kernel="gather")
+        backbone, experts, rparams, states, batch, rbatch, config=CONFIG, router_config=RCFG,
+        step_config=step, layers=LORA.adapted_layers(CONFIG), scale=LORA.scale, kernel="gather",
+        routes_per_node=2, num_routes=4)
     history.append(jax.device_get(metrics))
-  return experts, rparams, history
+  return experts, rparams, states, history
 
 
-def router_batch():
-  emb = jax.random.normal(jax.random.key(4), (2, 6))
-  return ts.RouterBatch(embeddings=jnp.tile(emb[:1], (2, 1)),
-                        subtask_routes=jnp.asarray([[0, 1], [2, 3]]),
-                        advantages=jnp.asarray([1.0, -1.0]))
+def adapter_of(experts, out):
+  return mixture.Adapter(experts=experts, routes=out.routes, layers=LORA.adapted_layers(CONFIG),
+                         scale=LORA.scale, kernel="gather")
 
 
-def test_training_logprobs_equal_sampling_logprobs(rollout):
-  backbone, _, adapter, batch = rollout
-  logp = ts.token_logprobs(backbone, CONFIG, adapter, batch.tokens, batch.attention_mask)
-  np.testing.assert_allclose(np.asarray(logp * batch.loss_mask), np.asarray(batch.logp_old),
-                             atol=1e-5)
+def test_rollout_layout_and_logprobs(setup):
+  backbone, experts, out = setup
+  assert out.num_rows == 8 and out.expert_sets[0] == [0, 2, 4] and out.expert_sets[2] == [0, 3, 5]
+  np.testing.assert_array_equal(out.route[:8], [0, 0, 1, 1, 2, 2, 3, 3])
+  p = out.packed
+  # Each row is prompt | completion, and only the completion is trained on.
+  for r in range(8):
+    prompt = out.requests[out.node_of_row(r)].prompt
+    np.testing.assert_array_equal(p.tokens[r, :len(prompt)], prompt)
+    np.testing.assert_array_equal(p.tokens[r, len(prompt):len(prompt) + len(out.completions[r])],
+                                  out.completions[r])
+    assert p.loss_mask[r].sum() == len(out.completions[r]) and p.loss_mask[r, :len(prompt)].sum() == 0
+  # The sampler's log-probs (left-padded, incremental decode) equal the update's (packed, one pass).
+  logp = rl_rollout._logprobs(backbone, CONFIG, adapter_of(experts, out), p.tokens,
+                              p.attention_mask, 1.0)
+  np.testing.assert_allclose(np.asarray(logp) * p.loss_mask, p.logp_old, atol=1e-5)
+  ref = rl_rollout._logprobs(backbone, CONFIG, None, p.tokens, p.attention_mask, 1.0)
+  np.testing.assert_allclose(np.asarray(ref) * p.loss_mask, out.logp_ref, atol=1e-6)
+  assert np.abs(out.logp_ref - p.logp_old).max() > 1e-3  # the adapters do change the model
 
 
-def test_hgrpo_steps_move_experts_and_router_the_right_way(rollout):
-  backbone, experts, adapter, batch = rollout
-  rb = router_batch()
-  new_experts, rparams, history = run_steps(backbone, experts, batch, rb, 5)
-  assert float(jnp.abs(new_experts["q"].b).sum()) > 0  # B left zero: the experts learned
-  before = ts.token_logprobs(backbone, CONFIG, adapter, batch.tokens, batch.attention_mask)
-  after_adapter = mixture.Adapter(experts=new_experts, routes=adapter.routes,
-                                  layers=adapter.layers, scale=adapter.scale, kernel="gather")
-  after = ts.token_logprobs(backbone, CONFIG, after_adapter, batch.tokens, batch.attention_mask)
-  gain = np.asarray(((after - before) * batch.loss_mask).sum(1))
-  assert gain[0] > 0 and gain[1] < 0  # A = +1 row more likely, A = -1 row less likely
-  logp0 = router.log_probs(router.init_router(RCFG, 6, 4, jax.random.key(3)), rb.embeddings, RCFG)
+def test_pack_masks_tool_output():
+  packed = rl_rollout.pack([[rl_rollout.Segment([5, 6]), rl_rollout.Segment([7], [-0.5]),
+                             rl_rollout.Segment([8, 9]), rl_rollout.Segment([10], [-1.0])]],
+                           length=8)
+  np.testing.assert_array_equal(packed.tokens[0], [5, 6, 7, 8, 9, 10, 0, 0])
+  np.testing.assert_array_equal(packed.loss_mask[0], [0, 0, 1, 0, 0, 1, 0, 0])
+  np.testing.assert_array_equal(packed.attention_mask[0], [1, 1, 1, 1, 1, 1, 0, 0])
+  np.testing.assert_allclose(packed.logp_old[0], [0, 0, -0.5, 0, 0, -1.0, 0, 0])
+  with pytest.raises(ValueError, match="2 tokens with 1 log-probs"):
+    rl_rollout.pack([[rl_rollout.Segment([1, 2], [0.0])]])
+
+
+def test_bad_rewards_are_named(setup):
+  out = setup[2]
+  with pytest.raises(ValueError, match=r"shape \(3,\), expected \(8,\)"):
+    rl_rollout.policy_batch(out, [1.0, 0.0, 1.0])
+  with pytest.raises(ValueError, match="non-finite reward at row 2"):
+    rl_rollout.policy_batch(out, [1.0, 0.0, float("nan")] + [0.0] * 5)
+
+
+def test_hgrpo_steps_move_experts_and_router_the_right_way(setup):
+  backbone, experts, out = setup
+  batch = rl_rollout.policy_batch(out, REWARDS)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  new_experts, rparams, _, history = run_steps(backbone, experts, batch, rb, 5)
+  p = out.packed
+  before = rl_rollout._logprobs(backbone, CONFIG, adapter_of(experts, out), p.tokens,
+                                p.attention_mask, 1.0)
+  after = rl_rollout._logprobs(backbone, CONFIG, adapter_of(new_experts, out), p.tokens,
+                               p.attention_mask, 1.0)
+  gain = np.asarray(((after - before) * p.loss_mask).sum(1))
+  assert gain[0] > 0 and gain[1] < 0  # A_within = +1 row more likely, A_within = -1 row less
+  logp0 = router.log_probs(router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3)),
+                           rb.embeddings, RCFG)
   logp1 = router.log_probs(rparams, rb.embeddings, RCFG)
   pl = lambda lp: np.asarray(router.route_log_prob(lp, rb.subtask_routes))
-  assert pl(logp1)[0] > pl(logp0)[0] and pl(logp1)[1] < pl(logp0)[1]
+  assert pl(logp1)[2] > pl(logp0)[2] and pl(logp1)[3] < pl(logp0)[3]  # node 1's routes
   assert history[-1]["expert_loss"] < history[0]["expert_loss"]
+  assert history[0]["skipped"] == 0 and history[0]["skipped_nodes"] == 0
   assert all(np.isfinite(v) for m in history for v in jax.tree.leaves(m))
 
 
-@pytest.mark.parametrize("data,model", [(4, 2), (2, 4)])
-def test_sharded_step_equals_one_device(rollout, data, model, eight_devices):
-  """Rows over 'data', backbone over 'model': the same losses and updated experts.
+def test_flat_rewards_skip_the_update(setup):
+  backbone, experts, out = setup
+  batch = rl_rollout.policy_batch(out, [0.3] * 8)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  rparams = router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3))
+  got_experts, got_router, states, history = run_steps(backbone, experts, batch, rb, 1,
+                                                       rparams=rparams)
+  assert history[0]["skipped"] == 1 and history[0]["skipped_nodes"] == 2
+  init = ts.init_opt_states(experts, rparams, STEP)
+  for got, ref in zip(jax.tree.leaves((got_experts, got_router, states)),
+                      jax.tree.leaves((experts, rparams, init))):
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_micro_batches_equal_one_pass(setup):
+  backbone, experts, out = setup
+  batch = rl_rollout.policy_batch(out, REWARDS)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  ref = run_steps(backbone, experts, batch, rb, 2, BASE)
+  got = run_steps(backbone, experts, batch, rb, 2, dataclasses.replace(BASE, micro_batches=2))
+  for key in ("expert_loss", "expert_grad_norm", "clip_frac", "kl", "entropy"):
+    np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-7)
+  for a, b in zip(jax.tree.leaves(got[:2]), jax.tree.leaves(ref[:2])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("data,model", [(8, 1), (2, 4),
+                                        pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_sharded_step_equals_one_device(setup, data, model, eight_devices):
+  """Rows over 'data' (route means reduced across devices), backbone over 'model'.
 
   At the default learning rates: Adam divides by sqrt(v), so with a large rate the float noise
   of near-zero gradients becomes visible in the updated weights."""
   from morse_jax.llm import sharding
 
-  backbone, experts, _, batch = rollout
-  rb = router_batch()
-  step = ts.StepConfig()
-  ref_experts, ref_router, ref_history = run_steps(backbone, experts, batch, rb, 2, step)
+  backbone, experts, out = setup
+  batch = rl_rollout.policy_batch(out, REWARDS)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  step = BASE
+  ref = run_steps(backbone, experts, batch, rb, 2, step)
   mesh = sharding.make_mesh(data, model)
   place = sharding.shard_rows(mesh)
-  sharded_batch = ts.PolicyBatch(*place(batch.tokens, batch.attention_mask, batch.loss_mask,
-                                        batch.logp_old, batch.advantages),
-                                 routes=mixture.Routes(*place(batch.routes.idx, batch.routes.w)))
-  got_experts, got_router, got_history = run_steps(sharding.shard_params(backbone, mesh),
-                                                   experts, sharded_batch, rb, 2, step)
-  for key in ("expert_loss", "router_loss", "expert_grad_norm"):
-    np.testing.assert_allclose(got_history[-1][key], ref_history[-1][key], rtol=1e-5, atol=1e-6)
-  for got, ref in zip(jax.tree.leaves((got_experts, got_router)),
-                      jax.tree.leaves((ref_experts, ref_router))):
-    np.testing.assert_allclose(got, ref, atol=1e-5)
+  sharded_batch = jax.tree.map(lambda x: place(x)[0], batch)
+  got = run_steps(sharding.shard_params(backbone, mesh), experts, sharded_batch, rb, 2, step)
+  for key in ("expert_loss", "router_loss", "expert_grad_norm", "kl"):
+    np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(got[:2]), jax.tree.leaves(ref[:2])):
+    np.testing.assert_allclose(a, b, atol=1e-5)

@@ -1,0 +1,213 @@
+"""B x M group rollouts: every row of every node in one sampler call, packed for the update.
+
+For node i with B routes and M candidates per route, row (i * B + b) * M + m runs the node's
+prompt with experts [role expert] + route b's subtask experts (uniform weights). Rows are
+packed right-padded as prompt | completion (or any list of segments: prompt, generated text,
+tool output, ...); only generated segments have loss_mask 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from morse_jax import llm
+from morse_jax.llm.sampling import bucket
+from morse_jax.lora.experts import LoraConfig, make_adapter
+from morse_jax.lora.mixture import Routes, uniform_routes
+from morse_jax.rl.train_step import PolicyBatch, RouterBatch, token_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRequest:
+  """One DAG node to roll out."""
+
+  prompt: Sequence[int]  # token ids, chat template applied
+  role: str  # the role expert ("execute", "merge")
+  routes: Sequence[Sequence[int]]  # B routes of 0-based subtask-expert ids
+  routed: bool = True  # False: inherited experts (merge node), no router loss
+  embedding: np.ndarray | None = None  # [D] router input, needed when routed
+
+
+@dataclasses.dataclass
+class Segment:
+  tokens: Sequence[int]
+  logprobs: Sequence[float] | None = None  # given: the policy generated it (trained on)
+
+
+@dataclasses.dataclass
+class Packed:
+  tokens: np.ndarray  # [n, T] right-padded
+  attention_mask: np.ndarray  # [n, T]
+  loss_mask: np.ndarray  # [n, T] 1 on generated tokens
+  logp_old: np.ndarray  # [n, T] sampling log-probs on generated tokens, else 0
+
+
+def pack(rows: Sequence[Sequence[Segment]], pad_id: int = 0, length: int | None = None) -> Packed:
+  """Concatenates each row's segments; T = `length` or the longest row bucketed to a power of 2."""
+  lengths = [sum(len(s.tokens) for s in row) for row in rows]
+  t = length or bucket(max(lengths))
+  if max(lengths) > t:
+    raise ValueError(f"pack: a row has {max(lengths)} tokens, more than length={t}")
+  out = Packed(np.full((len(rows), t), pad_id, np.int32), np.zeros((len(rows), t), np.int32),
+               np.zeros((len(rows), t), np.float32), np.zeros((len(rows), t), np.float32))
+  for i, row in enumerate(rows):
+    pos = 0
+    for seg in row:
+      end = pos + len(seg.tokens)
+      out.tokens[i, pos:end] = seg.tokens
+      out.attention_mask[i, pos:end] = 1
+      if seg.logprobs is not None:
+        if len(seg.logprobs) != len(seg.tokens):
+          raise ValueError(f"pack: row {i} has a segment of {len(seg.tokens)} tokens with "
+                           f"{len(seg.logprobs)} log-probs")
+        out.loss_mask[i, pos:end] = 1
+        out.logp_old[i, pos:end] = seg.logprobs
+      pos = end
+  return out
+
+
+@dataclasses.dataclass
+class GroupRollout:
+  """The sampled rows of a batch of nodes, packed and padded for `PolicyBatch`."""
+
+  requests: list[NodeRequest]
+  routes_per_node: int  # B
+  group_size: int  # M
+  num_nodes: int  # nodes after padding to a power of two (static shapes)
+  completions: list[np.ndarray]  # per real row, the generated tokens (EOS included)
+  expert_sets: list[list[int]]  # per real row
+  packed: Packed  # [rows, T], rows = real rows padded
+  route: np.ndarray  # [rows] global route id (0 on padding rows)
+  valid: np.ndarray  # [rows]
+  routes: Routes
+  logp_ref: np.ndarray | None  # [rows, T] adapters off, when the KL is on
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.completions)
+
+  @property
+  def num_routes(self) -> int:
+    return self.num_nodes * self.routes_per_node
+
+  def node_of_row(self, row: int) -> int:
+    return row // (self.routes_per_node * self.group_size)
+
+  def generated_tokens(self) -> int:
+    return int(sum(len(c) for c in self.completions))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "temperature"))
+def _logprobs(params, config, adapter, tokens, attention_mask, temperature):
+  return token_logprobs(params, config, adapter, tokens, attention_mask, temperature)[0]
+
+
+def expert_sets_of(requests: Sequence[NodeRequest], lora: LoraConfig, group_size: int):
+  """Per row, [role expert] + the route's subtask experts."""
+  sets = []
+  for i, req in enumerate(requests):
+    for b, route in enumerate(req.routes):
+      experts = [lora.role_index(req.role)] + [lora.subtask_index(int(j)) for j in route]
+      experts = lora.check_route(experts, f"node {i} route {b}")
+      sets.extend([experts] * group_size)
+  return sets
+
+
+def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
+            requests: Sequence[NodeRequest], *, group_size: int, rng: jax.Array,
+            max_new_tokens: int, sampling: llm.SamplingConfig = llm.SamplingConfig(),
+            eos_ids: Sequence[int] = (), pad_id: int = 0, kl: bool = False,
+            rows_multiple: int = 1, mesh=None, kernel: str = "auto") -> GroupRollout:
+  """Samples M candidates for each of the B routes of every node, in one sampler call.
+
+  Log-probs under the sampling distribution are recorded as the old policy's. When top-k or top-p
+  filtering is on, that distribution is not the policy's softmax, so they are recomputed with one
+  forward pass. kl=True also records the adapters-off (reference) log-probs. Rows are padded to a
+  power of two that is a multiple of `rows_multiple` (mesh data axis x micro-batches).
+  """
+  if not requests:
+    raise ValueError("rollout: no nodes")
+  b = len(requests[0].routes)
+  for i, req in enumerate(requests):
+    if len(req.routes) != b:
+      raise ValueError(f"rollout: node {i} has {len(req.routes)} routes, node 0 has {b}")
+    if req.routed and req.embedding is None:
+      raise ValueError(f"rollout: node {i} is routed but has no router embedding")
+  sets = expert_sets_of(requests, lora, group_size)
+  prompts = [list(req.prompt) for req in requests for _ in range(b * group_size)]
+  adapter = make_adapter(experts, lora, config, sets, kernel=kernel)
+  out = llm.sample(backbone, config, prompts, max_new_tokens=max_new_tokens, rng=rng,
+                   sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter)
+  n = len(prompts)
+  rows = bucket(n, minimum=1)
+  rows = math.lcm(rows, rows_multiple) if rows % rows_multiple else rows
+  completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]
+  segments = [[Segment(prompts[r]), Segment(completions[r], out.logprobs[r, :out.lengths[r]])]
+              for r in range(n)]
+  segments += [[Segment([pad_id])]] * (rows - n)
+  packed = pack(segments, pad_id, length=bucket(max(map(len, prompts))) + bucket(max_new_tokens))
+  width = max(map(len, sets))
+  routes = uniform_routes(sets + [sets[0]] * (rows - n), width)
+  route = np.zeros(rows, np.int32)
+  route[:n] = np.arange(n) // group_size
+  valid = (np.arange(rows) < n).astype(np.float32)
+  greedy = sampling.greedy
+  temperature = 1.0 if greedy else sampling.temperature
+  if not greedy and (sampling.top_p < 1.0 or sampling.top_k):
+    full = make_adapter(experts, lora, config, sets + [sets[0]] * (rows - n), kernel=kernel)
+    logp = np.asarray(_logprobs(backbone, config, full, packed.tokens, packed.attention_mask,
+                                temperature))
+    packed.logp_old = logp * packed.loss_mask
+  logp_ref = None
+  if kl:
+    logp_ref = np.asarray(_logprobs(backbone, config, None, packed.tokens, packed.attention_mask,
+                                    temperature)) * packed.loss_mask
+  return GroupRollout(requests=list(requests), routes_per_node=b, group_size=group_size,
+                      num_nodes=bucket(len(requests), minimum=1), completions=completions,
+                      expert_sets=sets, packed=packed, route=route, valid=valid, routes=routes,
+                      logp_ref=logp_ref)
+
+
+def policy_batch(rollout: GroupRollout, rewards: Sequence[float]) -> PolicyBatch:
+  """The update's rows: rewards [real rows] (one per completion, in row order)."""
+  rewards = np.asarray(rewards, np.float32)
+  if rewards.shape != (rollout.num_rows,):
+    raise ValueError(f"policy_batch: rewards has shape {rewards.shape}, expected "
+                     f"({rollout.num_rows},) (one per sampled row)")
+  if not np.all(np.isfinite(rewards)):
+    raise ValueError(f"policy_batch: non-finite reward at row "
+                     f"{int(np.flatnonzero(~np.isfinite(rewards))[0])}")
+  padded = np.zeros(len(rollout.valid), np.float32)
+  padded[:len(rewards)] = rewards
+  p = rollout.packed
+  return PolicyBatch(tokens=jnp.asarray(p.tokens), attention_mask=jnp.asarray(p.attention_mask),
+                     loss_mask=jnp.asarray(p.loss_mask), logp_old=jnp.asarray(p.logp_old),
+                     rewards=jnp.asarray(padded), route=jnp.asarray(rollout.route),
+                     valid=jnp.asarray(rollout.valid), routes=rollout.routes,
+                     logp_ref=None if rollout.logp_ref is None else jnp.asarray(rollout.logp_ref))
+
+
+def router_batch(rollout: GroupRollout, top_k: int, input_dim: int) -> RouterBatch:
+  """One entry per global route; merge nodes and padding nodes get mask 0."""
+  g = rollout.num_routes
+  emb = np.zeros((g, input_dim), np.float32)
+  draws = np.zeros((g, top_k), np.int32)
+  mask = np.zeros(g, np.float32)
+  for i, req in enumerate(rollout.requests):
+    if not req.routed:
+      continue
+    for b, route in enumerate(req.routes):
+      if len(route) != top_k:
+        raise ValueError(f"router_batch: node {i} route {b} has {len(route)} experts, "
+                         f"top_k is {top_k}")
+      j = i * rollout.routes_per_node + b
+      emb[j], draws[j], mask[j] = req.embedding, route, 1.0
+  return RouterBatch(embeddings=jnp.asarray(emb), subtask_routes=jnp.asarray(draws),
+                     mask=jnp.asarray(mask))
