@@ -1,0 +1,191 @@
+"""The MoRSE training loop around the jitted step: draw routes, roll out B x M rows per node,
+score them, update, log, checkpoint.
+
+A `Trainer` does one update (`step`) for a batch of nodes with a caller-supplied reward function,
+so the DAG runner can drive it node by node. `fit` is the plain loop over a data source whose
+items are a pure function of their index (the cursor in `TrainState`): a run resumed from a
+checkpoint draws the same nodes, routes and samples as one that was never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Callable, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from morse_jax import llm
+from morse_jax.llm import sharding
+from morse_jax.lora import router as router_lib
+from morse_jax.lora.experts import LoraConfig, init_experts
+from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl import rollout as rollout_lib
+from morse_jax.rl import train_step as ts
+from morse_jax.rl.state import Checkpoints, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  routes_per_node: int = 4  # B
+  group_size: int = 4  # M
+  max_new_tokens: int = 256
+  sampling: llm.SamplingConfig = llm.SamplingConfig(temperature=1.0)
+  kernel: str = "auto"  # mixture kernel while sampling
+  train_kernel: str = "gather"  # mixture kernel in the update (differentiated)
+
+  def __post_init__(self):
+    for name in ("routes_per_node", "group_size", "max_new_tokens"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"RolloutConfig.{name} must be an int >= 1, got "
+                         f"{getattr(self, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainNode:
+  """A node to train on. Routed nodes carry the router input; merge nodes carry fixed experts."""
+
+  prompt: Sequence[int]
+  role: str = "execute"
+  embedding: np.ndarray | None = None  # [D] router input
+  experts: Sequence[int] | None = None  # fixed 0-based subtask experts (the parents' union)
+
+
+RewardFn = Callable[[rollout_lib.GroupRollout], np.ndarray]
+
+
+class Source(Protocol):
+  def batch(self, cursor: int, count: int) -> tuple[list[TrainNode], RewardFn]: ...
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _router_log_probs(params, emb, config):
+  return router_lib.log_probs(params, emb, config)
+
+
+class Trainer:
+  """Holds the frozen backbone and the static settings; the changing part is a `TrainState`."""
+
+  def __init__(self, backbone, model: llm.LlmConfig, lora: LoraConfig,
+               router: router_lib.RouterConfig, step: ts.StepConfig, rollout: RolloutConfig, *,
+               embed_dim: int, mesh=None, eos_ids: Sequence[int] = (), pad_id: int = 0):
+    self.backbone, self.model, self.lora, self.router = backbone, model, lora, router
+    self.step_config = step if step.temperature == _temperature(rollout.sampling) else (
+        dataclasses.replace(step, temperature=_temperature(rollout.sampling)))
+    self.rollout_config, self.embed_dim, self.mesh = rollout, embed_dim, mesh
+    self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
+    data = 1 if mesh is None else mesh.shape["data"]
+    self.rows_multiple = math.lcm(data, self.step_config.micro_batches)
+
+  def init_state(self, key: jax.Array) -> TrainState:
+    k_experts, k_router, k_run = jax.random.split(key, 3)
+    experts = init_experts(self.lora, self.model, k_experts)
+    router = router_lib.init_router(self.router, self.embed_dim, self.lora.num_subtask_experts,
+                                    k_router)
+    return TrainState(step=jnp.int32(0), experts=experts, router=router,
+                      opt_states=ts.init_opt_states(experts, router, self.step_config),
+                      rng=k_run, cursor=jnp.int32(0))
+
+  def metadata(self) -> dict:
+    """The run's identity, stored in checkpoints and compared on restore."""
+    as_dict = lambda c: json_safe(dataclasses.asdict(c))
+    return {"model": as_dict(self.model), "lora": as_dict(self.lora),
+            "router": as_dict(self.router), "step": as_dict(self.step_config),
+            "rollout": as_dict(self.rollout_config), "embed_dim": self.embed_dim}
+
+  def requests(self, key, router_params, nodes: Sequence[TrainNode]):
+    """NodeRequests with B routes per node (distinct where possible), and the router's
+    log-probs of the routed nodes."""
+    b = self.rollout_config.routes_per_node
+    routed = [i for i, n in enumerate(nodes) if n.experts is None]
+    logp = np.zeros((0, self.lora.num_subtask_experts), np.float32)
+    if routed:
+      for i in routed:
+        if nodes[i].embedding is None:
+          raise ValueError(f"Trainer: node {i} has neither an embedding nor fixed experts")
+      emb = np.stack([np.asarray(nodes[i].embedding, np.float32) for i in routed])
+      logp = np.asarray(_router_log_probs(router_params, emb, self.router))
+    out, keys = [], jax.random.split(key, len(nodes))
+    for i, node in enumerate(nodes):
+      if node.experts is not None:
+        routes = [list(node.experts)] * b
+      else:
+        routes = router_lib.distinct_routes(keys[i], logp[routed.index(i)], b, self.router.top_k,
+                                            self.router.max_resample).tolist()
+      out.append(rollout_lib.NodeRequest(node.prompt, node.role, routes,
+                                         routed=node.experts is None, embedding=node.embedding))
+    return out, logp
+
+  def step(self, state: TrainState, nodes: Sequence[TrainNode], reward_fn: RewardFn):
+    """One update on `nodes`: returns (state, metrics, rollout). state.cursor is left alone."""
+    t0 = time.perf_counter()
+    rng, k_route, k_sample = jax.random.split(state.rng, 3)
+    requests, _ = self.requests(k_route, state.router, nodes)
+    rc = self.rollout_config
+    out = rollout_lib.rollout(
+        self.backbone, self.model, state.experts, self.lora, requests, group_size=rc.group_size,
+        rng=k_sample, max_new_tokens=rc.max_new_tokens, sampling=rc.sampling,
+        eos_ids=self.eos_ids, pad_id=self.pad_id, kl=self.step_config.kl_coef > 0,
+        rows_multiple=self.rows_multiple, mesh=self.mesh, kernel=rc.kernel)
+    t1 = time.perf_counter()
+    rewards = np.asarray(reward_fn(out), np.float32)
+    t2 = time.perf_counter()
+    batch = rollout_lib.policy_batch(out, rewards)
+    rbatch = rollout_lib.router_batch(out, self.router.top_k, self.embed_dim)
+    if self.mesh is not None:
+      place = sharding.shard_rows(self.mesh)
+      batch = jax.tree.map(lambda x: place(x)[0], batch)
+    experts, router, opt_states, step_metrics = ts.train_step(
+        self.backbone, state.experts, state.router, state.opt_states, batch, rbatch,
+        config=self.model, router_config=self.router, step_config=self.step_config,
+        layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
+        kernel=rc.train_kernel, routes_per_node=out.routes_per_node, num_routes=out.num_routes)
+    step_metrics = jax.device_get(step_metrics)
+    t3 = time.perf_counter()
+    node_of_row = np.asarray([out.node_of_row(r) for r in range(out.num_rows)])
+    metrics = {k: float(v) for k, v in step_metrics.items()}
+    metrics.update(metrics_lib.reward_stats(rewards, node_of_row))
+    metrics["expert_usage"] = metrics_lib.expert_usage(out.expert_sets, self.lora.num_experts)
+    metrics["generated_tokens"] = out.generated_tokens()
+    metrics["tokens_per_s"] = metrics_lib.tokens_per_second(out.generated_tokens(), t1 - t0)
+    metrics["time_rollout_s"], metrics["time_reward_s"] = t1 - t0, t2 - t1
+    metrics["time_update_s"] = t3 - t2
+    state = dataclasses.replace(state, step=state.step + 1, experts=experts, router=router,
+                                opt_states=opt_states, rng=rng)
+    return state, metrics, out
+
+
+TIMING_KEYS = ("tokens_per_s", "time_rollout_s", "time_reward_s", "time_update_s")
+
+
+def fit(trainer: Trainer, state: TrainState, source: Source, *, steps: int,
+        nodes_per_step: int, checkpoints: Checkpoints | None = None,
+        writer: metrics_lib.MetricsWriter | None = None) -> TrainState:
+  """Runs updates until state.step == steps, checkpointing and logging after each."""
+  while int(state.step) < steps:
+    cursor = int(state.cursor)
+    nodes, reward_fn = source.batch(cursor, nodes_per_step)
+    state, metrics, _ = trainer.step(state, nodes, reward_fn)
+    state = dataclasses.replace(state, cursor=jnp.int32(cursor + len(nodes)))
+    if writer is not None:
+      writer.write(int(state.step), metrics)
+    if checkpoints is not None:
+      checkpoints.maybe_save(state, force=int(state.step) == steps)
+  return state
+
+
+def _temperature(sampling: llm.SamplingConfig) -> float:
+  return 1.0 if sampling.greedy else sampling.temperature
+
+
+def json_safe(value):
+  """Tuples -> lists, recursively: what a JSON round trip gives back."""
+  if isinstance(value, dict):
+    return {k: json_safe(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_safe(v) for v in value]
+  return value

@@ -1,0 +1,1 @@
+"""Task families that produce training nodes and score completions."""

@@ -1,0 +1,87 @@
+"""The training loop: a run stopped after step k and resumed equals an unbroken run."""
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from morse_jax import llm
+from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl import state as state_lib
+from morse_jax.rl import trainer as trainer_lib
+from morse_jax.tasks.token_bandit import TokenBandit
+from tests.rl import test_train_step as shapes  # same model and step settings: compiles are shared
+
+ROLLOUT = trainer_lib.RolloutConfig(routes_per_node=2, group_size=2, max_new_tokens=6,
+                                    kernel="gather")
+TASK = TokenBandit(vocab_size=shapes.CONFIG.vocab_size, categories=4,
+                   embed_dim=shapes.EMB_DIM, prompt_len=5)
+
+
+@pytest.fixture(scope="module")
+def trainer():
+  backbone = llm.init_random(shapes.CONFIG, jax.random.key(0), scale=0.3, norm_jitter=0.2)
+  return trainer_lib.Trainer(backbone, shapes.CONFIG, shapes.LORA, shapes.RCFG, shapes.STEP,
+                             ROLLOUT, embed_dim=shapes.EMB_DIM)
+
+
+def run(trainer, directory, steps, resume=False):
+  ckpt = state_lib.Checkpoints(str(directory / "ckpt"), every=2, keep=3,
+                               metadata=trainer.metadata())
+  state = trainer.init_state(jax.random.key(7))
+  resume_step = None
+  if resume:
+    state = ckpt.restore(state)
+    resume_step = int(state.step)
+  with metrics_lib.MetricsWriter(str(directory), total_steps=steps, progress=False,
+                                 resume_step=resume_step) as writer:
+    state = trainer_lib.fit(trainer, state, TASK, steps=steps, nodes_per_step=2,
+                            checkpoints=ckpt, writer=writer)
+  ckpt.close()
+  return state, metrics_lib.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+
+
+def strip(rows):
+  return [{k: v for k, v in r.items() if k not in trainer_lib.TIMING_KEYS} for r in rows]
+
+
+def test_killed_and_resumed_run_equals_unbroken_run(trainer, tmp_path):
+  ref_state, ref = run(trainer, tmp_path / "unbroken", 4)
+  run(trainer, tmp_path / "killed", 3)  # saved at step 2 and at the end (3); "killed" after 3
+  # Drop the final checkpoint, as if the process died after step 3 before saving it.
+  import shutil
+  shutil.rmtree(tmp_path / "killed" / "ckpt" / "3")
+  got_state, got = run(trainer, tmp_path / "killed", 4, resume=True)
+  assert [r["step"] for r in got] == [1, 2, 3, 4]  # step 3 of the killed run was dropped, redone
+  assert strip(got) == strip(ref)
+  for a, b in zip(jax.tree.leaves(dataclasses.replace(got_state, rng=None)),
+                  jax.tree.leaves(dataclasses.replace(ref_state, rng=None))):
+    np.testing.assert_array_equal(a, b)
+  row = ref[-1]
+  for key in ("reward_mean", "reward_std", "frac_reward_zero_std", "skipped", "clip_frac",
+              "entropy", "expert_grad_norm", "router_grad_norm", "route_entropy",
+              "expert_usage/0", "tokens_per_s"):
+    assert key in row, key
+  assert row["expert_usage/0"] == 8  # every row carries the execute role expert
+  assert sum(row[f"expert_usage/{k}"] for k in range(2, 6)) == 8 * 2  # two subtask experts a row
+
+
+def test_checkpoint_of_another_run_is_refused(trainer, tmp_path):
+  run(trainer, tmp_path, 2)
+  other = trainer_lib.Trainer(trainer.backbone, shapes.CONFIG, shapes.LORA, shapes.RCFG,
+                              dataclasses.replace(shapes.STEP, expert_lr=1e-3), ROLLOUT,
+                              embed_dim=shapes.EMB_DIM)
+  ckpt = state_lib.Checkpoints(str(tmp_path / "ckpt"), every=2, keep=3,
+                               metadata=other.metadata())
+  with pytest.raises(state_lib.CheckpointError, match="step.expert_lr=0.03, this run has 0.001"):
+    ckpt.restore(other.init_state(jax.random.key(7)))
+  assert ckpt.latest_step() == 2  # nothing was removed
+
+
+def test_bad_node_is_named(trainer):
+  state = trainer.init_state(jax.random.key(0))
+  with pytest.raises(ValueError, match="node 1 has neither an embedding nor fixed experts"):
+    trainer.requests(state.rng, state.router, [trainer_lib.TrainNode([1, 2], embedding=np.ones(6)),
+                                               trainer_lib.TrainNode([1, 2])])
