@@ -245,6 +245,6 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
       unstack=jax.default_backend() == "cpu" if unstack is None else unstack, mesh=mesh,
       rules=None if mesh is None else rules, adapter=adapter, active=active)
   n = len(prompts)
-  out_tokens, out_logp, lengths = jax.device_get((out_tokens, out_logp, lengths))
+  out_tokens, out_logp, lengths = sharding_lib.to_host((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],
                       logprobs=out_logp[:n, :max_new_tokens], lengths=lengths[:n])

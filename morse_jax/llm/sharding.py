@@ -93,8 +93,21 @@ def param_shardings(params: Params, mesh: Mesh, rules: ShardingRules = ShardingR
                       params, PARAM_AXES, is_leaf=lambda x: x is None or isinstance(x, tuple))
 
 
+def put(x, sharding: NamedSharding) -> jax.Array:
+  """device_put that also works when the mesh spans other processes: each process then builds
+  its own shards from its copy of the full value (every process holds the same one)."""
+  if sharding.is_fully_addressable:
+    return jax.device_put(x, sharding)
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys travel as their data
+    return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding),
+                                    impl=jax.random.key_impl(x))
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 def shard_params(params: Params, mesh: Mesh, rules: ShardingRules = ShardingRules()) -> Params:
-  return jax.device_put(params, param_shardings(params, mesh, rules))
+  return jax.tree.map(lambda a, s: None if a is None else put(a, s), params,
+                      param_shardings(params, mesh, rules), is_leaf=lambda x: x is None)
 
 
 def cache_shardings(cache: KVCache, mesh: Mesh, rules: ShardingRules = ShardingRules()):
@@ -106,7 +119,22 @@ def shard_rows(mesh: Mesh, rules: ShardingRules = ShardingRules()):
   """A callable placing arrays with rows on axis 0 over the batch axis (for `sample`)."""
 
   def place(*arrays):
-    return tuple(jax.device_put(a, rules.sharding(("batch",) + (None,) * (a.ndim - 1), a.shape,
-                                                  mesh)) if a.ndim else a for a in arrays)
+    return tuple(put(a, rules.sharding(("batch",) + (None,) * (a.ndim - 1), a.shape, mesh))
+                 if a.ndim else a for a in arrays)
 
   return place
+
+
+def to_host(tree):
+  """Device arrays -> numpy on every process. Arrays spread over other processes' devices are
+  gathered (replicated ones are read from a local copy); plain device_get cannot fetch them."""
+  from jax.experimental import multihost_utils
+
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+  return jax.tree.map(get, tree)

@@ -1,5 +1,5 @@
-"""RL core: group advantages (GRPO, HGRPO), losses, B x M rollouts, the jitted update (module `train_step`), the
-training loop, its state and checkpoints, metrics, multi-process start-up."""
+"""RL core: group advantages (GRPO, HGRPO), losses, B x M rollouts, the jitted update (module
+`train_step`), the training loop, its state and checkpoints, metrics, multi-process start-up."""
 
 from morse_jax.rl.advantages import (HgrpoAdvantages, RowAdvantages, grpo, hgrpo, row_advantages,
                                      should_skip)

@@ -10,8 +10,9 @@ import os
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from morse_jax.llm.sharding import to_host  # noqa: F401  (re-exported: part of this API)
 
 ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
@@ -58,12 +59,3 @@ def global_rows(mesh: Mesh, local: np.ndarray, axis: str = "data") -> jax.Array:
   rows (in process order), sharded over `axis`."""
   spec = PartitionSpec(axis, *([None] * (np.ndim(local) - 1)))
   return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), np.asarray(local))
-
-
-def to_host(tree):
-  """Device arrays -> numpy on every process, gathering shards other processes hold."""
-  def get(x):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
-  return jax.tree.map(get, tree)

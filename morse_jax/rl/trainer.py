@@ -144,7 +144,7 @@ class Trainer:
         config=self.model, router_config=self.router, step_config=self.step_config,
         layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
         kernel=rc.train_kernel, routes_per_node=out.routes_per_node, num_routes=out.num_routes)
-    step_metrics = jax.device_get(step_metrics)
+    step_metrics = sharding.to_host(step_metrics)
     t3 = time.perf_counter()
     node_of_row = np.asarray([out.node_of_row(r) for r in range(out.num_rows)])
     metrics = {k: float(v) for k, v in step_metrics.items()}

@@ -1,7 +1,9 @@
-"""One HGRPO step on a fixed synthetic batch, run by the multi-host test in 1 or 2 processes.
+"""The multi-host test's workload, run in 1 process (8 devices) or 2 (4 each):
+one HGRPO step on a fixed synthetic batch, and two `Trainer` steps (route draws, B x M sampling
+over the mesh, rewards, update) on the token bandit.
 
-`python -m tests.rl.multihost_case PROCESS_ID PORT` joins a 2-process job (4 fake CPU devices
-each) and prints the step's metrics as JSON on process 0.
+`python -m tests.rl.multihost_case PROCESS_ID PORT [trainer]` joins a 2-process job (4 fake CPU
+devices each) and prints the results as JSON on process 0.
 """
 
 import json
@@ -69,7 +71,38 @@ def run_step(mesh, rows_of):
   return out
 
 
-def main(process_id: int, port: int):
+def run_trainer(mesh, steps: int = 2):
+  """Metrics of `steps` Trainer steps (timings left out) and a checksum of the experts."""
+  import jax
+
+  from morse_jax import llm
+  from morse_jax.llm import sharding
+  from morse_jax.lora import router
+  from morse_jax.rl import trainer as trainer_lib
+  from morse_jax.rl import train_step as ts
+  from morse_jax.tasks.token_bandit import TokenBandit
+  from morse_jax import lora
+
+  config = llm.LlmConfig("llama", vocab_size=96, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+  task = TokenBandit(vocab_size=96, categories=4, embed_dim=6, prompt_len=5)
+  backbone = sharding.shard_params(llm.init_random(config, jax.random.key(0), scale=0.3), mesh)
+  trainer = trainer_lib.Trainer(
+      backbone, config, lora.LoraConfig(last_n_layers=1, rank=4, alpha=8.0, num_subtask_experts=4),
+      router.RouterConfig(dim=8, top_k=2), ts.StepConfig(expert_lr=1e-2, router_lr=1e-2),
+      trainer_lib.RolloutConfig(routes_per_node=2, group_size=2, max_new_tokens=6,
+                                kernel="gather"), embed_dim=6, mesh=mesh)
+  state = trainer.init_state(jax.random.key(7))
+  history = []
+  for cursor in range(0, 2 * steps, 2):
+    state, metrics, _ = trainer.step(state, *task.batch(cursor, 2))
+    history.append({k: float(v) for k, v in metrics.items() if np.ndim(v) == 0
+                    and k not in trainer_lib.TIMING_KEYS})
+  checksum = float(np.abs(sharding.to_host(state.experts)["q"].b).sum())
+  return {"history": history, "expert_b_sum": checksum}
+
+
+def main(process_id: int, port: int, trainer: bool):
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
   import jax
 
@@ -80,10 +113,12 @@ def main(process_id: int, port: int):
   assert jax.device_count() == 8 and jax.local_device_count() == 4
   mesh = sharding.make_mesh(8, 1)
   local = lambda x: x[process_id * ROWS // 2:(process_id + 1) * ROWS // 2]
-  out = run_step(mesh, lambda x: distributed.global_rows(mesh, local(x)))
+  out = {"step": run_step(mesh, lambda x: distributed.global_rows(mesh, local(x)))}
+  if trainer:
+    out["trainer"] = run_trainer(mesh)
   if jax.process_index() == 0:
     print("RESULT " + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
-  main(int(sys.argv[1]), int(sys.argv[2]))
+  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["trainer"])

@@ -154,7 +154,7 @@ def test_micro_batches_equal_one_pass(setup):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-@pytest.mark.parametrize("data,model", [(8, 1), (2, 4),
+@pytest.mark.parametrize("data,model", [(8, 1), pytest.param(2, 4, marks=pytest.mark.slow),
                                         pytest.param(4, 2, marks=pytest.mark.slow)])
 def test_sharded_step_equals_one_device(setup, data, model, eight_devices):
   """Rows over 'data' (route means reduced across devices), backbone over 'model'.
