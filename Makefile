@@ -31,6 +31,8 @@ test-all: venv
 bench: venv
 	mkdir -p bench_out
 	$(BIN)/python -m benchmarks.rollout --out bench_out/rollout.json
+	$(BIN)/python -m benchmarks.mixture --out bench_out/mixture.json
+	$(BIN)/python -m benchmarks.train_step --out bench_out/train_step.json
 
 clean:
 	rm -rf $(VENV) bench_out

@@ -29,8 +29,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps per estimator (median
 MODELS = {
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_layers=2,
                  num_heads=4, num_kv_heads=2, head_dim=16),
-    # ~25M parameters, Llama-shaped; LoRA on q, v, o of the last 4 layers (the authors' layout).
-    "llama_25m": dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_layers=8,
+    # ~32M parameters (24M outside the embeddings), Llama-shaped; LoRA on q, v, o of the last
+    # 4 layers (the authors' targets).
+    "llama_32m": dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_layers=8,
                       num_heads=8, num_kv_heads=4, head_dim=64),
 }
 NODES, B, M, PROMPT, NEW = 2, 4, 4, 64, 64  # 32 rows x 128 tokens
