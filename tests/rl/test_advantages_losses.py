@@ -92,3 +92,32 @@ def test_aggregations_by_hand():
 def test_router_loss_by_hand():
   loss = rl.router_loss(jnp.asarray([-1.0, -2.0]), jnp.asarray([1.0, -1.0]), alpha_pi=0.15)
   assert float(loss) == pytest.approx(-0.15 * (-1.0 + 2.0))
+
+
+def test_row_advantages_equal_the_per_node_functions():
+  """Two nodes of B 3 x M 2, rows shuffled, plus padding rows and a flat (skipped) third node."""
+  node0 = np.asarray(REWARDS)
+  node1 = np.asarray([[0.2, 0.9], [0.4, 0.4], [1.0, 0.1]])
+  node2 = np.full((3, 2), 0.5)
+  rewards = np.concatenate([node0.ravel(), node1.ravel(), node2.ravel(), [7.0, -3.0]])
+  route = np.concatenate([np.arange(18) // 2, [0, 4]])
+  valid = np.concatenate([np.ones(18), np.zeros(2)])
+  order = np.random.default_rng(0).permutation(20)
+  kw = dict(num_nodes=4, routes_per_node=3)  # node 3 has no rows (padding node)
+  h = rl.row_advantages(rewards[order], route[order], valid[order], **kw)
+  inverse = np.argsort(order)
+  policy = np.asarray(h.policy)[inverse]
+  for n, u in enumerate([node0, node1]):
+    want = rl.hgrpo(u)
+    np.testing.assert_allclose(policy[6 * n:6 * n + 6], np.asarray(want.within).ravel(), atol=1e-6)
+    np.testing.assert_allclose(h.route[3 * n:3 * n + 3], want.cross, atol=1e-6)
+  assert not np.any(policy[12:]) and not np.any(np.asarray(h.route)[6:])  # flat node, padding
+  np.testing.assert_array_equal(h.node_skipped, [False, False, True, False])
+  g = rl.row_advantages(rewards[order], route[order], valid[order], estimator="grpo", **kw)
+  policy = np.asarray(g.policy)[inverse]
+  for n, u in enumerate([node0, node1]):
+    want = np.asarray(rl.grpo(u))
+    np.testing.assert_allclose(policy[6 * n:6 * n + 6], want.ravel(), atol=1e-6)
+    np.testing.assert_allclose(g.route[3 * n:3 * n + 3], want.mean(1), atol=1e-6)
+  with pytest.raises(ValueError, match="estimator 'ppo'"):
+    rl.row_advantages(rewards, route, valid, estimator="ppo", **kw)
