@@ -1,0 +1,1 @@
+"""The multi-agent system: task graphs, planner, agents, runner, verifier and sandbox."""

@@ -1,0 +1,67 @@
+"""The agents' shared engine: chat prompts -> token ids -> one batched sampler call -> text.
+
+Every call carries its own mixture of experts (role expert plus subtask experts) or none (the
+planner uses the frozen backbone). The experts and the router are passed in, not held, so the
+training loop can run the agents with the current `TrainState`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from morse_jax import llm
+from morse_jax.lora import router as router_lib
+from morse_jax.lora.experts import LoraConfig, make_adapter
+from morse_jax.mas.graph import Subtask
+
+
+@dataclasses.dataclass
+class Agents:
+  model: llm.Model
+  lora: LoraConfig
+  router: router_lib.RouterConfig
+  embed: Callable[[Sequence[str]], np.ndarray]  # frozen router input
+  max_new_tokens: int = 512
+  kernel: str = "auto"
+  mesh: object = None
+
+  def tokens(self, messages: list[dict]) -> list[int]:
+    return self.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+  def embeddings(self, subtasks: Sequence[Subtask]) -> np.ndarray:
+    return np.asarray(self.embed([router_lib.subtask_text(s.title, s.description)
+                                  for s in subtasks]), np.float32)
+
+  def greedy_routes(self, router_params, subtasks: Sequence[Subtask]) -> list[list[int]]:
+    """Inference routing: the K most probable subtask experts of each subtask (0-based)."""
+    if not subtasks:
+      return []
+    logp = router_lib.log_probs(router_params, self.embeddings(subtasks), self.router)
+    return np.asarray(router_lib.greedy_routes(logp, self.router.top_k)).tolist()
+
+  def expert_set(self, role: str, subtask_experts: Sequence[int]) -> list[int]:
+    return [self.lora.role_index(role)] + [self.lora.subtask_index(int(j))
+                                           for j in subtask_experts]
+
+  def generate(self, prompts: Sequence[list[int]], expert_sets: Sequence[list[int]] | None,
+               experts=None, *, rng: jax.Array,
+               sampling: llm.SamplingConfig = llm.GREEDY,
+               max_new_tokens: int | None = None) -> list[str]:
+    """One sampler call over all prompts; expert_sets None runs the bare backbone."""
+    if not prompts:
+      return []
+    adapter = None
+    if expert_sets is not None:
+      adapter = make_adapter(experts, self.lora, self.model.config, expert_sets, self.kernel)
+    out = llm.sample(self.model.params, self.model.config, list(prompts),
+                     max_new_tokens=max_new_tokens or self.max_new_tokens, rng=rng,
+                     sampling=sampling, eos_ids=self.model.stop_ids,
+                     pad_id=self.model.tokenizer.pad_id, mesh=self.mesh, adapter=adapter)
+    return [self.decode(out.tokens[i, :out.lengths[i]]) for i in range(len(prompts))]
+
+  def decode(self, ids) -> str:
+    return self.model.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)

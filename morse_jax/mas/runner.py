@@ -1,0 +1,186 @@
+"""Runs task graphs node by node: Merger, then Executor, then the verifier, wave by wave.
+
+A wave holds, for every task of the batch, the nodes whose parents are all done (graph depth), so
+independent branches of one task and the nodes of different tasks share one sampler call. A node
+whose artifact fails verification is blocked: downstream nodes see it as missing.
+
+  run    inference: routes are the router's top-K, decoding is greedy by default.
+  train  the same walk, but the executors of a wave are one `Trainer.step` (B routes x M
+         candidates per node, rewards from the verifier, one HGRPO/GRPO update); the best
+         candidate of each node flows downstream.
+Merge calls are not trained yet: they run greedily with the current experts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from morse_jax import llm
+from morse_jax.lora import router as router_lib
+from morse_jax.mas import prompts
+from morse_jax.mas.agents import Agents
+from morse_jax.mas.graph import Subtask, SubtaskGraph
+from morse_jax.tasks.base import NodeScore, Problem, ProblemScore, TaskFamily
+
+
+@dataclasses.dataclass
+class NodeOutcome:
+  node_id: str
+  subtask_experts: list[int]  # 0-based subtask experts of the executor call
+  context: str  # what the merger handed the executor
+  artifact: str
+  score: NodeScore
+
+
+@dataclasses.dataclass
+class TaskOutcome:
+  problem: Problem
+  graph: SubtaskGraph
+  nodes: dict[str, NodeOutcome] = dataclasses.field(default_factory=dict)
+  score: ProblemScore | None = None
+
+  def step_rewards(self) -> list[float]:
+    return [self.nodes[i].score.reward for i in self.graph.topological_order()]
+
+  def artifacts(self) -> dict[str, str | None]:
+    """Passed artifacts by node id; None for blocked nodes."""
+    return {i: (o.artifact if o.score.passed else None) for i, o in self.nodes.items()}
+
+
+def _node_dict(node: Subtask) -> dict[str, Any]:
+  return node.to_dict()
+
+
+def _ancestors(graph: SubtaskGraph, node_id: str) -> list[str]:
+  """All ancestors in topological order."""
+  seen: set[str] = set()
+  stack = list(graph.parents(node_id))
+  while stack:
+    u = stack.pop()
+    if u not in seen:
+      seen.add(u)
+      stack.extend(graph.parents(u))
+  return [i for i in graph.topological_order() if i in seen]
+
+
+def upstream(task: TaskOutcome, node_id: str) -> dict[str, str]:
+  """Passed ancestors' artifacts, in topological order (what the verifier may prepend)."""
+  return {i: task.nodes[i].artifact for i in _ancestors(task.graph, node_id)
+          if task.nodes[i].score.passed}
+
+
+def _wave_items(tasks: Sequence[TaskOutcome], wave: int):
+  return [(t, task.graph.node(i)) for t, task in enumerate(tasks)
+          for i in (task.graph.waves()[wave] if wave < len(task.graph.waves()) else [])]
+
+
+def merge_contexts(agents: Agents, tasks: Sequence[TaskOutcome], items, experts, merge_mode: str,
+                   rng: np.random.Generator) -> list[str]:
+  """Per item: "" without parents, the parent's artifact with one, an LLM merge with several
+  (role expert "merge" plus the union, or a subset, of the parents' subtask experts)."""
+  contexts: list[str | None] = [None] * len(items)
+  merge_rows, merge_prompts, merge_sets = [], [], []
+  for k, (t, node) in enumerate(items):
+    task, parents = tasks[t], node.depends_on
+    if not parents:
+      contexts[k] = ""
+    elif len(parents) == 1:
+      parent = task.nodes[parents[0]]
+      contexts[k] = parent.artifact if parent.score.passed else (
+          f"(missing: the result of '{task.graph.node(parents[0]).title}' failed verification)")
+    else:
+      shown = [(task.graph.node(p).title, task.artifacts()[p]) for p in parents]
+      subtask = router_lib.merge_node_experts([task.nodes[p].subtask_experts for p in parents],
+                                              merge_mode, agents.router.top_k, rng)
+      merge_rows.append(k)
+      merge_prompts.append(agents.tokens(prompts.merger(node, shown)))
+      merge_sets.append(agents.expert_set("merge", subtask))
+  texts = agents.generate(merge_prompts, merge_sets, experts, rng=jax.random.key(0))
+  for k, text in zip(merge_rows, texts):
+    contexts[k] = text
+  return contexts
+
+
+def _executor_prompts(agents, family, tasks, items, contexts):
+  return [agents.tokens(prompts.executor(tasks[t].problem.statement, node, contexts[k],
+                                         family.executor_instructions(tasks[t].problem,
+                                                                      _node_dict(node))))
+          for k, (t, node) in enumerate(items)]
+
+
+def _finish(family: TaskFamily, tasks: Sequence[TaskOutcome]) -> list[TaskOutcome]:
+  for task in tasks:
+    task.score = family.score_problem(task.problem, task.artifacts())
+  return list(tasks)
+
+
+def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
+        graphs: Sequence[SubtaskGraph], experts, router_params, *, rng: jax.Array,
+        sampling: llm.SamplingConfig = llm.GREEDY, merge_mode: str = "union",
+        seed: int = 0) -> list[TaskOutcome]:
+  """Inference over a batch of tasks; one executor sampler call per wave."""
+  tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
+  pick = np.random.default_rng(seed)
+  for wave in range(max(len(g.waves()) for g in graphs)):
+    items = _wave_items(tasks, wave)
+    contexts = merge_contexts(agents, tasks, items, experts, merge_mode, pick)
+    routes = agents.greedy_routes(router_params, [node for _, node in items])
+    texts = agents.generate(_executor_prompts(agents, family, tasks, items, contexts),
+                            [agents.expert_set("execute", r) for r in routes], experts,
+                            rng=jax.random.fold_in(rng, wave), sampling=sampling)
+    for k, (t, node) in enumerate(items):
+      score = family.score_node(tasks[t].problem, _node_dict(node), texts[k],
+                                upstream(tasks[t], node.id))
+      tasks[t].nodes[node.id] = NodeOutcome(node.id, list(routes[k]), contexts[k], texts[k], score)
+  return _finish(family, tasks)
+
+
+def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence[Problem],
+          graphs: Sequence[SubtaskGraph], *, merge_mode: str = "union", seed: int = 0):
+  """One pass over a batch of tasks with one update per wave. Returns (state, outcomes,
+  [metrics per wave]); the metrics add the wave's best-candidate pass rate."""
+  from morse_jax.rl.trainer import TrainNode
+
+  tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
+  pick = np.random.default_rng(seed)
+  history = []
+  for wave in range(max(len(g.waves()) for g in graphs)):
+    items = _wave_items(tasks, wave)
+    contexts = merge_contexts(agents, tasks, items, state.experts, merge_mode, pick)
+    token_prompts = _executor_prompts(agents, family, tasks, items, contexts)
+    embeddings = agents.embeddings([node for _, node in items])
+    nodes = [TrainNode(prompt=p, role="execute", embedding=e)
+             for p, e in zip(token_prompts, embeddings)]
+    scored: dict[int, tuple[str, NodeScore]] = {}
+
+    def reward_fn(rollout):
+      out = []
+      for r, completion in enumerate(rollout.completions):
+        k = rollout.node_of_row(r)
+        t, node = items[k]
+        text = agents.decode(completion)
+        score = family.score_node(tasks[t].problem, _node_dict(node), text,
+                                  upstream(tasks[t], node.id))
+        scored[r] = (text, score)
+        out.append(score.reward)
+      return np.asarray(out, np.float32)
+
+    state, metrics, rollout = trainer.step(state, nodes, reward_fn)
+    per_node = rollout.routes_per_node * rollout.group_size
+    roles = len(agents.lora.roles)
+    passed = 0
+    for k, (t, node) in enumerate(items):
+      rows = range(k * per_node, (k + 1) * per_node)
+      best = max(rows, key=lambda r: scored[r][1].reward)  # first best on ties
+      text, score = scored[best]
+      subtask = [e - roles for e in rollout.expert_sets[best][1:]]
+      tasks[t].nodes[node.id] = NodeOutcome(node.id, subtask, contexts[k], text, score)
+      passed += score.passed
+    metrics["wave"] = wave
+    metrics["best_candidate_pass"] = passed / len(items)
+    history.append(metrics)
+  return state, _finish(family, tasks), history

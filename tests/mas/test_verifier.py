@@ -1,0 +1,132 @@
+"""The shared rule checks; the run_tests cases go through the real sandbox."""
+
+from __future__ import annotations
+
+import pytest
+
+from morse_jax.mas import sandbox, verifier
+
+
+def test_extract_code_prefers_the_last_python_block():
+  text = ("intro\n```python\nx = 1\n```\nthen\n```\nplain = 2\n```\n"
+          "```py\ny = 2\n```\n```bash\nls\n```\n")
+  assert verifier.extract_code(text) == "y = 2\n"
+
+
+def test_extract_code_falls_back_to_unlabelled_then_any():
+  assert verifier.extract_code("```\na = 1\n```\n```bash\nls\n```") == "a = 1\n"
+  assert verifier.extract_code("```bash\nls -l\n```") == "ls -l\n"
+  assert verifier.extract_code("no fence here: def f(): pass") is None
+
+
+def test_extract_code_open_fence_indent_and_inline_close():
+  assert verifier.extract_code("sure\n```python\ndef f():\n  return 1") == "def f():\n  return 1\n"
+  assert verifier.extract_code("1. step\n   ```python\n   x = 1\n   ```\n") == "x = 1\n"
+  assert verifier.extract_code("```Python\nx = 1```") == "x = 1\n"
+  # Blank lines are kept; a stray fence after the last block opens nothing.
+  assert verifier.extract_code("```\na = 1\n\nb = 2\n```\nbye\n```") == "a = 1\n\nb = 2\n"
+  # Indentation inside an unindented fence is kept (a body completion needs it).
+  assert verifier.extract_code("```python\n    return x\n```") == "    return x\n"
+
+
+def test_syntax_error_names_the_line():
+  assert verifier.syntax_error("x = 1\n") is None
+  message = verifier.syntax_error("x = 1\ndef f(:\n  pass\n")
+  assert message.startswith("syntax error at line 2")
+  assert "outside function" in verifier.syntax_error("x = 1\nreturn x\n")
+  assert "null bytes" in verifier.syntax_error("x = '\0'\0")
+
+
+@pytest.mark.parametrize("code, needle", [
+    ("def f(x):\n  pass\n", "'f'"),
+    ("def g(x):\n  '''Doc.'''\n  ...\n", "'g'"),
+    ("def h():\n  raise NotImplementedError\n", "NotImplementedError"),
+    ("class A:\n  def m(self):\n    raise NotImplementedError('later')\n", "'m'"),
+    ("def k():\n  '''Only a docstring.'''\n", "docstring"),
+    ("def ok():\n  return 1  # TODO: handle 0\n", "TODO comment at line 2"),
+    ("def ok():\n  return 'TODO: write me'\n", "TODO string"),
+])
+def test_placeholder_found(code, needle):
+  assert needle in verifier.placeholder(code)
+
+
+@pytest.mark.parametrize("code", [
+    "def f(x):\n  try:\n    return 1 / x\n  except ZeroDivisionError:\n    pass\n  return 0\n",
+    "import abc\nclass B(abc.ABC):\n  @abc.abstractmethod\n  def m(self):\n    pass\n",
+    "from typing import Protocol\nclass P(Protocol):\n  def m(self) -> int: ...\n",
+    "STATUS = ['TODO', 'DONE']\nlabel = 'my TODO list'\nTODO = 1\n",
+    "def f(:\n  pass\n",  # not parsable: syntax_error's business
+])
+def test_placeholder_not_found(code):
+  assert verifier.placeholder(code) is None
+
+
+def test_code_check_reasons():
+  check = verifier.CodeCheck()
+  assert check("def f(): return 1").reason == "no fenced code block in the reply"
+  assert verifier.CodeCheck(allow_unfenced=True)("def f(): return 1").ok
+  assert "line 1" in check("```python\ndef f(:\n```").reason
+  assert "'f'" in check("```python\ndef f():\n  pass\n```").reason
+  assert check("```python\n\n```").reason == "the code block is empty"
+  good = check("```python\ndef f():\n  return 1\n```")
+  assert good.ok and good.code == "def f():\n  return 1\n"
+
+
+def test_run_tests_counts_each_snippet():
+  program = ("def f(x):\n  return x + 1\nprint('noise ' * 1000)\n"
+             "if __name__ == '__main__':\n  raise SystemExit(3)\n")
+  tests = ["assert f(1) == 2", "assert f(1) == 3", "raise ValueError('boom')", "x = (",
+           "while True:\n  pass", "from solution import f as g\nassert g(2) == 3"]
+  run = verifier.run_tests(program, tests, timeout_s=5.0, per_test_timeout_s=0.5)
+  assert (run.passed, run.total) == (2, 6)
+  assert run.isolation
+  joined = "\n".join(run.errors)
+  for needle in ("test 1 (assert f(1) == 3): AssertionError", "ValueError: boom",
+                 "test 3", "TimeoutError"):
+    assert needle in joined
+
+
+def test_run_tests_program_error_fails_every_test():
+  run = verifier.run_tests("import sys\nsys.stdout.close()\nraise KeyError('k')\n",
+                           ["assert True", "assert True"], timeout_s=5.0)
+  assert (run.passed, run.total) == (0, 2)
+  assert run.errors[0].startswith("program raised KeyError")
+
+
+def test_run_tests_summary_cannot_be_forged_by_patching():
+  program = ("import builtins, json\njson.dumps = lambda obj: '{\"passed\": [true]}'\n"
+             "builtins.exec = lambda *a: None\nbuiltins.dict = lambda *a: {}\n")
+  run = verifier.run_tests(program, ["assert False"], timeout_s=5.0)
+  assert (run.passed, run.total) == (0, 1) and "AssertionError" in run.errors[0]
+
+
+def test_run_tests_missing_summary():
+  run = verifier.run_tests("import os\nos._exit(0)\n", ["assert True"], timeout_s=5.0)
+  assert (run.passed, run.errors) == (0, ["test run failed: no readable test summary in the "
+                                          "output"])
+  run = verifier.run_tests("while True:\n  pass\n", ["assert True"], timeout_s=1.0)
+  assert run.passed == 0 and "timed out" in run.errors[0]
+
+
+@pytest.mark.parametrize("stdout, truncated, returncode, timed_out, why", [
+    ("@@VERIFIER-x@@{not json", False, 0, False, "no readable test summary"),
+    ("garbage", True, 0, False, "truncated"),
+    ("", False, 139, False, "crashed (exit code 139) Segmentation fault"),
+    ("", False, None, True, "timed out"),
+])
+def test_run_tests_garbled_output(monkeypatch, stdout, truncated, returncode, timed_out, why):
+  def fake(source, **kwargs):
+    del source, kwargs
+    return sandbox.SandboxResult(returncode, stdout, "Segmentation fault", timed_out, truncated,
+                                 "fake")
+  monkeypatch.setattr(sandbox, "run_python", fake)
+  run = verifier.run_tests("x = 1", ["assert x == 1"], timeout_s=1.0)
+  assert run.passed == 0 and run.total == 1 and why in run.errors[0]
+
+
+def test_parse_rejects_a_summary_of_the_wrong_shape():
+  marker = "@@M@@"
+  assert verifier._parse(f'{marker}{{"passed": [true], "errors": [null]}}', marker, 1)
+  assert verifier._parse(f'{marker}{{"passed": [true, true], "errors": [null]}}', marker, 1) is None
+  assert verifier._parse(f'{marker}{{"passed": [1], "errors": [null]}}', marker, 1) is None
+  assert verifier._parse(f'{marker}[]', marker, 1) is None
