@@ -23,10 +23,10 @@ demo: venv
 	$(BIN)/python -m launchers.generate
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-all: venv
-	$(BIN)/python -m pytest -q -m ''
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m ''
 
 bench: venv
 	mkdir -p bench_out

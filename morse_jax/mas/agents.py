@@ -22,9 +22,9 @@ from morse_jax.mas.graph import Subtask
 @dataclasses.dataclass
 class Agents:
   model: llm.Model
-  lora: LoraConfig
-  router: router_lib.RouterConfig
-  embed: Callable[[Sequence[str]], np.ndarray]  # frozen router input
+  lora: LoraConfig | None  # None: the bare backbone (the single-agent baseline)
+  router: router_lib.RouterConfig | None  # None: a fixed mixture (role experts only)
+  embed: Callable[[Sequence[str]], np.ndarray] | None  # frozen router input
   max_new_tokens: int = 512
   kernel: str = "auto"
   mesh: object = None
@@ -32,18 +32,24 @@ class Agents:
   def tokens(self, messages: list[dict]) -> list[int]:
     return self.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
-  def embeddings(self, subtasks: Sequence[Subtask]) -> np.ndarray:
+  def embeddings(self, subtasks: Sequence[Subtask]) -> np.ndarray | None:
+    if self.embed is None:
+      return None
     return np.asarray(self.embed([router_lib.subtask_text(s.title, s.description)
                                   for s in subtasks]), np.float32)
 
   def greedy_routes(self, router_params, subtasks: Sequence[Subtask]) -> list[list[int]]:
     """Inference routing: the K most probable subtask experts of each subtask (0-based)."""
+    if self.router is None:
+      return [[] for _ in subtasks]
     if not subtasks:
       return []
     logp = router_lib.log_probs(router_params, self.embeddings(subtasks), self.router)
     return np.asarray(router_lib.greedy_routes(logp, self.router.top_k)).tolist()
 
-  def expert_set(self, role: str, subtask_experts: Sequence[int]) -> list[int]:
+  def expert_set(self, role: str, subtask_experts: Sequence[int]) -> list[int] | None:
+    if self.lora is None:
+      return None
     return [self.lora.role_index(role)] + [self.lora.subtask_index(int(j))
                                            for j in subtask_experts]
 
@@ -55,7 +61,7 @@ class Agents:
     if not prompts:
       return []
     adapter = None
-    if expert_sets is not None:
+    if expert_sets is not None and self.lora is not None:
       adapter = make_adapter(experts, self.lora, self.model.config, expert_sets, self.kernel)
     out = llm.sample(self.model.params, self.model.config, list(prompts),
                      max_new_tokens=max_new_tokens or self.max_new_tokens, rng=rng,

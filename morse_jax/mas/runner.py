@@ -95,11 +95,13 @@ def merge_contexts(agents: Agents, tasks: Sequence[TaskOutcome], items, experts,
     else:
       shown = [(task.graph.node(p).title, task.artifacts()[p]) for p in parents]
       subtask = router_lib.merge_node_experts([task.nodes[p].subtask_experts for p in parents],
-                                              merge_mode, agents.router.top_k, rng)
+                                              merge_mode, agents.router.top_k if agents.router
+                                              else 0, rng)
       merge_rows.append(k)
       merge_prompts.append(agents.tokens(prompts.merger(node, shown)))
       merge_sets.append(agents.expert_set("merge", subtask))
-  texts = agents.generate(merge_prompts, merge_sets, experts, rng=jax.random.key(0))
+  sets = None if agents.lora is None else merge_sets
+  texts = agents.generate(merge_prompts, sets, experts, rng=jax.random.key(0))
   for k, text in zip(merge_rows, texts):
     contexts[k] = text
   return contexts
@@ -129,8 +131,9 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
     items = _wave_items(tasks, wave)
     contexts = merge_contexts(agents, tasks, items, experts, merge_mode, pick)
     routes = agents.greedy_routes(router_params, [node for _, node in items])
-    texts = agents.generate(_executor_prompts(agents, family, tasks, items, contexts),
-                            [agents.expert_set("execute", r) for r in routes], experts,
+    sets = None if agents.lora is None else [agents.expert_set("execute", r) for r in routes]
+    texts = agents.generate(_executor_prompts(agents, family, tasks, items, contexts), sets,
+                            experts,
                             rng=jax.random.fold_in(rng, wave), sampling=sampling)
     for k, (t, node) in enumerate(items):
       score = family.score_node(tasks[t].problem, _node_dict(node), texts[k],
@@ -152,9 +155,12 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
     items = _wave_items(tasks, wave)
     contexts = merge_contexts(agents, tasks, items, state.experts, merge_mode, pick)
     token_prompts = _executor_prompts(agents, family, tasks, items, contexts)
-    embeddings = agents.embeddings([node for _, node in items])
-    nodes = [TrainNode(prompt=p, role="execute", embedding=e)
-             for p, e in zip(token_prompts, embeddings)]
+    if agents.router is None:  # a fixed mixture: the role expert only, nothing to route
+      nodes = [TrainNode(prompt=p, role="execute", experts=[]) for p in token_prompts]
+    else:
+      embeddings = agents.embeddings([node for _, node in items])
+      nodes = [TrainNode(prompt=p, role="execute", embedding=e)
+               for p, e in zip(token_prompts, embeddings)]
     scored: dict[int, tuple[str, NodeScore]] = {}
 
     def reward_fn(rollout):

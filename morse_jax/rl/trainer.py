@@ -71,7 +71,8 @@ class Trainer:
   """Holds the frozen backbone and the static settings; the changing part is a `TrainState`."""
 
   def __init__(self, backbone, model: llm.LlmConfig, lora: LoraConfig,
-               router: router_lib.RouterConfig, step: ts.StepConfig, rollout: RolloutConfig, *,
+               router: router_lib.RouterConfig | None, step: ts.StepConfig,
+               rollout: RolloutConfig, *,
                embed_dim: int, mesh=None, eos_ids: Sequence[int] = (), pad_id: int = 0):
     self.backbone, self.model, self.lora, self.router = backbone, model, lora, router
     self.step_config = step if step.temperature == _temperature(rollout.sampling) else (
@@ -84,8 +85,8 @@ class Trainer:
   def init_state(self, key: jax.Array) -> TrainState:
     k_experts, k_router, k_run = jax.random.split(key, 3)
     experts = init_experts(self.lora, self.model, k_experts)
-    router = router_lib.init_router(self.router, self.embed_dim, self.lora.num_subtask_experts,
-                                    k_router)
+    router = None if self.router is None else router_lib.init_router(
+        self.router, self.embed_dim, self.lora.num_subtask_experts, k_router)
     return TrainState(step=jnp.int32(0), experts=experts, router=router,
                       opt_states=ts.init_opt_states(experts, router, self.step_config),
                       rng=k_run, cursor=jnp.int32(0))
@@ -94,7 +95,8 @@ class Trainer:
     """The run's identity, stored in checkpoints and compared on restore."""
     as_dict = lambda c: json_safe(dataclasses.asdict(c))
     return {"model": as_dict(self.model), "lora": as_dict(self.lora),
-            "router": as_dict(self.router), "step": as_dict(self.step_config),
+            "router": None if self.router is None else as_dict(self.router),
+            "step": as_dict(self.step_config),
             "rollout": as_dict(self.rollout_config), "embed_dim": self.embed_dim}
 
   def requests(self, key, router_params, nodes: Sequence[TrainNode]):
@@ -103,6 +105,9 @@ class Trainer:
     b = self.rollout_config.routes_per_node
     routed = [i for i, n in enumerate(nodes) if n.experts is None]
     logp = np.zeros((0, self.lora.num_subtask_experts), np.float32)
+    if routed and self.router is None:
+      raise ValueError(f"Trainer: node {routed[0]} has no fixed experts and there is no router "
+                       "(a fixed mixture needs TrainNode.experts)")
     if routed:
       for i in routed:
         if nodes[i].embedding is None:
@@ -135,7 +140,8 @@ class Trainer:
     rewards = np.asarray(reward_fn(out), np.float32)
     t2 = time.perf_counter()
     batch = rollout_lib.policy_batch(out, rewards)
-    rbatch = rollout_lib.router_batch(out, self.router.top_k, self.embed_dim)
+    rbatch = None if self.router is None else rollout_lib.router_batch(out, self.router.top_k,
+                                                                        self.embed_dim)
     if self.mesh is not None:
       place = sharding.shard_rows(self.mesh)
       batch = jax.tree.map(lambda x: place(x)[0], batch)

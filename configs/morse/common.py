@@ -1,0 +1,74 @@
+"""Shared settings of the MoRSE experiment configs. A config file's `get_config(arg)` starts from
+`base()` and applies a variant, a backbone and a hardware preset:
+
+  --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
+
+variants (the paper's comparisons):
+  single      one agent, one call per task, bare backbone        (evaluation only)
+  morse_base  planner + Merger + Executor, untrained experts      (evaluation only)
+  fixed_grpo  MoRSE with one fixed LoRA per role, GRPO
+  mole_grpo   MoRSE with role + routed subtask experts, GRPO
+  mole_hgrpo  MoRSE with role + routed subtask experts, HGRPO     (the paper's method)
+backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct); give the
+checkpoint folder with --config.model.path.
+hardware: cpu (1 device), gpu8 (one 8-GPU host), tpu_v5e8 (a v5e-8 slice).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+VARIANTS = {
+    "single": dict(system="single", mixture="none", algo="grpo", steps=0),
+    "morse_base": dict(system="morse", mixture="mole", algo="hgrpo", steps=0),
+    "fixed_grpo": dict(system="morse", mixture="fixed", algo="grpo", steps=200),
+    "mole_grpo": dict(system="morse", mixture="mole", algo="grpo", steps=200),
+    "mole_hgrpo": dict(system="morse", mixture="mole", algo="hgrpo", steps=200),
+}
+BACKBONES = {"qwen3_4b": "Qwen3-4B-Instruct-2507", "llama31_8b": "Llama-3.1-8B-Instruct"}
+HARDWARE = {"cpu": (1, 1, 1), "gpu8": (8, 1, 1), "tpu_v5e8": (4, 2, 2)}  # data, model, micro
+
+
+def base() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.workdir = "/tmp/morse_runs/default"
+  c.system, c.mixture, c.algo = "morse", "mole", "hgrpo"
+  c.max_nodes = 12
+  c.planner_max_new_tokens = 512
+  c.model = ml_collections.ConfigDict(dict(path="", dtype="bfloat16", name=""))
+  c.task = ml_collections.ConfigDict(dict(family="humaneval", path="", plans="", limit=0,
+                                          oracle=""))
+  # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
+  c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,
+                                          alpha=16.0, num_subtask_experts=4))
+  c.router = ml_collections.ConfigDict(dict(dim=128, top_k=2, log_prob="plackett_luce",
+                                            merge_experts="union", embedder="backbone_mean"))
+  c.train = ml_collections.ConfigDict(dict(
+      steps=200, tasks_per_step=4, routes_per_node=4, group_size=4, max_new_tokens=1024,
+      temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
+      aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
+      eval_every=0))
+  c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8))
+  c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
+  c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0,
+                                                 process_id=-1, auto=False))
+  return c
+
+
+def apply(c: ml_collections.ConfigDict, arg: str | None, family: str,
+          default: str = "mole_hgrpo,qwen3_4b,cpu") -> ml_collections.ConfigDict:
+  variant, backbone, hardware = (arg or default).split(",")
+  if variant not in VARIANTS:
+    raise ValueError(f"config variant {variant!r} not in {sorted(VARIANTS)}")
+  if backbone not in BACKBONES:
+    raise ValueError(f"config backbone {backbone!r} not in {sorted(BACKBONES)}")
+  if hardware not in HARDWARE:
+    raise ValueError(f"config hardware {hardware!r} not in {sorted(HARDWARE)}")
+  v = VARIANTS[variant]
+  c.system, c.mixture, c.algo, c.train.steps = v["system"], v["mixture"], v["algo"], v["steps"]
+  c.model.name = BACKBONES[backbone]
+  c.mesh.data, c.mesh.model, c.train.micro_batches = HARDWARE[hardware]
+  c.task.family = family
+  c.workdir = f"/tmp/morse_runs/{family}_{variant}_{backbone}"
+  return c

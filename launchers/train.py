@@ -1,0 +1,32 @@
+"""Train MoRSE's experts and router with HGRPO (or GRPO) on a task family's training split.
+
+  python -m launchers.train --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8 \
+      --config.model.path=/ckpt/Qwen3-4B-Instruct-2507 --config.task.path=/data/scicode.json
+
+Resumes from the latest checkpoint in <workdir>/ckpt. Multi-host: the same command on every host
+with --config.distributed.* (or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or
+--config.distributed.auto=True on a Cloud TPU / SLURM job); see launchers/cluster/.
+"""
+
+from __future__ import annotations
+
+from absl import app
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+
+
+def main(argv):
+  del argv
+  from morse_jax.mas import pipeline
+
+  last = pipeline.train(_CONFIG.value)
+  pipeline.banner("done")
+  for k in ("reward_mean", "best_candidate_pass", "problem_pass", "expert_loss"):
+    if k in last:
+      print(f"{k:<24} {last[k]:.4f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

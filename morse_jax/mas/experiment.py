@@ -1,0 +1,175 @@
+"""From an experiment config (ml_collections) to the objects a run needs: model, agents, task
+family and problems, graphs, trainer. The launchers stay short; this is where the settings of the
+paper's comparisons become code:
+
+  system   "morse": planner/gold graph + Merger + Executor; "single": one call per task
+  mixture  "mole": role + routed subtask experts; "fixed": one role LoRA, no router;
+           "none": the bare backbone (only for evaluation: MoRSE-base without adapters)
+  algo     "hgrpo" or "grpo" (the update's advantage estimator)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from morse_jax import llm
+from morse_jax.llm import sharding
+from morse_jax.lora import embedders
+from morse_jax.lora import router as router_lib
+from morse_jax.lora.experts import LoraConfig
+from morse_jax.mas import graph as graph_lib
+from morse_jax.mas import planner
+from morse_jax.mas.agents import Agents
+from morse_jax.rl import train_step as ts
+from morse_jax.rl import trainer as trainer_lib
+from morse_jax.tasks.base import Problem
+
+SYSTEMS, MIXTURES, ALGOS = ("morse", "single"), ("mole", "fixed", "none"), ("hgrpo", "grpo")
+FAMILIES = ("humaneval", "scicode", "srdd")
+
+
+class ConfigError(ValueError):
+  """An experiment setting is invalid; the message names the field and the value."""
+
+
+def _choice(config, field: str, options) -> str:
+  value = config[field]
+  if value not in options:
+    raise ConfigError(f"config.{field}={value!r} is not one of {options}")
+  return value
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  _choice(config, "system", SYSTEMS)
+  _choice(config, "mixture", MIXTURES)
+  _choice(config, "algo", ALGOS)
+  _choice(config.task, "family", FAMILIES)
+  if config.task.family != "humaneval" and not config.task.path:
+    raise ConfigError(f"config.task.path is empty: the {config.task.family} family reads its "
+                      "problems from a file you supply")
+  if not config.model.path:
+    raise ConfigError("config.model.path is empty: give a Hugging Face folder "
+                      "(--config.model.path=/ckpt/Qwen3-4B-Instruct-2507)")
+  if config.mixture == "none" and config.train.steps:
+    raise ConfigError("config.mixture='none' has nothing to train; set config.train.steps=0")
+  for field in ("data", "model"):
+    if config.mesh[field] < 1:
+      raise ConfigError(f"config.mesh.{field}={config.mesh[field]!r} must be >= 1")
+
+
+def load_family(config):
+  """(family object, all problems)."""
+  name, path = config.task.family, config.task.path
+  if name == "humaneval":
+    from morse_jax.tasks import humaneval
+    return humaneval.HumanEval(), humaneval.load(path or None)
+  if name == "scicode":
+    from morse_jax.tasks import scicode
+    return scicode.SciCode(), scicode.load(path)
+  from morse_jax.tasks import srdd
+  return srdd.SRDD(), srdd.load(path)
+
+
+def split(config, problems: list[Problem], which: str) -> list[Problem]:
+  """The family's category split; HumanEval has none (all 164 in both)."""
+  name = config.task.family
+  if name == "scicode":
+    from morse_jax.tasks import scicode
+    problems = scicode.split(problems, which)
+  elif name == "srdd":
+    from morse_jax.tasks import srdd
+    problems = srdd.split(problems, which, seed=config.seed)
+  limit = config.task.limit
+  return problems[:limit] if limit else problems
+
+
+def lora_config(config) -> LoraConfig | None:
+  if config.mixture == "none":
+    return None
+  c = config.lora
+  return LoraConfig(targets=tuple(c.targets), last_n_layers=c.last_n_layers, rank=c.rank,
+                    alpha=c.alpha, num_subtask_experts=c.num_subtask_experts
+                    if config.mixture == "mole" else 0)
+
+
+def router_config(config) -> router_lib.RouterConfig | None:
+  if config.mixture != "mole":
+    return None
+  c = config.router
+  return router_lib.RouterConfig(dim=c.dim, top_k=c.top_k, log_prob=c.log_prob,
+                                 merge_experts=c.merge_experts)
+
+
+def step_config(config) -> ts.StepConfig:
+  c = config.train
+  return ts.StepConfig(expert_lr=c.expert_lr, router_lr=c.router_lr, estimator=config.algo,
+                       micro_batches=c.micro_batches, kl_coef=c.kl_coef,
+                       aggregation=c.aggregation, alpha_pi=c.alpha_pi)
+
+
+@dataclasses.dataclass
+class Experiment:
+  config: Any
+  model: llm.Model
+  agents: Agents
+  family: Any
+  problems: list[Problem]
+  mesh: Any
+
+  def graphs(self, problems: list[Problem]) -> list[graph_lib.SubtaskGraph]:
+    """single: one node per task; morse: stored plans, else gold graphs, else the planner."""
+    if self.config.system == "single":
+      return [graph_lib.single_node(p.statement) for p in problems]
+    if self.config.task.plans:
+      stored = planner.load_plans(self.config.task.plans)
+      missing = [p.id for p in problems if p.id not in stored]
+      if missing:
+        raise ConfigError(f"config.task.plans={self.config.task.plans!r} has no plan for "
+                          f"problem {missing[0]!r}")
+      return [stored[p.id] for p in problems]
+    return planner.gold_or_plan(problems, self.plan_generate, max_nodes=self.config.max_nodes)
+
+  def plan_generate(self, batch):
+    """The planner: the bare backbone, greedy."""
+    tokens = [self.agents.tokens(m) for m in batch]
+    return self.agents.generate(tokens, None, rng=jax.random.key(self.config.seed),
+                                max_new_tokens=self.config.planner_max_new_tokens)
+
+  def trainer(self) -> trainer_lib.Trainer:
+    c = self.config.train
+    return trainer_lib.Trainer(
+        self.model.params, self.model.config, self.agents.lora, self.agents.router,
+        step_config(self.config),
+        trainer_lib.RolloutConfig(routes_per_node=c.routes_per_node if self.agents.router
+                                  else 1, group_size=c.group_size,
+                                  max_new_tokens=c.max_new_tokens,
+                                  sampling=llm.SamplingConfig(temperature=c.temperature)),
+        embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0,
+        mesh=self.mesh, eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id)
+
+
+def build(config: ml_collections.ConfigDict) -> Experiment:
+  check(config)
+  dtype = {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[config.model.dtype]
+  model = llm.load(os.path.expanduser(config.model.path), dtype=dtype)
+  if model.tokenizer is None:
+    raise ConfigError(f"config.model.path={config.model.path!r} has no tokenizer files")
+  mesh = None
+  if config.mesh.data * config.mesh.model > 1:
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+    model = dataclasses.replace(model, params=sharding.shard_params(model.params, mesh))
+  router = router_config(config)
+  embed = None
+  if router is not None:
+    embed = (embedders.SentenceEmbedder() if config.router.embedder == "sentence" else
+             embedders.BackboneMeanEmbedder(model.params.embed, model.tokenizer))
+  agents = Agents(model=model, lora=lora_config(config), router=router, embed=embed,
+                  max_new_tokens=config.eval.max_new_tokens, mesh=mesh)
+  family, problems = load_family(config)
+  return Experiment(config=config, model=model, agents=agents, family=family,
+                    problems=problems, mesh=mesh)

@@ -1,0 +1,120 @@
+"""The training and evaluation pipelines behind `launchers.train` and `launchers.evaluate`."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def banner(text: str) -> None:
+  print(f"\n==== {text} " + "=" * max(0, 60 - len(text)), flush=True)
+
+
+def canonical(config) -> dict:
+  """Every problem's reference solution through the verifier (HumanEval only)."""
+  from morse_jax.tasks import humaneval
+
+  if config.task.family != "humaneval":
+    raise ValueError(f"config.task.oracle='canonical' needs task.family='humaneval', got "
+                     f"{config.task.family!r}")
+  family, problems = humaneval.HumanEval(), humaneval.load(config.task.path or None)
+  problems = problems[:config.task.limit] if config.task.limit else problems
+  passed = 0
+  for p in problems:
+    node = dict(p.gold_graph[0])
+    passed += family.score_node(p, node, humaneval.canonical_artifact(p), {}).passed
+  return {"tasks": len(problems), "passed": passed, "problem_pass": passed / len(problems)}
+
+
+def evaluate(config, checkpoint: str | None = None, split: str = "test") -> dict:
+  import jax
+
+  from morse_jax.lora import embedders
+  from morse_jax.mas import evaluation, experiment, runner
+  from morse_jax.rl.state import Checkpoints
+
+  banner("build")
+  exp = experiment.build(config)
+  problems = experiment.split(config, exp.problems, split)
+  print(f"{len(problems)} {config.task.family} problems ({split}), system={config.system}, "
+        f"mixture={config.mixture}")
+  experts = router = None
+  if config.mixture != "none":
+    trainer = exp.trainer()
+    state = trainer.init_state(jax.random.key(config.seed))
+    if checkpoint:
+      ckpt = Checkpoints(checkpoint, every=1, keep=1, metadata=trainer.metadata())
+      state = ckpt.restore(state)
+      print(f"restored step {int(state.step)} from {checkpoint}")
+    experts, router = state.experts, state.router
+  banner("plan")
+  graphs = exp.graphs(problems)
+  banner("run")
+  outcomes, batch = [], config.eval.tasks_per_batch
+  start = time.perf_counter()
+  for i in range(0, len(problems), batch):
+    outcomes += runner.run(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],
+                           experts, router, rng=jax.random.key(config.seed),
+                           merge_mode=config.router.merge_experts, seed=config.seed)
+  summary = evaluation.summarize(outcomes)
+  summary["seconds"] = time.perf_counter() - start
+  sim = evaluation.heterogeneity(outcomes, embedders.SentenceEmbedder())
+  if sim is not None:
+    summary["sim_output"] = sim
+  return summary
+
+
+def train(config) -> dict:
+  """Runs until config.train.steps updates (one per wave); returns the last wave's metrics."""
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+
+  from morse_jax.mas import experiment, runner
+  from morse_jax.rl import distributed, metrics
+  from morse_jax.rl.state import Checkpoints
+
+  d = config.distributed
+  distributed.initialize(d.coordinator or None, d.num_processes or None,
+                         None if d.process_id < 0 else d.process_id, auto=d.auto)
+  banner("build")
+  exp = experiment.build(config)
+  problems = experiment.split(config, exp.problems, "train")
+  if not problems:
+    raise ValueError(f"no training problems for {config.task.family} (check task.path / split)")
+  trainer = exp.trainer()
+  state = trainer.init_state(jax.random.key(config.seed))
+  workdir = os.path.abspath(config.workdir)
+  ckpt = Checkpoints(os.path.join(workdir, "ckpt"), every=1, keep=config.train.keep,
+                     metadata=trainer.metadata())
+  resume = ckpt.latest_step()
+  if resume is not None:
+    state = ckpt.restore(state)
+    print(f"resumed from step {resume} (cursor {int(state.cursor)})")
+  print(f"{len(problems)} training problems; {config.train.steps} updates; "
+        f"B={config.train.routes_per_node} M={config.train.group_size} algo={config.algo}")
+  banner("train")
+  last, saved = {}, int(state.step)
+  with metrics.MetricsWriter(workdir, total_steps=config.train.steps,
+                             resume_step=resume) as writer:
+    while int(state.step) < config.train.steps:
+      cursor, n = int(state.cursor), config.train.tasks_per_step
+      batch = [problems[(cursor + i) % len(problems)] for i in range(n)]
+      state, outcomes, history = runner.train(trainer, state, exp.agents, exp.family, batch,
+                                              exp.graphs(batch),
+                                              merge_mode=config.router.merge_experts,
+                                              seed=config.seed + cursor)
+      state = dataclasses.replace(state, cursor=jnp.int32(cursor + n))
+      first = int(state.step) - len(history) + 1
+      for step, m in enumerate(history, first):
+        m["problem_pass"] = sum(bool(t.score.passed) for t in outcomes) / len(outcomes)
+        writer.write(step, m)
+        last = m
+      # Checkpoints fall between batches, so a resumed run restarts at a batch boundary.
+      if int(state.step) - saved >= config.train.checkpoint_every or int(
+          state.step) >= config.train.steps:
+        ckpt.maybe_save(state, force=True)
+        saved = int(state.step)
+  ckpt.close()
+  return last

@@ -1,0 +1,65 @@
+"""Every shipped config loads, and builds its experiment with a tiny model swapped in."""
+
+import glob
+import importlib
+import os
+
+import pytest
+
+from configs.morse import common
+from morse_jax.mas import experiment
+from tests import tiny_models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "tasks", "fixtures")
+DATA = {"humaneval": "", "scicode": os.path.join(FIXTURES, "scicode_mini.json"),
+        "srdd": os.path.join(FIXTURES, "srdd_mini.csv")}
+CONFIG_FILES = sorted(os.path.basename(p)[:-3] for p in glob.glob(
+    os.path.join(ROOT, "configs", "morse", "*.py")) if not p.endswith(("__init__.py",
+                                                                      "common.py")))
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+  return tiny_models.save_hf_model("qwen3", str(tmp_path_factory.mktemp("cfg")))[0]
+
+
+def test_there_are_configs():
+  assert {"scicode", "srdd", "humaneval", "humaneval_canonical"} <= set(CONFIG_FILES)
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices):
+  module = importlib.import_module(f"configs.morse.{name}")
+  args = [None] if name == "humaneval_canonical" else [
+      f"{v},{b},{h}" for v in common.VARIANTS for b in common.BACKBONES for h in common.HARDWARE]
+  built = set()
+  for arg in args:
+    config = module.get_config(arg)
+    assert config.task.family in experiment.FAMILIES
+    config.model.path, config.model.dtype = tiny_folder, "float32"
+    config.task.path = DATA[config.task.family]
+    config.lora.last_n_layers = 1
+    key = (config.system, config.mixture, config.mesh.data, config.mesh.model)
+    if key in built or config.task.oracle:
+      continue  # the backbone only changes the path the user gives
+    built.add(key)
+    exp = experiment.build(config)
+    assert exp.problems and (exp.agents.lora is None) == (config.mixture == "none")
+    assert (exp.mesh is None) == (config.mesh.data * config.mesh.model == 1)
+    if config.train.steps:
+      trainer = exp.trainer()
+      assert trainer.step_config.estimator == config.algo
+
+
+def test_bad_settings_are_named(tiny_folder):
+  config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "scicode")
+  config.model.path = tiny_folder
+  with pytest.raises(experiment.ConfigError, match="config.task.path is empty"):
+    experiment.build(config)
+  config.task.path = DATA["scicode"]
+  config.mixture = "moe"
+  with pytest.raises(experiment.ConfigError, match=r"config.mixture='moe' is not one of"):
+    experiment.build(config)
+  with pytest.raises(ValueError, match="config variant 'best'"):
+    common.apply(common.base(), "best,qwen3_4b,cpu", "srdd")
