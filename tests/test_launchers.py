@@ -32,3 +32,23 @@ def test_train_resume_and_evaluate(tmp_path):
                               split="train")
   assert 0.0 <= summary["step_pass"] <= 1.0 and summary["tasks"] >= 1
   json.dumps(summary)
+
+
+def test_plan_stores_graphs_that_runs_read(tmp_path):
+  """SRDD has no gold graphs: the (tiny, random) planner's replies fail to parse, every problem
+  falls back to one node, and the stored plans are read back by a run's config."""
+  from morse_jax.mas import experiment, planner
+
+  folder = test_configs.tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))[0]
+  config = common.apply(common.base(), "morse_base,qwen3_4b,cpu", "srdd")
+  config.model.path, config.model.dtype = folder, "float32"
+  config.task.path, config.task.limit = test_configs.DATA["srdd"], 2
+  config.task.holdout = 2  # the fixture has 5 categories (the real SRDD 40, 8 held out)
+  config.planner_max_new_tokens = 4
+  out = str(tmp_path / "plans.jsonl")
+  stats = pipeline.plan(config, out, split="train")
+  assert stats["problems"] == 2 and stats["fallbacks"] == 2 and stats["retries"] == 4
+  config.task.plans = out
+  exp = experiment.build(config)
+  problems = experiment.split(config, exp.problems, "train")
+  assert exp.graphs(problems) == list(planner.load_plans(out).values())

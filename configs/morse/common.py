@@ -38,7 +38,7 @@ def base() -> ml_collections.ConfigDict:
   c.planner_max_new_tokens = 512
   c.model = ml_collections.ConfigDict(dict(path="", dtype="bfloat16", name=""))
   c.task = ml_collections.ConfigDict(dict(family="humaneval", path="", plans="", limit=0,
-                                          oracle=""))
+                                          oracle="", holdout=8))  # SRDD: held-out categories
   # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
   c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,
                                           alpha=16.0, num_subtask_experts=4))

@@ -83,7 +83,7 @@ def split(config, problems: list[Problem], which: str) -> list[Problem]:
     problems = scicode.split(problems, which)
   elif name == "srdd":
     from morse_jax.tasks import srdd
-    problems = srdd.split(problems, which, seed=config.seed)
+    problems = srdd.split(problems, which, seed=config.seed, holdout=config.task.holdout)
   limit = config.task.limit
   return problems[:limit] if limit else problems
 

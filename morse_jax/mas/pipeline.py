@@ -118,3 +118,18 @@ def train(config) -> dict:
         saved = int(state.step)
   ckpt.close()
   return last
+
+
+def plan(config, out: str, split: str = "test") -> dict:
+  """Makes one graph per problem of a split with the planner and stores them as JSONL, so later
+  runs read them with --config.task.plans (as the authors precompute theirs)."""
+  from morse_jax.mas import experiment, planner
+
+  banner("build")
+  exp = experiment.build(config)
+  problems = experiment.split(config, exp.problems, split)
+  stats = planner.PlanStats()
+  graphs = planner.plan(problems, exp.plan_generate, max_nodes=config.max_nodes, stats=stats)
+  planner.save_plans(out, problems, graphs)
+  return {"problems": len(problems), "retries": stats.retries, "fallbacks": stats.fallbacks,
+          "mean_nodes": sum(len(g.nodes) for g in graphs) / max(len(graphs), 1)}

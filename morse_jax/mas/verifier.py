@@ -14,10 +14,21 @@ import io
 import json
 import re
 import secrets
+import threading
 import tokenize
 from typing import Sequence
 
 from morse_jax.mas import sandbox
+
+# CPython 3.11's parser is not thread-safe ("AST constructor recursion depth mismatch" when
+# scorers run in threads), so every parse and compile of model code goes through this lock.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse(code: str) -> ast.Module:
+  with _PARSE_LOCK:
+    return ast.parse(code)
+
 
 _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})[ \t]*(?P<lang>[^`\s]*)[^`]*$")
 _PYTHON = ("python", "py", "python3", "py3")
@@ -63,7 +74,8 @@ def syntax_error(code: str) -> str | None:
   """A one-line message with the line number, or None when the code compiles. `compile`, not only
   `ast.parse`, so that errors found after parsing ('return' outside function) count too."""
   try:
-    compile(code, "<artifact>", "exec", dont_inherit=True)
+    with _PARSE_LOCK:
+      compile(code, "<artifact>", "exec", dont_inherit=True)
   except SyntaxError as e:
     text = (e.text or "").strip()
     where = f" at line {e.lineno}" if e.lineno else ""
@@ -118,7 +130,7 @@ def placeholder(code: str) -> str | None:
   data, e.g. a to-do app's status). Code that does not parse returns None: syntax_error reports
   it."""
   try:
-    tree = ast.parse(code)
+    tree = parse(code)
   except (SyntaxError, ValueError, RecursionError, MemoryError):
     return None
   exempt: set[int] = set()

@@ -70,7 +70,7 @@ def canonical_artifact(problem: Problem) -> str:
 
 def _defines(code: str, name: str) -> bool:
   try:
-    tree = ast.parse(code)
+    tree = verifier.parse(code)
   except SyntaxError:
     return False
   return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name

@@ -178,7 +178,7 @@ def target_source(value: Any) -> str:
 
 def _uses_target(test: str) -> bool:
   try:
-    return any(isinstance(n, ast.Name) and n.id == "target" for n in ast.walk(ast.parse(test)))
+    return any(isinstance(n, ast.Name) and n.id == "target" for n in ast.walk(verifier.parse(test)))
   except SyntaxError:
     return re.search(r"\btarget\b", test) is not None
 

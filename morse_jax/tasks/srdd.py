@@ -93,7 +93,7 @@ def split(problems: Sequence[Problem], which: str, seed: int = 0,
 def strip_comments(code: str) -> str:
   """The code without comments and docstrings (ast round trip; a regex when it does not parse)."""
   try:
-    tree = ast.parse(code)
+    tree = verifier.parse(code)
   except (SyntaxError, ValueError, RecursionError):
     return re.sub(r"(?m)^\s*#.*$\n?", "", code)
   for node in ast.walk(tree):
