@@ -85,8 +85,8 @@ def reference_artifact(problem: Problem, node_id: str) -> str:
 
 def _defined(code: str | None) -> list[str]:
   try:
-    tree = ast.parse(code or "")
-  except (SyntaxError, ValueError):
+    tree = verifier.parse(code or "")  # under the verifier's lock: scorers run in threads
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
     return []
   return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
 
@@ -158,13 +158,13 @@ class Synthetic:
               "functions written in earlier steps are already defined and may be called by "
               f"name.\n{_FOOTER}")
     node_id, spec = found
-    parts = [f"Write the Python function `{spec['signature']}`", spec["description"]]
+    parts = [spec["description"]]
     earlier = [problem.data["nodes"][i]["signature"] for i in _ancestors(problem, node_id)]
     if earlier:
       listed = "\n".join(f"  {sig}" for sig in earlier)
       parts.append("These functions from earlier steps are already defined and may be called by "
                    f"name; do not redefine them:\n{listed}")
-    parts.append(_FOOTER)
+    parts.append(f"{_FOOTER} The function header:\n```python\n{spec['signature']}\n```")
     return "\n\n".join(parts)
 
   def _run(self, program: str, tests: Sequence[str]) -> verifier.TestRun:
