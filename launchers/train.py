@@ -21,7 +21,11 @@ def main(argv):
   del argv
   from morse_jax.mas import pipeline
 
-  last = pipeline.train(_CONFIG.value)
+  config = _CONFIG.value
+  if config.demo:  # before/after evaluation, table and plots
+    pipeline.demo(config)
+    return
+  last = pipeline.train(config)
   pipeline.banner("done")
   for k in ("reward_mean", "best_candidate_pass", "problem_pass", "expert_loss"):
     if k in last:

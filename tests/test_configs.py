@@ -13,7 +13,7 @@ from tests import tiny_models
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "tasks", "fixtures")
 DATA = {"humaneval": "", "scicode": os.path.join(FIXTURES, "scicode_mini.json"),
-        "srdd": os.path.join(FIXTURES, "srdd_mini.csv")}
+        "srdd": os.path.join(FIXTURES, "srdd_mini.csv"), "synthetic": ""}
 CONFIG_FILES = sorted(os.path.basename(p)[:-3] for p in glob.glob(
     os.path.join(ROOT, "configs", "morse", "*.py")) if not p.endswith(("__init__.py",
                                                                       "common.py")))
@@ -25,13 +25,13 @@ def tiny_folder(tmp_path_factory):
 
 
 def test_there_are_configs():
-  assert {"scicode", "srdd", "humaneval", "humaneval_canonical"} <= set(CONFIG_FILES)
+  assert {"scicode", "srdd", "humaneval", "humaneval_canonical", "demo_cpu"} <= set(CONFIG_FILES)
 
 
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices):
   module = importlib.import_module(f"configs.morse.{name}")
-  args = [None] if name == "humaneval_canonical" else [
+  args = [None] if name in ("humaneval_canonical", "demo_cpu") else [
       f"{v},{b},{h}" for v in common.VARIANTS for b in common.BACKBONES for h in common.HARDWARE]
   built = set()
   for arg in args:
@@ -40,6 +40,7 @@ def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices)
     config.model.path, config.model.dtype = tiny_folder, "float32"
     config.task.path = DATA[config.task.family]
     config.lora.last_n_layers = 1
+    config.task.num_problems = 8  # synthetic: a few generated tasks are enough here
     key = (config.system, config.mixture, config.mesh.data, config.mesh.model)
     if key in built or config.task.oracle:
       continue  # the backbone only changes the path the user gives

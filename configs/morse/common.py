@@ -33,12 +33,16 @@ def base() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.workdir = "/tmp/morse_runs/default"
+  c.demo = False  # launchers.train: evaluate before and after training, and plot
   c.system, c.mixture, c.algo = "morse", "mole", "hgrpo"
   c.max_nodes = 12
   c.planner_max_new_tokens = 512
   c.model = ml_collections.ConfigDict(dict(path="", dtype="bfloat16", name=""))
   c.task = ml_collections.ConfigDict(dict(family="humaneval", path="", plans="", limit=0,
-                                          oracle="", holdout=8))  # SRDD: held-out categories
+                                          oracle="", holdout=8,  # SRDD: held-out categories
+                                          num_problems=0, seed=0,  # synthetic: the suite
+                                          holdout_categories=("string_analysis",),
+                                          targets_h5=""))  # SciCode: test_data.h5 ("": none)
   # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
   c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,
                                           alpha=16.0, num_subtask_experts=4))
@@ -48,7 +52,7 @@ def base() -> ml_collections.ConfigDict:
       steps=200, tasks_per_step=4, routes_per_node=4, group_size=4, max_new_tokens=1024,
       temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
       aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
-      eval_every=0))
+      max_minutes=0.0))  # > 0: stop after the first batch that ends past this budget
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8))
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0,

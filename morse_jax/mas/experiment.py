@@ -30,7 +30,7 @@ from morse_jax.rl import trainer as trainer_lib
 from morse_jax.tasks.base import Problem
 
 SYSTEMS, MIXTURES, ALGOS = ("morse", "single"), ("mole", "fixed", "none"), ("hgrpo", "grpo")
-FAMILIES = ("humaneval", "scicode", "srdd")
+FAMILIES = ("humaneval", "scicode", "srdd", "synthetic")
 
 
 class ConfigError(ValueError):
@@ -49,7 +49,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   _choice(config, "mixture", MIXTURES)
   _choice(config, "algo", ALGOS)
   _choice(config.task, "family", FAMILIES)
-  if config.task.family != "humaneval" and not config.task.path:
+  if config.task.family not in ("humaneval", "synthetic") and not config.task.path:
     raise ConfigError(f"config.task.path is empty: the {config.task.family} family reads its "
                       "problems from a file you supply")
   if not config.model.path:
@@ -65,12 +65,15 @@ def check(config: ml_collections.ConfigDict) -> None:
 def load_family(config):
   """(family object, all problems)."""
   name, path = config.task.family, config.task.path
+  if name == "synthetic":  # generated, deterministic by seed; no file
+    from morse_jax.tasks import synthetic
+    return synthetic.Synthetic(), synthetic.generate(config.task.num_problems, config.task.seed)
   if name == "humaneval":
     from morse_jax.tasks import humaneval
     return humaneval.HumanEval(), humaneval.load(path or None)
   if name == "scicode":
     from morse_jax.tasks import scicode
-    return scicode.SciCode(), scicode.load(path)
+    return scicode.SciCode(targets_h5=config.task.targets_h5 or None), scicode.load(path)
   from morse_jax.tasks import srdd
   return srdd.SRDD(), srdd.load(path)
 
@@ -78,7 +81,10 @@ def load_family(config):
 def split(config, problems: list[Problem], which: str) -> list[Problem]:
   """The family's category split; HumanEval has none (all 164 in both)."""
   name = config.task.family
-  if name == "scicode":
+  if name == "synthetic":
+    from morse_jax.tasks import synthetic
+    problems = synthetic.split(problems, which, holdout=tuple(config.task.holdout_categories))
+  elif name == "scicode":
     from morse_jax.tasks import scicode
     problems = scicode.split(problems, which)
   elif name == "srdd":

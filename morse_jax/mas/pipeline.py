@@ -98,7 +98,11 @@ def train(config) -> dict:
   last, saved = {}, int(state.step)
   with metrics.MetricsWriter(workdir, total_steps=config.train.steps,
                              resume_step=resume) as writer:
+    start = time.perf_counter()
     while int(state.step) < config.train.steps:
+      if config.train.max_minutes and time.perf_counter() - start > 60 * config.train.max_minutes:
+        print(f"time budget of {config.train.max_minutes} min reached at step {int(state.step)}")
+        break
       cursor, n = int(state.cursor), config.train.tasks_per_step
       batch = [problems[(cursor + i) % len(problems)] for i in range(n)]
       state, outcomes, history = runner.train(trainer, state, exp.agents, exp.family, batch,
@@ -112,10 +116,11 @@ def train(config) -> dict:
         writer.write(step, m)
         last = m
       # Checkpoints fall between batches, so a resumed run restarts at a batch boundary.
-      if int(state.step) - saved >= config.train.checkpoint_every or int(
-          state.step) >= config.train.steps:
+      if int(state.step) - saved >= config.train.checkpoint_every:
         ckpt.maybe_save(state, force=True)
         saved = int(state.step)
+    if int(state.step) > saved:  # the last batch (steps reached or time budget spent)
+      ckpt.maybe_save(state, force=True)
   ckpt.close()
   return last
 
@@ -133,3 +138,32 @@ def plan(config, out: str, split: str = "test") -> dict:
   planner.save_plans(out, problems, graphs)
   return {"problems": len(problems), "retries": stats.retries, "fallbacks": stats.fallbacks,
           "mean_nodes": sum(len(g.nodes) for g in graphs) / max(len(graphs), 1)}
+
+
+def demo(config) -> dict:
+  """The first run a new user sees: evaluate the untrained system on held-out tasks, train,
+  evaluate again, and print a before/after table; metrics, TensorBoard logs and PNG plots go to
+  the workdir."""
+  import json
+
+  from morse_jax.mas import plots
+
+  workdir = os.path.abspath(config.workdir)
+  banner("before training (held-out tasks)")
+  before = evaluate(config, None, "test")
+  train(config)
+  banner("after training (held-out tasks)")
+  after = evaluate(config, os.path.join(workdir, "ckpt"), "test")
+  rows = [k for k in ("step_pass", "mean_step_pass", "problem_pass", "step_reward", "sim_output")
+          if k in before and k in after]
+  banner("result")
+  print(f"{'metric':<16} {'before':>8} {'after':>8}")
+  for k in rows:
+    print(f"{k:<16} {before[k]:8.3f} {after[k]:8.3f}")
+  written = plots.training_plots(os.path.join(workdir, "metrics.jsonl"), workdir)
+  summary = {"before": before, "after": after, "plots": written}
+  with open(os.path.join(workdir, "demo.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  print(f"plots: {', '.join(written)}\nTensorBoard: tensorboard --logdir {workdir}")
+  return summary
+

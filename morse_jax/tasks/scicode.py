@@ -11,23 +11,29 @@ Limits:
   mapping (problem_id -> category, or the path of a JSON object file), else a `category` (or
   `domain`) key in the problem, else "unknown"; "unknown" problems are in neither split.
 - Real SciCode tests compare against `target` values kept in an HDF5 file (test_data.h5) and
-  sometimes import `scicode.compare`. We do not read HDF5: pass the values as `targets`
-  (step_number -> one value per test case; numbers, strings, lists, tuples, dicts and numpy
-  arrays are turned into source by `target_source`). A test that uses `target` for which no value
-  was supplied raises MissingTargetsError naming the problem and step; self-contained asserts
-  need nothing.
+  sometimes import `scicode.compare`. Give the file as `targets_h5` (read as the official harness
+  does, by `scicode_targets`, under step id "<problem_id>.<step>"), or pass the values as
+  `targets` (step_number -> one value per test case), which win for the steps they name. Values
+  (numbers, strings, lists, tuples, dicts, None, numpy arrays and scalars, scipy sparse matrices)
+  are turned into source by `target_source`. A test that uses `target` for which no value was
+  supplied raises MissingTargetsError naming the problem and step; self-contained asserts need
+  nothing.
 """
 
 from __future__ import annotations
 
 import ast
+import base64
 import dataclasses
 import json
 import math
 import re
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from morse_jax.mas import verifier
+from morse_jax.tasks import scicode_targets
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = "scicode"
@@ -156,11 +162,56 @@ def _step(problem: Problem, node_id: str) -> Mapping[str, Any]:
                    "step numbers)")
 
 
+_NP = "__import__('numpy')"
+_INLINE_ITEMS = 256  # larger plain arrays travel as base64 bytes: exact, and quick to compile
+
+
+def _dtype_source(dtype: np.dtype) -> str:
+  # dtype.str drops the field names of a structured dtype; descr keeps them.
+  spec = dtype.descr if dtype.fields is not None else dtype.str
+  return f"{_NP}.dtype({target_source(spec)})"
+
+
+def _array_source(value: np.ndarray) -> str:
+  shape = tuple(int(n) for n in value.shape)
+  if value.dtype.hasobject:  # item by item: np.array would merge equal-shaped items into axes
+    items = target_source(list(value.ravel()))
+    return f"{_NP}.fromiter({items}, dtype=object, count={value.size}).reshape({shape!r})"
+  dtype = _dtype_source(value.dtype)
+  if value.size <= _INLINE_ITEMS:
+    return f"{_NP}.array({target_source(value.tolist())}, dtype={dtype}).reshape({shape!r})"
+  data = base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii")
+  return (f"{_NP}.frombuffer(__import__('base64').b64decode({data!r}), dtype={dtype})"
+          f".reshape({shape!r}).copy()")
+
+
+def _sparse_source(value: Any) -> str:
+  import scipy.sparse  # pylint: disable=g-import-not-at-top  (only sparse values need it)
+  kind = "matrix" if scipy.sparse.isspmatrix(value) else "array"
+  make = f"__import__('scipy.sparse').sparse.{value.format}_{kind}"
+  shape = tuple(int(n) for n in value.shape)
+  if value.format == "coo":
+    row, col = _array_source(value.row), _array_source(value.col)
+    return f"{make}(({_array_source(value.data)}, ({row}, {col})), shape={shape!r})"
+  if value.format in ("csr", "csc", "bsr"):
+    parts = ", ".join(_array_source(a) for a in (value.data, value.indices, value.indptr))
+    extra = ""
+    if value.format == "bsr":
+      extra = f", blocksize={tuple(int(n) for n in value.blocksize)!r}"
+    return f"{make}(({parts}), shape={shape!r}{extra})"
+  return f"{make}({_sparse_source(value.tocoo())})"  # lil, dok, dia: rebuilt through coo
+
+
 def target_source(value: Any) -> str:
   """Python source that rebuilds `value` inside the sandbox."""
-  if hasattr(value, "dtype") and hasattr(value, "tolist"):  # numpy array or scalar
-    return (f"__import__('numpy').asarray({target_source(value.tolist())}, "
-            f"dtype={str(value.dtype)!r})")
+  if type(value).__module__.startswith("scipy.sparse"):
+    return _sparse_source(value)
+  if isinstance(value, np.generic):  # a numpy scalar stays one (h5py reads scalars as these)
+    if value.dtype.fields is not None:  # a structured record
+      return f"{_NP}.array({target_source(value.item())}, dtype={_dtype_source(value.dtype)})[()]"
+    return f"{_dtype_source(value.dtype)}.type({target_source(value.item())})"
+  if hasattr(value, "dtype") and hasattr(value, "tolist"):  # numpy (or jax) array
+    return _array_source(np.asarray(value))
   if isinstance(value, float) and not math.isfinite(value):
     return f"float({str(value)!r})"
   if isinstance(value, complex):
@@ -174,6 +225,13 @@ def target_source(value: Any) -> str:
     return "{" + ", ".join(f"{target_source(k)}: {target_source(v)}"
                            for k, v in value.items()) + "}"
   raise TypeError(f"target_source: cannot write a {type(value).__name__} as source")
+
+
+def step_id(problem_id: str, step_number: str) -> str:
+  """The official step id ("13.6"): released step numbers already carry the problem id, bare
+  ones ("6") get it prepended."""
+  number = str(step_number)
+  return number if number.startswith(f"{problem_id}.") else f"{problem_id}.{number}"
 
 
 def _uses_target(test: str) -> bool:
@@ -211,13 +269,17 @@ def problem_pass(results: Sequence[ProblemScore | Sequence[bool]]) -> float:
 
 @dataclasses.dataclass
 class SciCode:
-  """The SciCode task family. `targets`: step_number -> one value per test case."""
+  """The SciCode task family. `targets`: step_number -> one value per test case; `targets_h5`: the
+  official test_data.h5, read for the steps `targets` does not name."""
 
   targets: Mapping[str, Sequence[Any]] | None = None
+  targets_h5: str | None = None
   with_background: bool = False
   timeout_s: float = 30.0
   per_test_timeout_s: float | None = 10.0
   name: str = FAMILY
+  _h5: scicode_targets.TargetFile | None = dataclasses.field(default=None, init=False,
+                                                             repr=False, compare=False)
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
     step = _step(problem, node["id"])
@@ -239,6 +301,13 @@ class SciCode:
   def _tests(self, problem: Problem, step: Mapping[str, Any]) -> list[str]:
     number = step["step_number"]
     values = (self.targets or {}).get(number)
+    if values is None and self.targets_h5 and any(_uses_target(t) for t in step["test_cases"]):
+      if self._h5 is None or self._h5.path != self.targets_h5:
+        self._h5 = scicode_targets.TargetFile(self.targets_h5)
+      try:
+        values = self._h5.targets(step_id(problem.id, number), len(step["test_cases"]))
+      except scicode_targets.TargetsNotFoundError as e:
+        raise MissingTargetsError(f"scicode problem {problem.id} step {number}: {e}") from e
     tests = []
     for i, test in enumerate(step["test_cases"]):
       if _uses_target(test):

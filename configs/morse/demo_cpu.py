@@ -1,0 +1,32 @@
+"""`make demo`: MoRSE with HGRPO on the synthetic suite with the committed toy backbone, on a
+laptop-class CPU: evaluate held-out tasks, train for at most 10 minutes, evaluate again, plot.
+
+  python -m launchers.train --config=configs/morse/demo_cpu.py
+  python -m launchers.train --config=configs/morse/demo_cpu.py --config.algo=grpo      # ablation
+  python -m launchers.train --config=configs/morse/demo_cpu.py --config.mixture=fixed  # ablation
+"""
+
+import os
+
+from configs.morse import common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def get_config(arg=None):
+  del arg
+  c = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "synthetic")
+  c.demo = True
+  c.model.path = os.path.join(ROOT, "assets", "toy_qwen3")
+  c.model.dtype = "float32"
+  c.model.name = "toy Qwen3 (see README: how it was made)"
+  c.workdir = "/tmp/morse_runs/demo_cpu"
+  c.task.num_problems, c.task.seed, c.task.limit = 400, 0, 32
+  c.lora.update(last_n_layers=2, rank=8, alpha=16.0, num_subtask_experts=4)
+  c.router.update(dim=32, top_k=2)
+  c.train.update(steps=400, tasks_per_step=2, routes_per_node=2, group_size=4,
+                 max_new_tokens=160, temperature=1.0, expert_lr=1e-3, router_lr=1e-3,
+                 checkpoint_every=10, max_minutes=10.0)
+  c.eval.update(max_new_tokens=160, tasks_per_batch=16)
+  c.planner_max_new_tokens = 256
+  return c
