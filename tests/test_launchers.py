@@ -3,12 +3,15 @@
 import json
 import os
 
+import pytest
+
 from configs.morse import common
 from morse_jax.mas import pipeline
 from morse_jax.rl import metrics
 from tests import test_configs
 
 
+@pytest.mark.slow  # ~50 s; its parts are tested one by one in tests/rl and tests/mas
 def test_train_resume_and_evaluate(tmp_path):
   folder = test_configs.tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))[0]
   config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "scicode")

@@ -105,6 +105,8 @@ def batches(data, buckets: Sequence[int], batch: int, pad_id: int, seed: int,
             epochs: int | None = None) -> Iterator[dict[str, np.ndarray]]:
   """Shuffled full batches, each from one bucket, epoch after epoch (forever by default). A
   bucket's last partial batch is padded with empty rows."""
+  if not data:
+    raise ValueError("batches: no examples (were they all longer than max_len?)")
   groups: dict[int, list] = {}
   for row in data:
     groups.setdefault(_bucket_of(len(row[0]), buckets), []).append(row)

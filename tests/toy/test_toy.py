@@ -15,8 +15,8 @@ from morse_jax.mas.graph import SubtaskGraph
 from morse_jax.tasks import synthetic
 from morse_jax.toy import corpus, sft, tokenizer
 
-TINY = sft.ToyConfig(vocab_size=512, hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16,
-                     intermediate=64, max_len=256, buckets=(256,), batch=4, lr=3e-3, warmup=3,
+TINY = sft.ToyConfig(vocab_size=1024, hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16,
+                     intermediate=64, max_len=256, buckets=(256,), batch=4, lr=1e-2, warmup=3,
                      steps=20, seed=0)
 
 
@@ -103,9 +103,13 @@ def test_encode_masks_only_the_target_and_its_end(hf_tok, turns):
 
 @pytest.fixture(scope="module")
 def trained(hf_tok, turns):
-  """SFT of the tiny config on a handful of short turns: (config, params, losses, data)."""
-  data, _ = sft.examples(turns, hf_tok, TINY.max_len)
+  """SFT of the tiny config on a handful of turns, their prompts cut short so that one 256-token
+  bucket holds them: (config, params, (loss before, step losses, loss after), data)."""
+  short = [{**t, "messages": [{"role": "user", "content": t["messages"][-1]["content"][:60]}]}
+           for t in turns if t["role"] == "execute"]
+  data, _ = sft.examples(short, hf_tok, TINY.max_len)
   data = data[:8]
+  assert len(data) == 8
   config = sft.llm_config(TINY, len(hf_tok))
   params = sft.init_params(config, TINY.seed)
   opt = sft.optimizer(TINY)
