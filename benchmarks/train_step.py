@@ -25,6 +25,9 @@ from benchmarks.common import write_report
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this file.")
 _QUICK = flags.DEFINE_bool("quick", False, "Small model, one repeat.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps per estimator (median reported).")
+_LARGE = flags.DEFINE_bool("large", False, "Add a ~1.2B-parameter case (for accelerators).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Backbone weights (experts and router stay f32); also the peak's.")
 
 MODELS = {
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_layers=2,
@@ -33,18 +36,21 @@ MODELS = {
     # 4 layers (the authors' targets).
     "llama_32m": dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_layers=8,
                       num_heads=8, num_kv_heads=4, head_dim=64),
+    # ~1.2B parameters, Llama-shaped (--large).
+    "llama_1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=16,
+                     num_heads=16, num_kv_heads=8, head_dim=128),
 }
 NODES, B, M, PROMPT, NEW = 2, 4, 4, 64, 64  # 32 rows x 128 tokens
 
 
-def matmul_peak_flops(sizes=(1024, 2048), repeats: int = 10) -> float:
-  """The best f32 square-matmul rate over a few sizes and repeats."""
+def matmul_peak_flops(sizes=(1024, 2048), repeats: int = 10, dtype="float32") -> float:
+  """The best square-matmul rate (inputs in `dtype`, XLA's default precision) over a few sizes."""
   import jax
   import jax.numpy as jnp
 
   best = 0.0
   for n in sizes:
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     f = jax.jit(lambda x, y: x @ y)
     f(a, a).block_until_ready()
     seconds = min(_seconds(lambda: f(a, a).block_until_ready()) for _ in range(repeats))
@@ -68,7 +74,7 @@ def model_flops(config, rows: int, length: int) -> float:
   return 2.0 * forward
 
 
-def make_case(shape):
+def make_case(shape, dtype="float32"):
   import jax
   import numpy as np
 
@@ -80,7 +86,8 @@ def make_case(shape):
   lcfg = lora.LoraConfig(last_n_layers=min(4, config.num_layers), rank=8, alpha=16.0,
                          num_subtask_experts=4)
   rcfg = router.RouterConfig(dim=32, top_k=2)
-  backbone = llm.init_random(config, jax.random.key(0), scale=0.02)
+  backbone = llm.init_random(config, jax.random.key(0), dtype=getattr(jax.numpy, dtype),
+                             scale=0.02)
   experts = jax.tree.map(lambda x: x + 1e-3, lora.init_experts(lcfg, config, jax.random.key(1)))
   rparams = router.init_router(rcfg, config.hidden_size, 4, jax.random.key(2))
   rows, length = NODES * B * M, PROMPT + NEW
@@ -102,12 +109,12 @@ def make_case(shape):
   return config, lcfg, rcfg, backbone, experts, rparams, batch, rbatch
 
 
-def run_case(name, shape, repeats):
+def run_case(name, shape, repeats, dtype="float32"):
   import jax
 
   from morse_jax.rl import train_step as ts
 
-  config, lcfg, rcfg, backbone, experts, rparams, batch, rbatch = make_case(shape)
+  config, lcfg, rcfg, backbone, experts, rparams, batch, rbatch = make_case(shape, dtype)
   steps, compiled = {}, {}
   for estimator in ("hgrpo", "grpo"):
     step_config = ts.StepConfig(estimator=estimator)
@@ -141,20 +148,25 @@ def run_case(name, shape, repeats):
 
 def main(argv):
   del argv
-  models = ["tiny"] if _QUICK.value else list(MODELS)
+  import jax
+
+  models = ["tiny"] if _QUICK.value else [m for m in MODELS if m != "llama_1b" or _LARGE.value]
   repeats = 1 if _QUICK.value else _REPEATS.value
-  peak = matmul_peak_flops()
-  print(f"matmul peak (f32, measured): {peak / 1e9:.1f} GFLOP/s", flush=True)
+  sizes = (1024, 2048) if jax.default_backend() == "cpu" else (4096, 8192)
+  peak = matmul_peak_flops(sizes, dtype=_DTYPE.value)
+  print(f"{jax.devices()[0].device_kind}: matmul peak ({_DTYPE.value}, measured): "
+        f"{peak / 1e9:.1f} GFLOP/s", flush=True)
   results = []
   for name in models:
-    r = run_case(name, MODELS[name], repeats)
+    r = run_case(name, MODELS[name], repeats, _DTYPE.value)
     r["fraction_of_peak"] = r["achieved_flops_per_s"] / peak
     results.append(r)
     print(f"{name:<10} HGRPO {r['hgrpo_step_s'] * 1e3:8.1f} ms  GRPO {r['grpo_step_s'] * 1e3:8.1f} ms"
           f"  ratio {r['hgrpo_over_grpo']:.3f}  {r['tokens_per_s']:9.0f} tok/s  "
           f"{r['achieved_flops_per_s'] / 1e9:6.1f} GFLOP/s = {r['fraction_of_peak']:.0%} of peak",
           flush=True)
-  write_report("train_step", _OUT.value, matmul_peak_flops_per_s=peak, results=results)
+  write_report("train_step", _OUT.value, device=jax.devices()[0].device_kind, dtype=_DTYPE.value,
+               matmul_peak_flops_per_s=peak, results=results)
 
 
 if __name__ == "__main__":
