@@ -100,8 +100,7 @@ def merge_contexts(agents: Agents, tasks: Sequence[TaskOutcome], items, experts,
       merge_rows.append(k)
       merge_prompts.append(agents.tokens(prompts.merger(node, shown)))
       merge_sets.append(agents.expert_set("merge", subtask))
-  sets = None if agents.lora is None else merge_sets
-  texts = agents.generate(merge_prompts, sets, experts, rng=jax.random.key(0))
+  texts = agents.generate(merge_prompts, merge_sets, experts, rng=jax.random.key(0))
   for k, text in zip(merge_rows, texts):
     contexts[k] = text
   return contexts
@@ -131,7 +130,7 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
     items = _wave_items(tasks, wave)
     contexts = merge_contexts(agents, tasks, items, experts, merge_mode, pick)
     routes = agents.greedy_routes(router_params, [node for _, node in items])
-    sets = None if agents.lora is None else [agents.expert_set("execute", r) for r in routes]
+    sets = [agents.expert_set("execute", r) for r in routes]  # None rows without LoRA
     texts = agents.generate(_executor_prompts(agents, family, tasks, items, contexts), sets,
                             experts,
                             rng=jax.random.fold_in(rng, wave), sampling=sampling)

@@ -153,16 +153,15 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
               for r in range(n)]
   segments += [[Segment([pad_id])]] * (rows - n)
   packed = pack(segments, pad_id, length=bucket(max(map(len, prompts))) + bucket(max_new_tokens))
-  width = max(map(len, sets))
-  routes = uniform_routes(sets + [sets[0]] * (rows - n), width)
+  routes = uniform_routes(sets + [sets[0]] * (rows - n), adapter.routes.idx.shape[1])
   route = np.zeros(rows, np.int32)
   route[:n] = np.arange(n) // group_size
   valid = (np.arange(rows) < n).astype(np.float32)
   greedy = sampling.greedy
   temperature = 1.0 if greedy else sampling.temperature
   if not greedy and (sampling.top_p < 1.0 or sampling.top_k):
-    full = make_adapter(experts, lora, config, sets + [sets[0]] * (rows - n), kernel=kernel)
-    logp = np.asarray(_logprobs(backbone, config, full, packed.tokens, packed.attention_mask,
+    padded = dataclasses.replace(adapter, routes=routes)  # the same mixtures, padded rows too
+    logp = np.asarray(_logprobs(backbone, config, padded, packed.tokens, packed.attention_mask,
                                 temperature))
     packed.logp_old = logp * packed.loss_mask
   logp_ref = None

@@ -75,8 +75,8 @@ class Trainer:
                rollout: RolloutConfig, *,
                embed_dim: int, mesh=None, eos_ids: Sequence[int] = (), pad_id: int = 0):
     self.backbone, self.model, self.lora, self.router = backbone, model, lora, router
-    self.step_config = step if step.temperature == _temperature(rollout.sampling) else (
-        dataclasses.replace(step, temperature=_temperature(rollout.sampling)))
+    # The update scores tokens at the temperature they were sampled at.
+    self.step_config = dataclasses.replace(step, temperature=_temperature(rollout.sampling))
     self.rollout_config, self.embed_dim, self.mesh = rollout, embed_dim, mesh
     self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
     data = 1 if mesh is None else mesh.shape["data"]
@@ -92,8 +92,9 @@ class Trainer:
                       rng=k_run, cursor=jnp.int32(0))
 
   def metadata(self) -> dict:
-    """The run's identity, stored in checkpoints and compared on restore."""
-    as_dict = lambda c: json_safe(dataclasses.asdict(c))
+    """The run's identity, stored in checkpoints and compared on restore (after the JSON round
+    trip `Checkpoints` applies)."""
+    as_dict = dataclasses.asdict
     return {"model": as_dict(self.model), "lora": as_dict(self.lora),
             "router": None if self.router is None else as_dict(self.router),
             "step": as_dict(self.step_config),
@@ -187,11 +188,3 @@ def fit(trainer: Trainer, state: TrainState, source: Source, *, steps: int,
 def _temperature(sampling: llm.SamplingConfig) -> float:
   return 1.0 if sampling.greedy else sampling.temperature
 
-
-def json_safe(value):
-  """Tuples -> lists, recursively: what a JSON round trip gives back."""
-  if isinstance(value, dict):
-    return {k: json_safe(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [json_safe(v) for v in value]
-  return value
