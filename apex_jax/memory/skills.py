@@ -1,0 +1,249 @@
+"""Skill documents: confidence, the Distiller's JSON reply (extracted, validated), storage, text.
+
+The reply schema is the reference code's Writer output (J-Ding519/APEx,
+TTRL/TTRL-nogt/local_search/skill_repository.py and Memory-Serve/memory_serve.py,
+`SKILL_OUTPUT_SCHEMA`):
+
+  {"operation": "synthesize | refine | create | skip",
+   "skill": {"skill_name", "category", "modality", "description",
+             "procedure": [{"step", "action", "purpose"}], "pitfalls": [...],
+             "win_rate", "version", "evidence_count"},
+   "absorbed_ids": [ids of the memories whose patterns the skill now captures]}
+
+Nothing in it is trusted: every field the bank uses is type-checked, and a failure raises
+`DistillerError` whose `kind` is one of ERROR_KINDS and whose message names the field and value.
+The reply's win_rate / version / evidence_count are checked but not used: the bank keeps those
+from its own records (a model asked to count often miscounts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from typing import Any
+
+from apex_jax.memory.records import ProcedureStep, Skill
+from apex_jax.memory.schema import Bucket, MemoryBankError
+
+OPERATIONS = ("synthesize", "refine", "create", "skip")
+ERROR_KINDS = ("not_json", "missing_field", "wrong_type", "bad_value", "unknown_memory_id",
+               "bucket_mismatch")
+
+
+class DistillerError(MemoryBankError):
+  """A Distiller reply that cannot be applied; `kind` is one of ERROR_KINDS."""
+
+  def __init__(self, kind: str, message: str):
+    assert kind in ERROR_KINDS, kind
+    super().__init__(message)
+    self.kind = kind
+
+
+def confidence(win_rate: float, evidence: int, n_full: int = 10) -> float:
+  """gamma = w * min(n / N, 1): a skill's win rate, discounted while its evidence is thin."""
+  return win_rate * min(evidence / n_full, 1.0)
+
+
+# ----------------------------------------------------------------------------- JSON extraction
+
+_FENCE = re.compile(r"```([A-Za-z]*)[ \t]*\n?(.*?)```", re.DOTALL)
+
+
+def extract_json_object(text: Any) -> dict:
+  """The first JSON object in a model reply.
+
+  Looks after the last '</think>', then in ```json fences (then other fences), then at each '{'
+  in turn with a real JSON decoder, so leading and trailing prose and braces inside strings are
+  handled. Raises DistillerError('not_json') naming what was seen.
+  """
+  if not isinstance(text, str):
+    raise DistillerError("not_json", f"reply must be a string; got {type(text).__name__}")
+  body = text.rsplit("</think>", 1)[-1]
+  fences = sorted(_FENCE.findall(body), key=lambda f: f[0].lower() != "json")
+  decoder = json.JSONDecoder()
+  for source in [f[1] for f in fences] + [body]:
+    start = source.find("{")
+    while start >= 0:
+      try:
+        obj, _ = decoder.raw_decode(source, start)
+      except json.JSONDecodeError:
+        obj = None
+      if isinstance(obj, dict):
+        return obj
+      start = source.find("{", start + 1)
+  snippet = body.strip()[:120]
+  raise DistillerError("not_json", f"reply holds no JSON object: {snippet!r}")
+
+
+# ---------------------------------------------------------------------------------- validation
+
+
+def _field(obj: dict, name: str, types, where: str, required: bool = True):
+  if name not in obj:
+    if required:
+      raise DistillerError("missing_field", f"{where}: missing field {name!r}")
+    return None
+  value = obj[name]
+  if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+    value_ok = False
+  else:
+    value_ok = isinstance(value, types)
+  if not value_ok:
+    names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+    raise DistillerError("wrong_type", f"{where}: field {name!r} must be {names}; got {value!r}")
+  return value
+
+
+def _procedure(raw: list, where: str) -> tuple[ProcedureStep, ...]:
+  if not raw:
+    raise DistillerError("bad_value", f"{where}: field 'procedure' must not be empty")
+  steps = []
+  for i, item in enumerate(raw):
+    at = f"{where}.procedure[{i}]"
+    if not isinstance(item, dict):
+      raise DistillerError("wrong_type", f"{at} must be an object; got {item!r}")
+    step = _field(item, "step", (int, str), at)
+    if isinstance(step, str):
+      if not step.strip().isdigit():
+        raise DistillerError("wrong_type", f"{at}: field 'step' must be an integer; got {step!r}")
+      step = int(step)
+    steps.append(ProcedureStep(step, _field(item, "action", str, at),
+                               _field(item, "purpose", str, at)))
+  return tuple(steps)
+
+
+def _matches(reported: str | None, actual: str, name: str) -> None:
+  if reported is not None and reported.strip().lower() != actual:
+    raise DistillerError("bucket_mismatch", f"skill: field {name!r} is {reported!r} but the "
+                                            f"bucket's {name} is {actual!r}")
+
+
+def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int],
+                has_skill: bool) -> tuple[str, dict | None, tuple[int, ...]]:
+  """(operation, validated skill fields or None for skip, absorbed memory ids).
+
+  batch_ids maps every accepted spelling of a batch memory's id (its number, its data_id) to the
+  id; an absorbed id outside the batch the Distiller was shown is an error.
+  """
+  reply = extract_json_object(text)
+  op = _field(reply, "operation", str, "reply")
+  op = op.strip().lower()
+  if op not in OPERATIONS:
+    raise DistillerError("bad_value", f"reply: field 'operation' must be one of {OPERATIONS}; "
+                                      f"got {reply['operation']!r}")
+  if op == "refine" and not has_skill:
+    raise DistillerError("bad_value", f"reply: operation 'refine' needs a current skill, and "
+                                      f"bucket {bucket} has none")
+  raw_ids = _field(reply, "absorbed_ids", list, "reply", required=op != "skip") or []
+  absorbed = []
+  for i, raw in enumerate(raw_ids):
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+      raise DistillerError("wrong_type", f"reply: absorbed_ids[{i}] must be an id; got {raw!r}")
+    key = str(raw).strip()
+    if key not in batch_ids:
+      raise DistillerError("unknown_memory_id", f"reply: absorbed_ids[{i}] = {raw!r} is not a "
+                                                f"memory of the batch shown for {bucket}")
+    absorbed.append(batch_ids[key])
+  absorbed = tuple(dict.fromkeys(absorbed))
+  if op == "skip":
+    return op, None, absorbed
+  skill = _field(reply, "skill", dict, "reply")
+  _matches(_field(skill, "category", str, "skill", False), bucket.category, "category")
+  _matches(_field(skill, "modality", str, "skill", False), bucket.modality, "modality")
+  name = _field(skill, "skill_name", str, "skill", False) or f"{bucket.category}_" \
+                                                             f"{bucket.modality}_strategy"
+  fields = {"name": name.strip(),
+            "description": _field(skill, "description", str, "skill"),
+            "procedure": _procedure(_field(skill, "procedure", list, "skill"), "skill")}
+  pitfalls = _field(skill, "pitfalls", list, "skill")
+  for i, p in enumerate(pitfalls):
+    if not isinstance(p, str):
+      raise DistillerError("wrong_type", f"skill: pitfalls[{i}] must be a string; got {p!r}")
+  fields["pitfalls"] = tuple(pitfalls)
+  # Checked so a malformed reply is caught, then ignored (see the module docstring).
+  rate = _field(skill, "win_rate", (int, float), "skill", False)
+  if rate is not None and not 0 <= rate <= 1:
+    raise DistillerError("bad_value", f"skill: field 'win_rate' must be in [0, 1]; got {rate!r}")
+  for name in ("version", "evidence_count"):
+    value = _field(skill, name, int, "skill", False)
+    if value is not None and value < 0:
+      raise DistillerError("bad_value", f"skill: field {name!r} must be >= 0; got {value!r}")
+  return op, fields, absorbed
+
+
+# ------------------------------------------------------------------------------------- storage
+
+
+def skill_from_doc(doc: str) -> Skill:
+  d = json.loads(doc)
+  return Skill(d["category"], d["modality"], d["skill_name"], d["description"],
+               tuple(ProcedureStep(**s) for s in d["procedure"]), tuple(d["pitfalls"]),
+               d["version"], d["correct_count"], d["evidence_count"], d["operation"],
+               tuple(d.get("absorbed_ids", ())))
+
+
+def skill_to_doc(skill: Skill) -> str:
+  return json.dumps(skill.to_dict(), ensure_ascii=False, sort_keys=True)
+
+
+def load_skill(conn: sqlite3.Connection, bucket: Bucket) -> Skill | None:
+  row = conn.execute("SELECT doc FROM skills WHERE category = ? AND modality = ?",
+                     bucket).fetchone()
+  return skill_from_doc(row[0]) if row else None
+
+
+def store_skill(conn: sqlite3.Connection, skill: Skill, new_version: bool) -> None:
+  """Writes the current skill; a new version also goes to skill_history (caller's transaction)."""
+  doc = skill_to_doc(skill)
+  conn.execute("INSERT OR REPLACE INTO skills VALUES (?, ?, ?)",
+               (skill.category, skill.modality, doc))
+  if new_version:
+    conn.execute("INSERT INTO skill_history VALUES (?, ?, ?, ?)",
+                 (skill.category, skill.modality, skill.version, doc))
+
+
+# ---------------------------------------------------------------------------------------- text
+
+
+def render_skill(skill: Skill, gamma: float) -> str:
+  """The skill as Planner context, in the layout of the reference code's skill server
+  (Serve/MIA-TTRL/agent_sever_ttrl_nogt_skill.py, /memory; procedure and pitfall lines as
+  TTRL/TTRL-nogt/local_search/skill_repository.py `SkillEntry.procedure_text` / `pitfalls_text`).
+  Like there, the description is not shown: the steps and pitfalls carry the guidance."""
+  steps = "\n".join(f"{s.step}. {s.action} — {s.purpose}" if s.purpose else
+                    f"{s.step}. {s.action}" for s in skill.procedure)
+  text = (f"\n### [Matched Skill Guidance] (category: {skill.category}, modality: "
+          f"{skill.modality}, confidence: {gamma:.2f})\n**Recommended Procedure:**\n{steps}\n")
+  if skill.pitfalls:
+    text += "\n**Known Pitfalls to Avoid:**\n" + "\n".join(f"- {p}" for p in skill.pitfalls) + "\n"
+  return text
+
+
+def format_batch(memories) -> str:
+  """Memories for the Distiller prompt, as the reference code's `format_memories_for_writer`
+  (skill_repository.py) but labelled with the bank's memory ids (what absorbed_ids must use)."""
+  return "\n\n".join(f"Memory {m.id} [{m.outcome.upper()}]:\n  Question: {m.question}\n"
+                     f"  Workflow: {m.workflow_summary}" for m in memories)
+
+
+def _example(i: int, m) -> str:
+  kind = "Image-Text" if m.caption else "Text-only"
+  caption = f"- Image Caption: {m.caption}\n" if m.caption else ""
+  return (f"\n--- Example {i} ({kind} modality) ---\n- Judgement: {m.outcome}\n"
+          f"- Question: {m.question}\n{caption}- Workflow Summary: {m.workflow_summary}\n")
+
+
+def render_memories(correct, incorrect) -> str:
+  """Retrieved memories in the reference code's layout (Memory-Serve/memory_serve.py,
+  `get_memories_context`): positive examples, then negative ones, or 'None found.'."""
+  if not correct and not incorrect:
+    return "\n### Retrieved Relevant Memories:\nNone found."
+  text = "\n### Retrieved Relevant Memories:\n"
+  if correct:
+    text += f"\n#### Positive Examples (Successful Strategies - {len(correct)}):\n"
+    text += "".join(_example(i, m) for i, m in enumerate(correct, 1))
+  if incorrect:
+    text += f"\n#### Negative Examples (Failure Lessons - {len(incorrect)}):\n"
+    text += "".join(_example(i, m) for i, m in enumerate(incorrect, 1))
+  return text
