@@ -1,0 +1,264 @@
+"""The Search-R1 retrieval protocol over HTTP, standard library only.
+
+POST /retrieve  {"queries": [str, ...], "topk": int, "return_scores": bool}
+  -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...] per query]}
+     or, with return_scores false, {"result": [[{"id", "contents"}, ...] per query]}
+GET /health     -> {"status": "ok", "count": ..., "model": ..., "dim": ...}
+
+Matches `QueryRequest` and `retrieve_endpoint` of Search-R1's FastAPI server
+(PeterGriffinJin/Search-R1 search_r1/search/retrieval_server.py, read in the fork
+MaoXiaoYuZ/Search-R1; the request/response example is upstream's
+search_r1/search/retrieval_request.py; the APEx authors run that server, J-Ding519/APEx README.md
+"Offline Text Search"): `topk` missing, null or 0 means the server's default; `return_scores`
+defaults to false. Where FastAPI/pydantic would coerce ("3" for topk) we answer 400 naming the
+field and value instead. A malformed request never takes the
+server down: 400 (or 404/411/413) with `{"error": ..., "field": ...}`, 500 on an internal error.
+
+Concurrent requests are coalesced: one worker thread embeds and searches everything queued at
+that moment in one encoder call and one faiss search (no added wait when a request is alone).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import queue
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Sequence
+
+from apex_jax.tools.index import Retriever
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 << 20
+
+
+class RequestError(ValueError):
+  """A malformed request: answered with HTTP `status` and a JSON error naming `field`."""
+
+  def __init__(self, field: str, message: str, status: int = 400):
+    super().__init__(message)
+    self.field, self.status = field, status
+
+
+def _describe(value) -> str:
+  text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
+  return f"{type(value).__name__} {text[:60]}"
+
+
+def parse_request(body: bytes, default_topk: int, max_topk: int = 100,
+                  max_queries: int = 1024) -> tuple[list[str], int, bool]:
+  """A `/retrieve` body -> (queries, topk, return_scores), or RequestError."""
+  try:
+    req = json.loads(body.decode("utf-8"))
+  except UnicodeDecodeError:
+    raise RequestError("body", "body is not UTF-8") from None
+  except json.JSONDecodeError as e:
+    raise RequestError("body", f"invalid JSON: {e.msg} (line {e.lineno} column {e.colno})") \
+        from None
+  if not isinstance(req, dict):
+    raise RequestError("body", f"expected a JSON object, got {_describe(req)}")
+  if "queries" not in req:
+    raise RequestError("queries", "missing field 'queries' (a list of strings)")
+  queries = req["queries"]
+  if not isinstance(queries, list):
+    raise RequestError("queries", f"field 'queries' must be a list of strings, got "
+                                  f"{_describe(queries)}")
+  for i, q in enumerate(queries):
+    if not isinstance(q, str):
+      raise RequestError("queries", f"queries[{i}] must be a string, got {_describe(q)}")
+  if len(queries) > max_queries:
+    raise RequestError("queries", f"{len(queries)} queries; at most {max_queries} per request")
+  topk = req.get("topk")
+  if topk is None or (type(topk) is int and topk == 0):
+    topk = default_topk
+  elif not isinstance(topk, int) or isinstance(topk, bool):
+    raise RequestError("topk", f"field 'topk' must be an integer, got {_describe(topk)}")
+  elif not 1 <= topk <= max_topk:
+    raise RequestError("topk", f"field 'topk' must be in [1, {max_topk}], got {topk}")
+  scores = req.get("return_scores")
+  if scores is None:
+    scores = False
+  elif not isinstance(scores, bool):
+    raise RequestError("return_scores",
+                       f"field 'return_scores' must be true or false, got {_describe(scores)}")
+  return queries, topk, scores
+
+
+class Batcher:
+  """Runs `retriever.retrieve` on one thread, merging whatever requests are queued together."""
+
+  def __init__(self, retriever: Retriever, max_batch: int = 256):
+    self.retriever, self.max_batch = retriever, max_batch
+    self.calls = self.queries = 0  # retrieve calls, queries embedded (calls < requests: batching)
+    self._queue: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._loop, name="search-batcher", daemon=True)
+    self._thread.start()
+
+  def submit(self, queries: Sequence[str], topk: int):
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._queue.put((list(queries), topk, future))
+    return future.result()
+
+  def close(self) -> None:
+    self._queue.put(None)
+    self._thread.join(timeout=10)
+
+  def _loop(self) -> None:
+    while True:
+      item = self._queue.get()
+      if item is None:
+        return
+      items, stop = [item], False
+      size = len(item[0])
+      while size < self.max_batch:
+        try:
+          nxt = self._queue.get_nowait()
+        except queue.Empty:
+          break
+        if nxt is None:
+          stop = True
+          break
+        items.append(nxt)
+        size += len(nxt[0])
+      try:
+        self._run(items)
+      except Exception:  # noqa: BLE001 -- a dead worker would hang every later request
+        log.exception("search batcher: unexpected error")
+      if stop:
+        return
+
+  def _run(self, items) -> None:
+    queries = [q for qs, _, _ in items for q in qs]
+    try:
+      results = self.retriever.retrieve(queries, max(k for _, k, _ in items))
+      self.calls, self.queries = self.calls + 1, self.queries + len(queries)
+    except Exception as e:  # noqa: BLE001 -- handed to every waiting request as a 500
+      for _, _, future in items:
+        future.set_exception(e)
+      return
+    start = 0
+    for qs, k, future in items:
+      future.set_result([r[:k] for r in results[start:start + len(qs)]])
+      start += len(qs)
+
+
+class SearchServer(ThreadingHTTPServer):
+  daemon_threads = True
+  request_queue_size = 128  # listen backlog; the default 5 refuses bursts of clients
+
+  def __init__(self, address, retriever: Retriever, topk: int = 3, max_topk: int = 100,
+               max_queries: int = 1024, verbose: bool = False):
+    super().__init__(address, _Handler)
+    self.retriever, self.topk, self.max_topk = retriever, topk, max_topk
+    self.max_queries, self.verbose = max_queries, verbose
+    self.batcher = Batcher(retriever)
+    self.requests = self.errors = 0  # answered requests, and how many of them were 4xx/5xx
+    self._count_lock = threading.Lock()
+
+  @property
+  def url(self) -> str:
+    host, port = self.server_address[:2]
+    return f"http://{host}:{port}/retrieve"
+
+  def count(self, status: int) -> None:
+    with self._count_lock:
+      self.requests += 1
+      self.errors += status >= 400
+
+  def handle_error(self, request, client_address):
+    log.exception("search server: error while handling a request from %s", client_address)
+
+  def server_close(self):
+    super().server_close()
+    self.batcher.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+  server: SearchServer
+  server_version = "apex-search/1"
+
+  def log_message(self, format, *args):  # noqa: A002 -- the base class's signature
+    if self.server.verbose:
+      super().log_message(format, *args)
+
+  def _send(self, status: int, payload: dict) -> None:
+    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    self.server.count(status)
+    try:
+      self.send_response(status)
+      self.send_header("Content-Type", "application/json")
+      self.send_header("Content-Length", str(len(body)))
+      self.end_headers()
+      self.wfile.write(body)
+    except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+      pass
+
+  def _error(self, e: RequestError) -> None:
+    self._send(e.status, {"error": str(e), "field": e.field})
+
+  def do_GET(self):
+    if self.path.split("?")[0] == "/health":
+      meta = self.server.retriever.index.meta
+      self._send(200, {"status": "ok", "count": meta["count"], "model": meta["model"],
+                       "dim": meta["dim"], "index_type": meta["index_type"]})
+    else:
+      self._error(RequestError("path", f"no such endpoint: GET {self.path}", 404))
+
+  def do_POST(self):
+    if self.path.split("?")[0] != "/retrieve":
+      return self._error(RequestError("path", f"no such endpoint: POST {self.path}", 404))
+    try:
+      body = self._read_body()
+      queries, topk, with_scores = parse_request(body, self.server.topk, self.server.max_topk,
+                                                 self.server.max_queries)
+    except RequestError as e:
+      return self._error(e)
+    try:
+      results = self.server.batcher.submit(queries, topk)
+    except Exception as e:  # noqa: BLE001 -- the server stays up; the client sees a 500
+      log.exception("search server: retrieval failed")
+      return self._send(500, {"error": f"internal error: {type(e).__name__}: {e}"})
+    if with_scores:
+      result = [[{"document": p.document(), "score": p.score} for p in r] for r in results]
+    else:
+      result = [[p.document() for p in r] for r in results]
+    self._send(200, {"result": result})
+
+  def _read_body(self) -> bytes:
+    length = self.headers.get("Content-Length")
+    if length is None:
+      raise RequestError("Content-Length", "missing Content-Length header", 411)
+    try:
+      n = int(length)
+    except ValueError:
+      raise RequestError("Content-Length", f"Content-Length {length!r} is not an integer") \
+          from None
+    if n < 0 or n > MAX_BODY_BYTES:
+      raise RequestError("Content-Length", f"body of {n} bytes; at most {MAX_BODY_BYTES}", 413)
+    return self.rfile.read(n)
+
+
+def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
+                topk: int = 3, **kwargs) -> SearchServer:
+  """A bound server (port 0: a free one; see `.url`); call `serve_forever` or use `running`."""
+  if topk < 1:
+    raise ValueError(f"topk must be >= 1, got {topk}")
+  return SearchServer((host, port), retriever, topk=topk, **kwargs)
+
+
+@contextlib.contextmanager
+def running(server: SearchServer):
+  """Serves on a background thread for the duration of the block, then shuts down."""
+  thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                            name="search-server", daemon=True)
+  thread.start()
+  try:
+    yield server
+  finally:
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
