@@ -71,11 +71,16 @@ def subtask_text(title: str, description: str) -> str:
   return f"{title}: {description[:120]}"
 
 
+def unit_rows(x):
+  """x / |x| per row, with a finite gradient at x = 0 (padding nodes have zero embeddings;
+  the gradient of jnp.linalg.norm there is 0/0, and a masked NaN is still NaN)."""
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-16)
+
+
 def log_probs(params: RouterParams, emb, config: RouterConfig):
   """[n, D] embeddings -> [n, Ks] log pi."""
-  h = emb @ params.proj
-  h = h / (jnp.linalg.norm(h, axis=-1, keepdims=True) + 1e-8)
-  p = params.prototypes / (jnp.linalg.norm(params.prototypes, axis=-1, keepdims=True) + 1e-8)
+  h = unit_rows(emb @ params.proj)
+  p = unit_rows(params.prototypes)
   logits = h @ p.T
   if config.temperature is not None:
     logits = logits / config.temperature
@@ -135,16 +140,19 @@ def merge_node_experts(parent_routes: Sequence[Sequence[int]], mode: str, k: int
   raise ValueError(f"merge_node_experts: mode {mode!r} not in {MERGE_MODES}")
 
 
-def regularisers(params: RouterParams, logp, config: RouterConfig) -> dict[str, jax.Array]:
+def regularisers(params: RouterParams, logp, config: RouterConfig,
+                 mask=None) -> dict[str, jax.Array]:
   """Weighted terms (0 when switched off):
     proto_l2      * sum ||P_j||^2
     orthogonality * ||P^ P^T - I||_F^2        (P^ row-normalised prototypes)
     diversity     * KL(mean_n pi_n || uniform) (pushes batch usage toward all experts)
+  mask [n]: rows that count in the mean (merge and padding rows do not).
   """
   p = params.prototypes
-  pn = p / (jnp.linalg.norm(p, axis=-1, keepdims=True) + 1e-8)
+  pn = unit_rows(p)
   gram = pn @ pn.T
-  mean = jnp.exp(logp).mean(0)
+  w = jnp.ones(logp.shape[0]) if mask is None else mask.astype(logp.dtype)
+  mean = jnp.sum(jnp.exp(logp) * w[:, None], axis=0) / jnp.maximum(jnp.sum(w), 1.0)
   ks = p.shape[0]
   return {
       "proto_l2": config.proto_l2 * jnp.sum(p * p),

@@ -88,6 +88,29 @@ def test_regularisers_by_hand():
   assert float(off["proto_l2"]) == 0.0
 
 
+def test_padding_rows_with_zero_embeddings_give_finite_gradients():
+  """Regression: the update pads nodes with zero embeddings (mask 0); the gradient of a plain
+  norm at 0 is NaN, and NaN * mask 0 is still NaN, which made the router NaN after one step."""
+  p = router.init_router(CONFIG, 12, 4, jax.random.key(3))
+  emb = jnp.concatenate([jax.random.normal(jax.random.key(4), (2, 12)), jnp.zeros((2, 12))])
+  routes = jnp.asarray([[0, 1], [2, 3], [0, 1], [0, 1]])
+  mask = jnp.asarray([1.0, 1.0, 0.0, 0.0])
+  cfg = router.RouterConfig(dim=CONFIG.dim, top_k=2, diversity=0.1, orthogonality=0.1)
+
+  def loss(p, emb):
+    logp = router.log_probs(p, emb, cfg)
+    reg = sum(router.regularisers(p, logp, cfg, mask).values())
+    return -jnp.sum(mask * jnp.asarray([1.0, -1.0, 0.0, 0.0])
+                    * router.route_log_prob(logp, routes)) + reg
+
+  grads = jax.grad(loss)(p, emb)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+  # Masked padding rows leave the usage regulariser as it is without them.
+  regs_pad = router.regularisers(p, router.log_probs(p, emb, cfg), cfg, mask)
+  regs_cut = router.regularisers(p, router.log_probs(p, emb[:2], cfg), cfg)
+  np.testing.assert_allclose(regs_pad["diversity"], regs_cut["diversity"], rtol=1e-6)
+
+
 def test_distinct_routes_and_merge_nodes():
   logp = jnp.log(jnp.asarray([0.4, 0.3, 0.2, 0.1]))
   routes = router.distinct_routes(jax.random.key(5), logp, num_routes=5, k=2, max_resample=50)
