@@ -10,9 +10,7 @@ bad one is reported with its path in the file (e.g. memories[3].outcome) and its
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -20,6 +18,7 @@ import numpy as np
 from apex_jax.memory.schema import (OUTCOMES, SCHEMA_VERSION, MemoryBankError, check_category,
                                     check_modality)
 from apex_jax.memory.skills import skill_from_doc, skill_to_doc
+from morse_jax import atomic
 
 FORMAT = "apex_jax.memory"
 FORMAT_VERSION = 1
@@ -54,19 +53,8 @@ def dump(conn: sqlite3.Connection) -> dict[str, Any]:
 
 
 def write_atomic(path: str, data: dict) -> None:
-  """Writes to a temporary file in the same folder, fsyncs, then renames over `path`."""
-  folder = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=".memory.", suffix=".json.tmp", dir=folder)
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump(data, f, ensure_ascii=False, allow_nan=False)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  """Writes the JSON to a temporary file in the same folder, fsyncs, then renames over `path`."""
+  atomic.write_text(path, json.dumps(data, ensure_ascii=False, allow_nan=False), ".memory.")
 
 
 def read(path: str) -> dict:

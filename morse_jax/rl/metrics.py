@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from morse_jax import atomic
 
 JSONL_NAME = "metrics.jsonl"
 ZERO_STD = 1e-12  # a group whose reward std is below this carries no learning signal
@@ -116,18 +117,8 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 def _truncate_jsonl(path: str, resume_step: int) -> None:
   """Keep only records with step <= resume_step, replacing the file atomically."""
   kept = [r for r in read_jsonl(path) if r.get("step", math.inf) <= resume_step]
-  fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".tmp", dir=os.path.dirname(path))
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for r in kept:
-        f.write(json.dumps(r, allow_nan=False) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  atomic.write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept),
+                    ".metrics.")
 
 
 def _drop_torn_tail(path: str) -> None:
