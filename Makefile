@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 venv: $(STAMP)
 
 demo: venv
-	$(BIN)/python -m launchers.generate
+	$(BIN)/python -m launchers.train --config=configs/morse/demo_cpu.py
 
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
@@ -33,6 +33,7 @@ bench: venv
 	$(BIN)/python -m benchmarks.rollout --out bench_out/rollout.json
 	$(BIN)/python -m benchmarks.mixture --out bench_out/mixture.json
 	$(BIN)/python -m benchmarks.train_step --out bench_out/train_step.json
+	$(BIN)/python -m benchmarks.memory --out bench_out/memory.json
 
 clean:
 	rm -rf $(VENV) bench_out

@@ -2,12 +2,19 @@
 
   python -m launchers.pretrain_toy                                   # -> assets/toy_qwen3
   python -m launchers.pretrain_toy --steps=30 --problems=200 --out=/tmp/toy_try   # a quick look
+  python -m launchers.pretrain_toy --init=assets/toy_qwen3 --categories=string_analysis \
+      --steps=40 --out=/tmp/toy_dosed      # continue: a small dose of one category's executor turns
 
 Generates synthetic problems of the train categories only (the held-out categories stay unseen,
 so out-of-distribution evaluations remain honest), builds the planner / merger / executor turns
 from their gold data, trains a byte-level BPE on them, trains the model from scratch, and saves a
 Hugging Face folder that `llm.load` and transformers both read. The held-out loss is measured on
 fresh problems (another seed) of the same categories.
+
+With --init, training continues from an existing folder (its weights and tokenizer; no new BPE)
+on the executor turns of the subtasks of --categories, mixed with --replay times as many turns of
+the other categories (without them the model forgets what it could do): a short run teaches those
+subtask types partly, which is how the committed toy gets a category it solves only sometimes.
 """
 
 from __future__ import annotations
@@ -29,6 +36,22 @@ _LR = flags.DEFINE_float("lr", 1e-3, "Peak learning rate.")
 _VOCAB = flags.DEFINE_integer("vocab", 4096, "BPE vocabulary budget.")
 _LOG_EVERY = flags.DEFINE_integer("log_every", 10, "Print progress every this many steps.")
 _EVAL_EXAMPLES = flags.DEFINE_integer("eval_examples", 256, "Examples per final loss estimate.")
+_INIT = flags.DEFINE_string("init", "", "Continue from this Hugging Face folder (weights and "
+                            "tokenizer) instead of training from scratch.")
+_CATEGORIES = flags.DEFINE_list("categories", [], "With --init: train on the executor turns of "
+                                "these categories' subtasks only.")
+_REPLAY = flags.DEFINE_float("replay", 1.0, "With --init: replayed turns of the other categories "
+                             "per taught turn, so the skills the model has are not forgotten.")
+_WARMUP = flags.DEFINE_integer("warmup", -1, "Warmup steps (default min(50, steps / 10)).")
+
+
+def dose_turns(n: int, seed: int, categories) -> list[dict]:
+  """Executor turns of the `categories` subtasks, from the problems of n that contain one."""
+  from morse_jax.tasks import synthetic
+  from morse_jax.toy import corpus
+
+  problems = synthetic.split(synthetic.generate(n, seed), "test", holdout=tuple(categories))
+  return corpus.executor_turns(problems, categories)
 
 
 def main(argv):
@@ -43,22 +66,37 @@ def main(argv):
   cfg = sft.ToyConfig(vocab_size=_VOCAB.value, hidden=_HIDDEN.value, layers=_LAYERS.value,
                       heads=heads, kv_heads=max(1, heads // 2), intermediate=3 * _HIDDEN.value,
                       batch=_BATCH.value, lr=_LR.value, steps=_STEPS.value, seed=_SEED.value,
-                      warmup=min(50, max(1, _STEPS.value // 10)))
+                      warmup=_WARMUP.value if _WARMUP.value >= 0
+                      else min(50, max(1, _STEPS.value // 10)))
   start = time.time()
-  categories = synthetic.train_categories()
-  train_turns = corpus.turns(synthetic.generate(_PROBLEMS.value, _SEED.value, categories))
-  held_turns = corpus.turns(synthetic.generate(_HELDOUT.value, _SEED.value + 1, categories))
-  hf_tok = tokenizer.train_bpe(corpus.texts(train_turns), cfg.vocab_size)
+  if _INIT.value:
+    if not _CATEGORIES.value:
+      raise app.UsageError("--init needs --categories (the subtask types to teach)")
+    from morse_jax import llm
+
+    init = llm.load(_INIT.value)
+    hf_tok, config, params = init.tokenizer.hf, init.config, init.params
+    train_turns = dose_turns(_PROBLEMS.value, _SEED.value, _CATEGORIES.value)
+    others = synthetic.train_categories(tuple(_CATEGORIES.value))
+    replay = corpus.turns(synthetic.generate(_PROBLEMS.value, _SEED.value + 2, others))
+    keep = np.random.default_rng(_SEED.value).permutation(len(replay))
+    train_turns += [replay[i] for i in keep[:int(_REPLAY.value * len(train_turns))]]
+    held_turns = dose_turns(_HELDOUT.value, _SEED.value + 1, _CATEGORIES.value)
+  else:
+    categories = synthetic.train_categories()
+    train_turns = corpus.turns(synthetic.generate(_PROBLEMS.value, _SEED.value, categories))
+    held_turns = corpus.turns(synthetic.generate(_HELDOUT.value, _SEED.value + 1, categories))
+    hf_tok = tokenizer.train_bpe(corpus.texts(train_turns), cfg.vocab_size)
+    config = sft.llm_config(cfg, len(hf_tok))
+    params = sft.init_params(config, cfg.seed)
   train_data, dropped = sft.examples(train_turns, hf_tok, cfg.max_len)
   held_data, _ = sft.examples(held_turns, hf_tok, cfg.max_len)
-  config = sft.llm_config(cfg, len(hf_tok))
   targets = sum(int(m.sum()) for _, m in train_data)
   print(f"corpus: {len(train_turns)} turns ({dropped} longer than {cfg.max_len} dropped), "
         f"{sum(len(t) for t, _ in train_data)} tokens, {targets} target tokens; "
         f"vocab {len(hf_tok)} -> {config.vocab_size}; {config.num_params() / 1e6:.2f}M params; "
         f"{dataclasses.asdict(cfg)}; setup {time.time() - start:.1f}s", flush=True)
 
-  params = sft.init_params(config, cfg.seed)
   opt = sft.optimizer(cfg)
   opt_state = opt.init(params)
   train_step = sft.make_train_step(config, opt)

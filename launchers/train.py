@@ -10,7 +10,7 @@ with --config.distributed.* (or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JA
 
 from __future__ import annotations
 
-from absl import app
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -21,6 +21,8 @@ def main(argv):
   del argv
   from morse_jax.mas import pipeline
 
+  if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint at INFO
+    logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   if config.demo:  # before/after evaluation, table and plots
     pipeline.demo(config)

@@ -62,5 +62,8 @@ def test_bad_settings_are_named(tiny_folder):
   config.mixture = "moe"
   with pytest.raises(experiment.ConfigError, match=r"config.mixture='moe' is not one of"):
     experiment.build(config)
+  config.mixture, config.task.split = "mole", "random"
+  with pytest.raises(experiment.ConfigError, match=r"config.task.split='random' is not one of"):
+    experiment.build(config)
   with pytest.raises(ValueError, match="config variant 'best'"):
     common.apply(common.base(), "best,qwen3_4b,cpu", "srdd")

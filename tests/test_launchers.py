@@ -55,3 +55,42 @@ def test_plan_stores_graphs_that_runs_read(tmp_path):
   exp = experiment.build(config)
   problems = experiment.split(config, exp.problems, "train")
   assert exp.graphs(problems) == list(planner.load_plans(out).values())
+
+
+def _demo_config(tmp_path):
+  from configs.morse import demo_cpu
+
+  config = demo_cpu.get_config()
+  config.workdir = str(tmp_path / "demo")
+  config.compilation_cache = ""
+  return config
+
+
+def test_demo_refuses_a_before_measured_on_other_settings(tmp_path):
+  config = _demo_config(tmp_path)
+  earlier = tmp_path / "demo.json"
+  identity = pipeline.before_identity(config)
+  assert json.loads(json.dumps(identity)) == identity  # survives demo.json (tuples -> lists)
+  earlier.write_text(json.dumps({"before": {"step_pass": 0.5},
+                                 "before_identity": dict(identity, model="/other/model")}))
+  config.eval.before = str(earlier)
+  with pytest.raises(ValueError, match="was measured on other settings"):
+    pipeline.demo(config)
+
+
+@pytest.mark.slow  # ~2 min: the whole demo on a tiny random model
+def test_demo_end_to_end_and_reuse_of_before(tmp_path):
+  folder = test_configs.tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))[0]
+  config = _demo_config(tmp_path)
+  config.model.path = folder
+  config.task.update(num_problems=60, test_problems=2)
+  config.train.update(steps=1, max_new_tokens=8)
+  config.eval.max_new_tokens = 8
+  summary = pipeline.demo(config)
+  assert summary["steps"] >= 1 and set(summary["before"]) >= {"step_pass", "problem_pass"}
+  for name in ("demo.json", "metrics.jsonl", "step_reward.png"):
+    assert os.path.exists(os.path.join(config.workdir, name))
+  config.eval.before = os.path.join(config.workdir, "demo.json")
+  config.workdir = str(tmp_path / "demo2")
+  again = pipeline.demo(config)
+  assert again["before"] == summary["before"]

@@ -34,6 +34,8 @@ def base() -> ml_collections.ConfigDict:
   c.seed = 0
   c.workdir = "/tmp/morse_runs/default"
   c.demo = False  # launchers.train: evaluate before and after training, and plot
+  # JAX's persistent compilation cache: a second run skips most compiles ("" turns it off).
+  c.compilation_cache = "~/.cache/morse_jax/xla"
   c.system, c.mixture, c.algo = "morse", "mole", "hgrpo"
   c.max_nodes = 12
   c.planner_max_new_tokens = 512
@@ -42,6 +44,11 @@ def base() -> ml_collections.ConfigDict:
                                           oracle="", holdout=8,  # SRDD: held-out categories
                                           num_problems=0, seed=0,  # synthetic: the suite
                                           holdout_categories=("string_analysis",),
+                                          # synthetic: "category" holds the categories out of
+                                          # training; "instance" trains and tests on disjoint
+                                          # problems that contain them (test: the first
+                                          # test_problems)
+                                          split="category", test_problems=24,
                                           targets_h5=""))  # SciCode: test_data.h5 ("": none)
   # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
   c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,
@@ -53,7 +60,8 @@ def base() -> ml_collections.ConfigDict:
       temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
       aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
       max_minutes=0.0))  # > 0: stop after the first batch that ends past this budget
-  c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8))
+  # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them)
+  c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before=""))
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0,
                                                  process_id=-1, auto=False))

@@ -31,16 +31,17 @@ from morse_jax.tasks.base import Problem
 
 SYSTEMS, MIXTURES, ALGOS = ("morse", "single"), ("mole", "fixed", "none"), ("hgrpo", "grpo")
 FAMILIES = ("humaneval", "scicode", "srdd", "synthetic")
+SPLITS = ("category", "instance")  # synthetic only; see configs/morse/common.py
 
 
 class ConfigError(ValueError):
   """An experiment setting is invalid; the message names the field and the value."""
 
 
-def _choice(config, field: str, options) -> str:
+def _choice(config, field: str, options, prefix: str = "") -> str:
   value = config[field]
   if value not in options:
-    raise ConfigError(f"config.{field}={value!r} is not one of {options}")
+    raise ConfigError(f"config.{prefix}{field}={value!r} is not one of {options}")
   return value
 
 
@@ -48,7 +49,8 @@ def check(config: ml_collections.ConfigDict) -> None:
   _choice(config, "system", SYSTEMS)
   _choice(config, "mixture", MIXTURES)
   _choice(config, "algo", ALGOS)
-  _choice(config.task, "family", FAMILIES)
+  _choice(config.task, "family", FAMILIES, "task.")
+  _choice(config.task, "split", SPLITS, "task.")
   if config.task.family not in ("humaneval", "synthetic") and not config.task.path:
     raise ConfigError(f"config.task.path is empty: the {config.task.family} family reads its "
                       "problems from a file you supply")
@@ -83,7 +85,11 @@ def split(config, problems: list[Problem], which: str) -> list[Problem]:
   name = config.task.family
   if name == "synthetic":
     from morse_jax.tasks import synthetic
-    problems = synthetic.split(problems, which, holdout=tuple(config.task.holdout_categories))
+    held = tuple(config.task.holdout_categories)
+    if config.task.split == "instance":
+      problems = synthetic.instance_split(problems, which, held, config.task.test_problems)
+    else:
+      problems = synthetic.split(problems, which, holdout=held)
   elif name == "scicode":
     from morse_jax.tasks import scicode
     problems = scicode.split(problems, which)
@@ -151,8 +157,12 @@ class Experiment:
     return trainer_lib.Trainer(
         self.model.params, self.model.config, self.agents.lora, self.agents.router,
         step_config(self.config),
+        # Without a router there is one route; it gets all B x M samples, so that the fixed
+        # mixture is compared at the same number of candidates per node.
         trainer_lib.RolloutConfig(routes_per_node=c.routes_per_node if self.agents.router
-                                  else 1, group_size=c.group_size,
+                                  else 1,
+                                  group_size=c.group_size if self.agents.router
+                                  else c.routes_per_node * c.group_size,
                                   max_new_tokens=c.max_new_tokens,
                                   sampling=llm.SamplingConfig(temperature=c.temperature)),
         embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0,

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 
 def banner(text: str) -> None:
   print(f"\n==== {text} " + "=" * max(0, 60 - len(text)), flush=True)
+
+
+def use_compilation_cache(config) -> None:
+  """Points JAX's persistent cache at config.compilation_cache (before the first compile)."""
+  import jax
+
+  path = config.get("compilation_cache", "")
+  if path:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
 
 
 def canonical(config) -> dict:
@@ -33,6 +43,7 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test") -> dict
   from morse_jax.mas import evaluation, experiment, runner
   from morse_jax.rl.state import Checkpoints
 
+  use_compilation_cache(config)
   banner("build")
   exp = experiment.build(config)
   problems = experiment.split(config, exp.problems, split)
@@ -75,6 +86,7 @@ def train(config) -> dict:
   from morse_jax.rl import distributed, metrics
   from morse_jax.rl.state import Checkpoints
 
+  use_compilation_cache(config)
   d = config.distributed
   distributed.initialize(d.coordinator or None, d.num_processes or None,
                          None if d.process_id < 0 else d.process_id, auto=d.auto)
@@ -140,28 +152,51 @@ def plan(config, out: str, split: str = "test") -> dict:
           "mean_nodes": sum(len(g.nodes) for g in graphs) / max(len(graphs), 1)}
 
 
+def before_identity(config) -> dict:
+  """What the untrained system's held-out numbers depend on (as JSON reads it back: tuples
+  become lists)."""
+  return json.loads(json.dumps({
+      "model": os.path.abspath(os.path.expanduser(config.model.path)),
+      "task": config.task.to_dict(), "eval_max_new_tokens": config.eval.max_new_tokens,
+      "system": config.system, "router_top_k": config.router.top_k}))
+
+
 def demo(config) -> dict:
   """The first run a new user sees: evaluate the untrained system on held-out tasks, train,
   evaluate again, and print a before/after table; metrics, TensorBoard logs and PNG plots go to
   the workdir."""
-  import json
-
   from morse_jax.mas import plots
+  from morse_jax.rl import metrics
 
   workdir = os.path.abspath(config.workdir)
   banner("before training (held-out tasks)")
-  before = evaluate(config, None, "test")
+  identity = before_identity(config)
+  if config.eval.before:
+    # The untrained system does not depend on the seed, the algorithm or the mixture (adapters
+    # start at zero, decoding is greedy), so seeds and ablations may reuse one measurement.
+    with open(config.eval.before) as f:
+      earlier = json.load(f)
+    if earlier.get("before_identity") != identity:
+      raise ValueError(f"config.eval.before={config.eval.before!r} was measured on other "
+                       f"settings: {earlier.get('before_identity')} != {identity}")
+    before = earlier["before"]
+    print(f"reused from {config.eval.before}")
+  else:
+    before = evaluate(config, None, "test")
+  print("  ".join(f"{k} {before[k]:.3f}" for k in ("step_pass", "problem_pass") if k in before))
   train(config)
+  steps = len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
   banner("after training (held-out tasks)")
   after = evaluate(config, os.path.join(workdir, "ckpt"), "test")
   rows = [k for k in ("step_pass", "mean_step_pass", "problem_pass", "step_reward", "sim_output")
           if k in before and k in after]
   banner("result")
-  print(f"{'metric':<16} {'before':>8} {'after':>8}")
+  print(f"{steps} updates\n{'metric':<16} {'before':>8} {'after':>8}")
   for k in rows:
     print(f"{k:<16} {before[k]:8.3f} {after[k]:8.3f}")
   written = plots.training_plots(os.path.join(workdir, "metrics.jsonl"), workdir)
-  summary = {"before": before, "after": after, "plots": written}
+  summary = {"before": before, "after": after, "plots": written, "before_identity": identity,
+             "steps": steps}
   with open(os.path.join(workdir, "demo.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"plots: {', '.join(written)}\nTensorBoard: tensorboard --logdir {workdir}")

@@ -9,6 +9,7 @@ needs a model.
   generate(n, seed, categories=None)  n problems, deterministic by seed; `categories` limits the
                                       subtask types drawn (e.g. the train categories)
   split(problems, which, holdout)     out-of-distribution split by whole categories
+  instance_split(problems, which, categories, test_problems)   disjoint problems of categories
   reference_artifact(problem, id)     a perfect executor's reply for one node
   Synthetic()                         the TaskFamily
 
@@ -76,6 +77,20 @@ def split(problems: Sequence[Problem], which: str,
   if which not in ("train", "test"):
     raise ValueError(f"split: which={which!r}; expected 'train' or 'test'")
   return [p for p in problems if bool(held & set(p.data["categories"])) == (which == "test")]
+
+
+def instance_split(problems: Sequence[Problem], which: str, categories: Sequence[str],
+                   test_problems: int) -> list[Problem]:
+  """Disjoint problems that all contain a subtask of `categories`: "test" is the first
+  `test_problems` of them, "train" the rest (for a backbone that has seen the categories a
+  little, so RL has something to improve and is still scored on problems it never trained on)."""
+  focus = set(_check_categories(categories, "category"))
+  if which not in ("train", "test"):
+    raise ValueError(f"split: which={which!r}; expected 'train' or 'test'")
+  if test_problems < 1:
+    raise ValueError(f"instance_split: test_problems={test_problems!r} must be >= 1")
+  kept = [p for p in problems if focus & set(p.data["categories"])]
+  return kept[:test_problems] if which == "test" else kept[test_problems:]
 
 
 def reference_artifact(problem: Problem, node_id: str) -> str:

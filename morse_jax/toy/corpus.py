@@ -77,6 +77,14 @@ def turns(problems: Sequence[Problem], max_nodes: int = MAX_NODES) -> list[dict[
   return [t for p in problems for t in problem_turns(p, family, max_nodes)]
 
 
+def executor_turns(problems: Sequence[Problem], categories: Sequence[str],
+                   max_nodes: int = MAX_NODES) -> list[dict[str, Any]]:
+  """The executor turns of the subtasks whose category is in `categories` (with gold contexts)."""
+  by_id = {p.id: p for p in problems}
+  return [t for t in turns(problems, max_nodes) if t["role"] == "execute"
+          and by_id[t["problem_id"]].data["nodes"][t["node_id"]]["category"] in categories]
+
+
 def texts(turn_list: Sequence[dict[str, Any]]) -> list[str]:
   """Every message and target string, to train a tokenizer on."""
   out = []

@@ -222,6 +222,18 @@ def test_executor_instructions(problems, family):
   assert "earlier steps" not in root
 
 
+def test_instance_split_is_disjoint_and_focused(problems):
+  test = synthetic.instance_split(problems, "test", ("string_analysis",), 3)
+  train = synthetic.instance_split(problems, "train", ("string_analysis",), 3)
+  focus = [p for p in problems if "string_analysis" in p.data["categories"]]
+  assert len(test) == 3 and test + train == focus  # first 3 are test, order kept
+  assert not {p.id for p in train} & {p.id for p in test}
+  with pytest.raises(ValueError, match="test_problems=0"):
+    synthetic.instance_split(problems, "test", ("string_analysis",), 0)
+  with pytest.raises(ValueError, match="unknown category"):
+    synthetic.instance_split(problems, "test", ("strings",), 3)
+
+
 def test_split_holds_out_whole_categories(problems):
   train, test = synthetic.split(problems, "train"), synthetic.split(problems, "test")
   assert len(train) + len(test) == len(problems) and train and test

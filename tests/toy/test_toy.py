@@ -68,6 +68,18 @@ def test_corpus_roles_contexts_and_targets(problems, turns):
       assert synthetic.reference_artifact(diamond, parents[0]) in user
 
 
+def test_executor_turns_of_categories():
+  mixed = synthetic.generate(40, 3)
+  picked = corpus.executor_turns(mixed, ("string_analysis",))
+  by_id = {p.id: p for p in mixed}
+  assert picked and all(t["role"] == "execute" for t in picked)
+  cats = [by_id[t["problem_id"]].data["nodes"][t["node_id"]]["category"] for t in picked]
+  assert set(cats) == {"string_analysis"}
+  expected = sum(n["category"] == "string_analysis" for p in mixed
+                 for n in p.data["nodes"].values())
+  assert len(picked) == expected
+
+
 def test_tokenizer_round_trips_and_chat_template(hf_tok, tmp_path, turns):
   from transformers import AutoTokenizer
 
