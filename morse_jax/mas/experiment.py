@@ -154,15 +154,14 @@ class Experiment:
 
   def trainer(self) -> trainer_lib.Trainer:
     c = self.config.train
+    # Without a router there is one route; it gets all B x M samples, so that the fixed
+    # mixture is compared at the same number of candidates per node.
+    routes, group = ((c.routes_per_node, c.group_size) if self.agents.router
+                     else (1, c.routes_per_node * c.group_size))
     return trainer_lib.Trainer(
         self.model.params, self.model.config, self.agents.lora, self.agents.router,
         step_config(self.config),
-        # Without a router there is one route; it gets all B x M samples, so that the fixed
-        # mixture is compared at the same number of candidates per node.
-        trainer_lib.RolloutConfig(routes_per_node=c.routes_per_node if self.agents.router
-                                  else 1,
-                                  group_size=c.group_size if self.agents.router
-                                  else c.routes_per_node * c.group_size,
+        trainer_lib.RolloutConfig(routes_per_node=routes, group_size=group,
                                   max_new_tokens=c.max_new_tokens,
                                   sampling=llm.SamplingConfig(temperature=c.temperature)),
         embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0,
