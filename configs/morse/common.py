@@ -59,6 +59,10 @@ def base() -> ml_collections.ConfigDict:
       steps=200, tasks_per_step=4, routes_per_node=4, group_size=4, max_new_tokens=1024,
       temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
       aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
+      epochs=1,  # PPO epochs per rollout (experts; the router takes one step)
+      # True: no rollout for a node whose parent was blocked; only where such a node cannot
+      # pass (the synthetic family's program calls its parents' functions).
+      skip_blocked=False,
       max_minutes=0.0))  # > 0: stop after the first batch that ends past this budget
   # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them)
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before=""))

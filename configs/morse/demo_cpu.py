@@ -34,7 +34,7 @@ def get_config(arg=None):
   # spends a few minutes compiling); max_minutes stops training earlier on slower machines.
   c.train.update(steps=40, tasks_per_step=2, routes_per_node=2, group_size=4,
                  max_new_tokens=160, temperature=1.0, expert_lr=2e-3, router_lr=1e-3,
-                 checkpoint_every=10, max_minutes=10.0)
+                 checkpoint_every=10, max_minutes=10.0, epochs=2, skip_blocked=True)
   c.eval.update(max_new_tokens=160, tasks_per_batch=16)
   c.planner_max_new_tokens = 256
   return c

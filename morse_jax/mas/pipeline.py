@@ -120,7 +120,8 @@ def train(config) -> dict:
       state, outcomes, history = runner.train(trainer, state, exp.agents, exp.family, batch,
                                               exp.graphs(batch),
                                               merge_mode=config.router.merge_experts,
-                                              seed=config.seed + cursor)
+                                              seed=config.seed + cursor,
+                                              skip_blocked=config.train.skip_blocked)
       state = dataclasses.replace(state, cursor=jnp.int32(cursor + n))
       first = int(state.step) - len(history) + 1
       for step, m in enumerate(history, first):

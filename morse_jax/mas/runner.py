@@ -141,10 +141,19 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
   return _finish(family, tasks)
 
 
+def _blocked_parent(task: TaskOutcome, node_id: str) -> str | None:
+  return next((p for p in task.graph.parents(node_id) if not task.nodes[p].score.passed), None)
+
+
 def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence[Problem],
-          graphs: Sequence[SubtaskGraph], *, merge_mode: str = "union", seed: int = 0):
+          graphs: Sequence[SubtaskGraph], *, merge_mode: str = "union", seed: int = 0,
+          skip_blocked: bool = False):
   """One pass over a batch of tasks with one update per wave. Returns (state, outcomes,
-  [metrics per wave]); the metrics add the wave's best-candidate pass rate."""
+  [metrics per wave]); the metrics add the wave's best-candidate pass rate.
+
+  skip_blocked: a node with a blocked parent gets no rollout and scores 0 (a wave left empty
+  makes no update). Only for families where such a node cannot pass: its rewards would all be
+  0, a group with no signal that costs a rollout."""
   from morse_jax.rl.trainer import TrainNode
 
   tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
@@ -152,6 +161,19 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
   history = []
   for wave in range(max(len(g.waves()) for g in graphs)):
     items = _wave_items(tasks, wave)
+    if skip_blocked:
+      live = []
+      for t, node in items:
+        parent = _blocked_parent(tasks[t], node.id)
+        if parent is None:
+          live.append((t, node))
+        else:
+          tasks[t].nodes[node.id] = NodeOutcome(
+              node.id, [], "", "", NodeScore(0.0, False, {"reason": f"blocked: parent "
+                                                                    f"{parent!r} failed"}))
+      items = live
+    if not items:
+      continue
     contexts = merge_contexts(agents, tasks, items, state.experts, merge_mode, pick)
     token_prompts = _executor_prompts(agents, family, tasks, items, contexts)
     if agents.router is None:  # a fixed mixture: the role expert only, nothing to route

@@ -40,6 +40,11 @@ class StepConfig:
   normalize_advantages: bool = True
   min_reward_std: float = MIN_REWARD_STD
   micro_batches: int = 1  # gradient accumulation: rows split into this many passes
+  # PPO epochs over one rollout (mu; TRL's num_iterations): the trainer calls the step this many
+  # times on the same rows and advantages (the ratio is against the sampling log-probs). The
+  # router moves in the first only: its loss is a plain policy gradient with no ratio, so a
+  # second pass would be off-policy.
+  epochs: int = 1
   temperature: float = 1.0  # the rollout's sampling temperature (0, greedy, counts as 1)
 
   def __post_init__(self):
@@ -47,9 +52,10 @@ class StepConfig:
       raise ValueError(f"StepConfig.aggregation {self.aggregation!r} not in {AGGREGATIONS}")
     if self.estimator not in ESTIMATORS:
       raise ValueError(f"StepConfig.estimator {self.estimator!r} not in {ESTIMATORS}")
-    if not isinstance(self.micro_batches, int) or self.micro_batches < 1:
-      raise ValueError(f"StepConfig.micro_batches must be an int >= 1, got "
-                       f"{self.micro_batches!r}")
+    for name in ("micro_batches", "epochs"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"StepConfig.{name} must be an int >= 1, got "
+                         f"{getattr(self, name)!r}")
     for name in ("expert_lr", "router_lr", "max_grad_norm", "epsilon"):
       if not getattr(self, name) > 0:
         raise ValueError(f"StepConfig.{name} must be > 0, got {getattr(self, name)!r}")
@@ -160,8 +166,11 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
                router_batch: RouterBatch | None, *, config: LlmConfig,
                router_config: router_lib.RouterConfig | None, step_config: StepConfig,
                layers: tuple[int, ...], scale: float, kernel: str = "dense",
-               routes_per_node: int, num_routes: int):
+               routes_per_node: int, num_routes: int, update_router=True):
   """Returns (experts, router_params, opt_states, metrics).
+
+  update_router: False leaves the router and its optimiser state as they are (later PPO epochs
+  over one rollout; see StepConfig.epochs).
 
   num_routes: G, the number of global route ids (nodes x routes_per_node). When every advantage
   is 0 (no node carries signal) nothing changes, optimiser moments included, and metrics
@@ -203,7 +212,11 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
       (r_loss, r_metrics), r_grads = jax.value_and_grad(total_router_loss, has_aux=True)(
           router_params)
       r_updates, r_state = router_opt.update(r_grads, opt_states[1], router_params)
-      new_router = optax.apply_updates(router_params, r_updates)
+      # A traced flag, so that later PPO epochs reuse this compiled step.
+      keep_old = lambda new, old: jax.tree.map(lambda a, b: jnp.where(update_router, a, b),
+                                               new, old)
+      new_router = keep_old(optax.apply_updates(router_params, r_updates), router_params)
+      r_state = keep_old(r_state, opt_states[1])
       metrics.update(router_loss=r_loss, router_grad_norm=optax.global_norm(r_grads),
                      **r_metrics)
     return optax.apply_updates(experts, e_updates), new_router, (e_state, r_state), metrics

@@ -146,12 +146,19 @@ class Trainer:
     if self.mesh is not None:
       place = sharding.shard_rows(self.mesh)
       batch = jax.tree.map(lambda x: place(x)[0], batch)
-    experts, router, opt_states, step_metrics = ts.train_step(
-        self.backbone, state.experts, state.router, state.opt_states, batch, rbatch,
-        config=self.model, router_config=self.router, step_config=self.step_config,
-        layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
-        kernel=rc.train_kernel, routes_per_node=out.routes_per_node, num_routes=out.num_routes)
+    experts, router, opt_states = state.experts, state.router, state.opt_states
+    for epoch in range(self.step_config.epochs):  # PPO epochs on this rollout
+      experts, router, opt_states, epoch_metrics = ts.train_step(
+          self.backbone, experts, router, opt_states, batch, rbatch,
+          config=self.model, router_config=self.router, step_config=self.step_config,
+          layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
+          kernel=rc.train_kernel, routes_per_node=out.routes_per_node,
+          num_routes=out.num_routes, update_router=jnp.asarray(epoch == 0))
+      if epoch == 0:  # losses, entropy and norms of the rollout policy
+        step_metrics = epoch_metrics
     step_metrics = sharding.to_host(step_metrics)
+    if self.step_config.epochs > 1:  # clipping can only happen after the first epoch
+      step_metrics["clip_frac"] = sharding.to_host(epoch_metrics["clip_frac"])
     t3 = time.perf_counter()
     node_of_row = np.asarray([out.node_of_row(r) for r in range(out.num_rows)])
     metrics = {k: float(v) for k, v in step_metrics.items()}

@@ -107,3 +107,26 @@ def test_training_waves_update_and_pick_the_best(agents):
       rewards = [r for p, n, _, r in family.calls if (p, n) == (task.problem.id, node_id)]
       assert len(rewards) == 4 and outcome.score.reward == max(rewards)
   assert all(len(o.subtask_experts) == 2 for t in out for o in t.nodes.values())
+
+
+def test_training_skips_nodes_behind_a_blocked_parent(agents):
+  trainer = trainer_lib.Trainer(
+      agents.model.params, agents.model.config, LORA, RCFG,
+      ts.StepConfig(expert_lr=1e-2, router_lr=1e-2),
+      trainer_lib.RolloutConfig(routes_per_node=2, group_size=2, max_new_tokens=6,
+                                kernel="gather"), embed_dim=agents.embed.dim,
+      eos_ids=agents.model.stop_ids, pad_id=agents.model.tokenizer.pad_id)
+  state = trainer.init_state(jax.random.key(3))
+  family = WordFamily()  # node "b" never passes
+  blocked = [{"id": "b", "title": "w20", "description": "w21", "depends_on": []},
+             {"id": "x", "title": "w22", "description": "w23", "depends_on": ["b"]}]
+  probs = [Problem("p0", "words", "c", "w40 w41"), Problem("p1", "words", "c", "w42")]
+  graphs = [SubtaskGraph.from_obj(blocked)] * 2
+  state, out, history = runner.train(trainer, state, agents, family, probs, graphs,
+                                     skip_blocked=True)
+  assert int(state.step) == 1 and [m["wave"] for m in history] == [0]  # wave 1 had no live node
+  assert {n for _, n, _, _ in family.calls} == {"b"}
+  for task in out:
+    x = task.nodes["x"]
+    assert not x.score.passed and x.score.reward == 0.0 and x.artifact == ""
+    assert x.score.details["reason"] == "blocked: parent 'b' failed"

@@ -154,6 +154,28 @@ def test_micro_batches_equal_one_pass(setup):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_later_epochs_move_the_experts_and_not_the_router(setup):
+  """PPO epochs: the second call on the same rollout with update_router=False moves the experts
+  exactly as a second full step would, and leaves the router and its optimiser state alone."""
+  backbone, experts, out = setup
+  batch = rl_rollout.policy_batch(out, REWARDS)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  once = run_steps(backbone, experts, batch, rb, 1)
+  twice = run_steps(backbone, experts, batch, rb, 2)
+  got_experts, got_router, got_states, metrics = ts.train_step(
+      backbone, once[0], once[1], once[2], batch, rb, config=CONFIG, router_config=RCFG,
+      step_config=STEP, layers=LORA.adapted_layers(CONFIG), scale=LORA.scale, kernel="gather",
+      routes_per_node=2, num_routes=4, update_router=jnp.asarray(False))
+  for a, b in zip(jax.tree.leaves(got_experts), jax.tree.leaves(twice[0])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  for a, b in zip(jax.tree.leaves((got_router, got_states[1])),
+                  jax.tree.leaves((once[1], once[2][1]))):
+    np.testing.assert_array_equal(a, b)
+  assert float(metrics["clip_frac"]) == pytest.approx(float(twice[3][1]["clip_frac"]), abs=1e-6)
+  with pytest.raises(ValueError, match="StepConfig.epochs must be an int >= 1, got 0"):
+    ts.StepConfig(epochs=0)
+
+
 @pytest.mark.parametrize("data,model", [(8, 1), pytest.param(2, 4, marks=pytest.mark.slow),
                                         pytest.param(4, 2, marks=pytest.mark.slow)])
 def test_sharded_step_equals_one_device(setup, data, model, eight_devices):

@@ -1,5 +1,6 @@
 """The training loop: a run stopped after step k and resumed equals an unbroken run."""
 
+import copy
 import dataclasses
 import os
 
@@ -85,3 +86,21 @@ def test_bad_node_is_named(trainer):
   with pytest.raises(ValueError, match="node 1 has neither an embedding nor fixed experts"):
     trainer.requests(state.rng, state.router, [trainer_lib.TrainNode([1, 2], embedding=np.ones(6)),
                                                trainer_lib.TrainNode([1, 2])])
+
+
+def test_ppo_epochs_move_experts_further_and_the_router_once(trainer):
+  """epochs=2: the same rollout (same rng) and the same router as one epoch; the experts take a
+  second step."""
+  two = copy.copy(trainer)
+  two.step_config = dataclasses.replace(shapes.STEP, epochs=2)
+  nodes, _ = TASK.batch(0, 2)
+  reward_fn = lambda rollout: np.arange(rollout.num_rows) % 2  # signal in every route
+  s1, m1, out1 = trainer.step(trainer.init_state(jax.random.key(7)), nodes, reward_fn)
+  s2, m2, out2 = two.step(two.init_state(jax.random.key(7)), nodes, reward_fn)
+  np.testing.assert_array_equal(out1.packed.tokens, out2.packed.tokens)
+  for a, b in zip(jax.tree.leaves(s1.router), jax.tree.leaves(s2.router)):
+    np.testing.assert_array_equal(a, b)
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+           for a, b in zip(jax.tree.leaves(s1.experts), jax.tree.leaves(s2.experts))]
+  assert m1["skipped"] == 0 and max(moved) > 1e-4
+  assert m1["expert_loss"] == pytest.approx(m2["expert_loss"], rel=1e-5)  # first epoch's metrics
