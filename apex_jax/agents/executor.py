@@ -1,0 +1,231 @@
+"""The Executor: multi-turn search over a batch of questions, one sampler call per round.
+
+Each assistant turn is `<think>...</think>` then one `<tool_call>{"name": "search", "arguments":
+{"query_list": [...]}}</tool_call>` or `<answer>...</answer>` (apex_jax.tools.parse_turn). Every
+round, all still-active questions generate their next turn in ONE `Generator.generate` call; all
+their searches then go to the searcher in one call. A run ends at an answer, at a malformed turn
+(counted; the authors' loop, Serve/Train_Planner/call_agent.py, ends there too; with
+on_format_error="feedback" the error is shown instead), at a truncated turn, after max_turns
+turns, when the question's max_llm_calls are spent, or when the context would exceed
+max_context_tokens. Search failures are counted and shown to the model as verl's search tool
+shows them ('{"result": "Search execution failed: ..."}').
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+from typing import Sequence
+
+import jax
+
+from apex_jax.agents import prompts
+from apex_jax.agents.config import AgentConfig
+from apex_jax.agents.conversation import ChatDeltas, Conversation
+from apex_jax.agents.trajectory import Trajectory
+from apex_jax.tools import Answer, FormatError, Searcher, ToolCall, format_results, parse_turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Run:
+  question: str
+  conv: Conversation
+  stats: collections.Counter
+  turns: list[dict]  # per assistant turn: text, tool_output, queries, passage_ids, error
+  answer: str | None = None
+  done: bool = False
+  run_turns: int = 0  # turns in this run (max_turns applies per run)
+
+  def finish(self, reason: str) -> None:
+    self.done = True
+    self.stats[f"end_{reason}"] = 1
+
+
+class Executor:
+  def __init__(self, generator, searcher: Searcher, config: AgentConfig = AgentConfig(),
+               tools: Sequence[str] = ("search",)):
+    self.generator, self.searcher, self.config, self.tools = generator, searcher, config, tools
+    self.tokenizer = generator.tokenizer_of("executor")
+    self.deltas = ChatDeltas(self.tokenizer)
+
+  def run(self, questions: Sequence[str], plans: Sequence[str | None] | None = None, *,
+          rng: jax.Array) -> list[Trajectory]:
+    """One trajectory per question: [prompt, turn 1, tool output 1, turn 2, ...]."""
+    plans = [None] * len(questions) if plans is None else list(plans)
+    if len(plans) != len(questions):
+      raise ValueError(f"Executor.run: {len(plans)} plans for {len(questions)} questions")
+    runs = [_Run(q, Conversation.start(self.tokenizer, [{"role": "user", "content":
+                                                        prompts.executor_prompt(q, p)}]),
+                 collections.Counter(), []) for q, p in zip(questions, plans)]
+    return self._loop(runs, rng)
+
+  def resume(self, previous: Sequence[Trajectory], replans: Sequence[str], *,
+             rng: jax.Array) -> list[Trajectory]:
+    """Continues each earlier run with a revised plan, as call_agent.py
+    `continue_multimodal_dialogue`: the last turn loses its answer, the revised plan follows as a
+    user message; the whole earlier chat is the new trajectory's prompt (not trained on). The
+    LLM calls already made count against max_llm_calls."""
+    if len(previous) != len(replans):
+      raise ValueError(f"Executor.resume: {len(replans)} replans for {len(previous)} runs")
+    runs = []
+    for traj, replan in zip(previous, replans):
+      messages = [dict(m) for m in traj.info["messages"]]
+      if messages[-1]["role"] == "assistant":
+        text = messages[-1]["content"]
+        messages[-1]["content"] = text[:text.find("<answer>")].strip() if "<answer>" in text \
+            else text.strip()
+      messages.append({"role": "user", "content": prompts.REVISED_PLAN.format(replan=replan)})
+      stats = collections.Counter({"llm_calls": traj.stats.get("llm_calls", 0)})
+      runs.append(_Run(traj.info["question"], Conversation.start(self.tokenizer, messages),
+                       stats, []))
+    return self._loop(runs, rng)
+
+  # ----------------------------------------------------------------------------------- loop
+
+  def _loop(self, runs: list[_Run], rng) -> list[Trajectory]:
+    cfg = self.config
+    for r in runs:
+      self._check_budget(r)
+    round_ = 0
+    while active := [r for r in runs if not r.done]:
+      gens = self.generator.generate("executor", [r.conv.tokens() for r in active],
+                                     rng=jax.random.fold_in(rng, round_),
+                                     max_new_tokens=cfg.executor_max_new_tokens,
+                                     sampling=cfg.sampling)
+      if len(gens) != len(active):
+        raise RuntimeError(f"generator returned {len(gens)} generations for {len(active)} "
+                           f"prompts")
+      round_ += 1
+      calls = []
+      for r, gen in zip(active, gens):
+        call = self._take_turn(r, gen)
+        if call is not None:
+          calls.append((r, call))
+      self._search(calls)
+      for r in active:
+        if not r.done:
+          self._check_budget(r)
+    return [self._trajectory(r) for r in runs]
+
+  def _take_turn(self, r: _Run, gen) -> ToolCall | None:
+    """Records the turn; returns the tool call to run, or None (the run ended or goes on)."""
+    r.conv.add_generated(gen)
+    r.stats["turns"] += 1
+    r.stats["llm_calls"] += 1
+    r.run_turns += 1
+    turn = {"text": gen.text, "tool_output": None, "queries": [], "passage_ids": [],
+            "error": None}
+    r.turns.append(turn)
+    parsed = parse_turn(gen.text, tools=self.tools, max_queries=self.config.max_queries)
+    if isinstance(parsed, Answer):
+      r.answer = parsed.text
+      r.finish("answer")
+      return None
+    if not gen.finished:  # cut off mid-turn: a tool call there is not trusted to be complete
+      r.stats["truncated"] += 1
+      r.finish("truncated")
+      return None
+    if isinstance(parsed, FormatError):
+      r.stats["format_errors"] += 1
+      r.stats[f"format_error_{parsed.code}"] += 1
+      turn["error"] = str(parsed)
+      if self.config.on_format_error == "end":
+        r.finish("format_error")
+      else:
+        r.conv.add_messages(self.deltas, [{"role": "user", "content":
+                                           prompts.FORMAT_FEEDBACK.format(error=parsed)}])
+      return None
+    r.stats["tool_calls"] += 1
+    return parsed
+
+  def _check_budget(self, r: _Run) -> None:
+    cfg = self.config
+    if r.done:
+      return
+    if r.run_turns >= cfg.max_turns:
+      r.finish("max_turns")
+    elif r.stats["llm_calls"] >= cfg.max_llm_calls:
+      r.finish("max_llm_calls")
+    elif len(r.conv) + cfg.executor_max_new_tokens > cfg.max_context_tokens:
+      r.stats["context_overflow"] += 1
+      r.finish("context")
+
+  # --------------------------------------------------------------------------------- search
+
+  def _search(self, calls: list[tuple[_Run, ToolCall]]) -> None:
+    """All tool calls of a round in one searcher call; if it fails, each call alone (so one bad
+    request does not fail the others); a call that still fails shows the model the error."""
+    if not calls:
+      return
+    queries = [q for _, call in calls for q in call.queries]
+    try:
+      flat = self._searcher_call(queries)
+    except Exception as err:  # noqa: BLE001 -- any searcher failure becomes tool output
+      log.warning("batched search of %d queries failed (%s); retrying per call", len(queries),
+                  err)
+      flat = None
+    pos = 0
+    for r, call in calls:
+      n = len(call.queries)
+      if flat is not None:
+        results, error = flat[pos:pos + n], None
+      else:
+        try:
+          results, error = self._searcher_call(call.queries), None
+        except Exception as err:  # noqa: BLE001
+          results, error = None, err
+      pos += n
+      self._tool_output(r, call, results, error)
+
+  def _searcher_call(self, queries: list[str]):
+    results = self.searcher.search(queries, topk=self.config.topk)
+    if not isinstance(results, list) or len(results) != len(queries):
+      raise ValueError(f"searcher returned {type(results).__name__} of "
+                       f"{len(results) if isinstance(results, list) else '?'} result lists for "
+                       f"{len(queries)} queries")
+    return results
+
+  def _tool_output(self, r: _Run, call: ToolCall, results, error) -> None:
+    turn = r.turns[-1]
+    turn["queries"] = call.queries
+    if error is not None:
+      r.stats["search_errors"] += 1
+      turn["error"] = f"search: {error}"
+      text = json.dumps({"result": f"Search execution failed: {error}"}, ensure_ascii=False)
+    else:
+      turn["passage_ids"] = [[p.id for p in passages] for passages in results]
+      # verl's search tool: one line per query, a count, then that query's results as JSON.
+      text = "\n".join(
+          f"A search for '{q}' found {len(passages)} results. "
+          + json.dumps({"result": format_results([passages])}, ensure_ascii=False)
+          for q, passages in zip(call.queries, results))
+    text = self._cut(r, text)
+    turn["tool_output"] = text
+    r.stats["tool_tokens"] += r.conv.add_messages(self.deltas, [prompts.tool_message(text)])
+
+  def _cut(self, r: _Run, text: str) -> str:
+    ids = self.tokenizer.encode(text)
+    if len(ids) <= self.config.max_tool_tokens:
+      return text
+    r.stats["tool_outputs_cut"] += 1
+    # special tokens kept: the text shown must be the text that was cut, token for token
+    cut = self.tokenizer.decode(ids[:self.config.max_tool_tokens], skip_special_tokens=False)
+    return cut + " " + prompts.OMITTED
+
+  def _trajectory(self, r: _Run) -> Trajectory:
+    stats = {k: float(v) for k, v in r.stats.items()}
+    for key in ("turns", "tool_calls", "format_errors", "search_errors", "truncated"):
+      stats.setdefault(key, 0.0)
+    stats["answered"] = float(r.answer is not None)
+    return Trajectory("executor", r.conv.segments, r.conv.generated_text(), r.answer, stats,
+                      info={"question": r.question, "turns": r.turns,
+                            "messages": r.conv.messages,
+                            "searches": [{"turn": i, "queries": t["queries"],
+                                          "passage_ids": t["passage_ids"]}
+                                         for i, t in enumerate(r.turns) if t["queries"]]})
+
+

@@ -1,0 +1,182 @@
+"""The agents' sampler: chat prompts (token ids) of one module -> generated tokens, their sampling
+log-probs and text, in ONE sampler call per `generate`.
+
+Two backends behind one protocol:
+- `AdapterGenerator`: the three APEx modules are three role experts on one frozen backbone
+  (`LoraConfig(roles=("planner", "executor", "distiller"), num_subtask_experts=0)`); every row of a
+  call runs with expert set [role_index(module)] (the `merged` kernel: one route per call).
+- `SeparateGenerator`: one backbone per module, each with its own experts (or none).
+Log-probs are those of the distribution each token was drawn from, as `rollout()` records them;
+when top-k / top-p filter, the trainer recomputes them (see morse_jax.rl.rollout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from morse_jax import llm
+from morse_jax.lora.experts import LoraConfig, make_adapter
+
+from apex_jax.agents.trajectory import MODULES
+
+APEX_ROLES = ("planner", "executor", "distiller")
+
+
+@dataclasses.dataclass
+class Generation:
+  tokens: np.ndarray  # [n] int32, generated ids, EOS included when one was emitted
+  logprobs: np.ndarray  # [n] float32, sampling log-probs of `tokens`
+  text: str  # decoded without special tokens
+  finished: bool = True  # False: the row hit max_new_tokens without an EOS (truncated)
+
+
+class ChatTokenizer(Protocol):
+  pad_id: int
+
+  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                          **kwargs) -> list[int]: ...
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class Generator(Protocol):
+  """What the agents need: tokenizers and one batched sampler call per module.
+
+  `tokenizer` is the chat tokenizer (messages -> ids, see `chat_tokens`); `tokenizer_of(module)`
+  the one of a module's backbone (they differ only with separate backbones)."""
+
+  tokenizer: ChatTokenizer
+
+  def tokenizer_of(self, module: str) -> ChatTokenizer: ...
+
+  def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
+               max_new_tokens: int, sampling: llm.SamplingConfig) -> list[Generation]: ...
+
+
+def chat_tokens(tokenizer: ChatTokenizer, messages: list[dict]) -> list[int]:
+  """Chat messages -> prompt ids with the assistant turn opened (as mas.agents.Agents.tokens)."""
+  return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def _check_module(module: str) -> None:
+  if module not in MODULES:
+    raise ValueError(f"module {module!r} not in {MODULES}")
+
+
+def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max_new_tokens,
+            sampling, mesh) -> list[Generation]:
+  if model.tokenizer is None:
+    raise ValueError("the model has no tokenizer; agents need one to render chats and decode")
+  out = llm.sample(model.params, model.config, [list(p) for p in prompts],
+                   max_new_tokens=max_new_tokens, rng=rng, sampling=sampling,
+                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id, mesh=mesh,
+                   adapter=adapter)
+  stops = set(int(s) for s in model.stop_ids)
+  gens = []
+  for i in range(len(prompts)):
+    n = int(out.lengths[i])
+    tokens = np.asarray(out.tokens[i, :n], np.int32)
+    gens.append(Generation(
+        tokens, np.asarray(out.logprobs[i, :n], np.float32),
+        model.tokenizer.decode([int(t) for t in tokens], skip_special_tokens=True),
+        finished=bool(n and int(tokens[-1]) in stops)))
+  return gens
+
+
+@dataclasses.dataclass
+class AdapterGenerator:
+  """Three role experts (planner, executor, distiller) on one frozen backbone.
+
+  `experts` is held so the trainer can swap in its current weights (`generator.experts = ...`)."""
+
+  model: llm.Model
+  experts: dict
+  lora: LoraConfig
+  kernel: str = "auto"
+  mesh: object = None
+
+  def __post_init__(self):
+    missing = [m for m in MODULES if m not in self.lora.roles]
+    if missing:
+      raise ValueError(f"AdapterGenerator: LoraConfig.roles {self.lora.roles!r} lacks the "
+                       f"module role(s) {missing}")
+
+  @property
+  def tokenizer(self) -> ChatTokenizer:
+    return self.model.tokenizer
+
+  def tokenizer_of(self, module: str) -> ChatTokenizer:
+    _check_module(module)
+    return self.model.tokenizer
+
+  def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
+               max_new_tokens: int, sampling: llm.SamplingConfig) -> list[Generation]:
+    _check_module(module)
+    if not prompts:
+      return []
+    sets = [[self.lora.role_index(module)]] * len(prompts)
+    adapter = make_adapter(self.experts, self.lora, self.model.config, sets, kernel=self.kernel)
+    return _sample(self.model, prompts, adapter, rng=rng, max_new_tokens=max_new_tokens,
+                   sampling=sampling, mesh=self.mesh)
+
+
+@dataclasses.dataclass
+class SeparateGenerator:
+  """One backbone per module: {module: (model, experts or None, lora or None)}.
+
+  With experts, the module's role expert is `lora.role_index(module)` when the lora has that
+  role, else expert 0 (a single-adapter LoRA per model); without, the bare backbone runs."""
+
+  modules: Mapping[str, tuple]
+  kernel: str = "auto"
+  mesh: object = None
+
+  def __post_init__(self):
+    if not self.modules:
+      raise ValueError("SeparateGenerator.modules is empty")
+    for module, entry in self.modules.items():
+      _check_module(module)
+      if not isinstance(entry, tuple) or len(entry) != 3:
+        raise ValueError(f"SeparateGenerator.modules[{module!r}] must be (model, experts, lora);"
+                         f" got {entry!r:.80}")
+      model, experts, lora = entry
+      if getattr(model, "tokenizer", None) is None:
+        raise ValueError(f"SeparateGenerator.modules[{module!r}]: the model has no tokenizer")
+      if (experts is None) != (lora is None):
+        raise ValueError(f"SeparateGenerator.modules[{module!r}]: experts and lora must both be "
+                         f"given or both be None")
+
+  def _entry(self, module: str) -> tuple:
+    _check_module(module)
+    if module not in self.modules:
+      raise ValueError(f"SeparateGenerator has no model for module {module!r} "
+                       f"(has {sorted(self.modules)})")
+    return self.modules[module]
+
+  @property
+  def tokenizer(self) -> ChatTokenizer:
+    """The executor's (else the first module's): the one shared when all backbones share one."""
+    module = "executor" if "executor" in self.modules else next(iter(self.modules))
+    return self.modules[module][0].tokenizer
+
+  def tokenizer_of(self, module: str) -> ChatTokenizer:
+    return self._entry(module)[0].tokenizer
+
+  def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
+               max_new_tokens: int, sampling: llm.SamplingConfig) -> list[Generation]:
+    model, experts, lora = self._entry(module)
+    if not prompts:
+      return []
+    adapter = None
+    if experts is not None:
+      role = lora.role_index(module) if module in lora.roles else 0
+      adapter = make_adapter(experts, lora, model.config, [[role]] * len(prompts),
+                             kernel=self.kernel)
+    return _sample(model, prompts, adapter, rng=rng, max_new_tokens=max_new_tokens,
+                   sampling=sampling, mesh=self.mesh)

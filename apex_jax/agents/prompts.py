@@ -1,0 +1,201 @@
+"""The agents' prompts, verbatim from the APEx authors' code (J-Ding519/APEx), and the execution
+trace the Planner and the Distiller read.
+
+- Executor: Serve/Train_Planner/prompt.py SYSTEM_PROMPT_TEXT + USER_PROMPT_TEXT_NEW + question, the
+  plan appended as in Serve/Train_Planner/call_agent.py `run_multimodal_dialogue`, the revised
+  plan as in `continue_multimodal_dialogue`, tool output as verl's search tool renders it
+  (Executor-Train/Train/verl/tools/search_tool.py `execute`).
+- Planner: Planner-Train/mem-plan/local_search/prompt.py (SYSTEM_PLAN_PROMPT, PLAN_PROMPT,
+  REPLAN_PROMPT) and Serve/Train_Planner/agent_serve.py (REFLECTION_JUDGE_PROMPT, the trace).
+- Distiller: Writer-Train/Train/writer_skill/prompt.py (skill synthesis / evolution) and
+  Memory-Serve/memory_serve.py (`get_trace_prompt`, the workflow summary).
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------------------------ executor
+
+EXECUTOR_SYSTEM = """You are a helpful assistant. You can call functions to assist with the user query.
+Important: You must call only one function at a time. After each function call, wait for the execution result before making the next function call if needed.
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{"type": "function", "function": {"name": "search", "description": "Searches the web for relevant information based on the given query.", "parameters": {"type": "object", "properties": {"query_list": {"type": "array", "description": "A list of complete textual queries. Each query must clearly state the topic."}}, "required": ["query_list"]}}}
+</tools>
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call>
+"""
+
+EXECUTOR_USER = """# Workflow and Output Format
+You must follow these steps in order. In every conversation turn, you start from Step 1.
+
+**Step 1: Think (Plan)**
+* **This is the starting point for every turn.**
+* Analyze the user's query and all available information (including previous observations) carefully.
+* Formulate a plan. Your plan must decide on **one** of two courses of action:
+    1.  **Call a tool:** If you need more information.
+    2.  **Provide a final answer:** If you have sufficient information.
+* Your entire reasoning process must be enclosed in `<think>...</think>` tags.
+
+**Step 2: Act (Tool Call)**
+* **Execute this step ONLY if your Step 1 plan was to call a tool.**
+* Call the **one single tool** decided upon in your plan.
+* The tool call must be enclosed in `<tool_call>...</tool_call>` tags.
+* **Important: If you call a tool, you must STOP and wait for the observation. Do NOT proceed to Step 4.**
+
+**Step 3: Observe (Tool Output)**
+* **You will only enter this step after a tool call.**
+* You will receive the tool's output (observation).
+* After receiving the output, you **MUST** go back to **Step 1 (Think)** to analyze the new information and decide the next step (e.g., call another tool or provide the final answer).
+
+**Step 4: Answer (Final Response)**
+* **Execute this step ONLY if your Step 1 plan was to provide a final answer.**
+* In your **Step 1 Think block**, you must have already synthesized all information and planned the content of your response.
+* Formulate the **comprehensive, detailed, and user-facing final answer** based on that plan.
+* Your final answer must be enclosed in `<answer>...</answer>` tags.
+Here is the question:
+"""
+
+PLAN_GUIDE = "\nHere is a guide for your reference:\n{plan}\nBegin your answer:\n"
+REVISED_PLAN = ("\nI have a revised plan for you to follow:\n{replan}\nPlease continue with this "
+                "updated guidance:\n")
+OMITTED = "... (Omitted part of the results returned by the tool)"
+# Not the authors' (their run ends at a malformed turn); used with on_format_error="feedback".
+FORMAT_FEEDBACK = ("Your last turn was not valid ({error}). Each turn must be <think>...</think> "
+                   "followed by exactly one <tool_call>...</tool_call> or <answer>...</answer>.")
+
+
+def executor_prompt(question: str, plan: str | None) -> str:
+  text = EXECUTOR_SYSTEM + EXECUTOR_USER + question
+  return text + PLAN_GUIDE.format(plan=plan) if plan is not None else text
+
+
+def tool_message(text: str) -> dict:
+  """The tool response as the Qwen chat templates render a `tool` message (in a user turn)."""
+  return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
+
+
+# ------------------------------------------------------------------------------------- planner
+
+PLANNER_SYSTEM = """
+You’re a planning assistant in a three-step loop:  
+
+1. **Plan**: Given a goal and background info, output a clear action plan.  
+2. **Evaluate**: Given an execution trace, decide if replanning is needed.  
+3. **Replan (if needed)**: With new reference memories, provide a revised plan targeting unmet goals.  
+
+Keep responses concise and action-focused.
+"""
+
+PLAN_PROMPT = """
+You are a memory-based planning assistant assisting an agent by providing strategic guidance.
+
+The agent has access to the following tools:
+- `search`: perform text-based web queries to retrieve external information.
+
+### [Relevant Skill]
+The following skill document summarizes proven strategies and common pitfalls for this type of question. Use it as a high-level reference when constructing your plan:
+{skill}
+
+### [Relevant Memories]
+Each memory indicates whether it was **correct** or **incorrect**, along with its workflow:
+{memory}
+
+### Your Task:
+- First review the **Skill** document for proven procedure steps and known pitfalls.
+- Then analyze the **Question** and compare it with both **correct strategies** and **incorrect patterns** in the memories.
+- If the skill provides a relevant procedure, adapt its steps to the specific question while incorporating memory-based insights.
+- If similar successful approaches exist in memories, adapt their core idea to guide the next steps.
+- If the context resembles past failures or skill-documented pitfalls, highlight what to avoid and suggest corrective actions.
+- Recommend **one clear, generalizable work plan or action strategy** that directly addresses the current situation and guides agents step-by-step on what to do.
+
+### Output should:
+1. Be clear and concise—no more than {words} words, and present your response as a step-by-step plan.
+2. Each step in the plan must be atomic and actionable, specifying a single operation such as invoking a tool (e.g., `search` with precise query intent), performing logical inference, executing a calculation, cross-verifying facts, or synthesizing prior observations.
+3. You must include relevant memories and skill analysis in the thinking process (<think>...</think>), but do not mention them in the final output.
+4. Don't try to give the answer directly, but give a plan.
+5. Prohibit the generation of content unrelated to the plan.
+6. Your response must not contain any factual information.
+
+Your output should only contain the guideline, with no additional explanations.
+
+**[Question]** (Global Objective):
+{question}
+"""
+
+NO_SKILL = "No skill available for this question type."
+
+JUDGE_PROMPT = """
+{trace}
+
+Based on the sufficiency of the reasons and evidence, assess whether the agent needs to replan. Only in the following cases:
+- Tool support is missing or unclear,
+- Reasoning has gaps or assumptions,
+- Answer doesn’t fully address the question,
+- Any doubt exists on correctness or clarity.
+
+Use `replan` over accepting borderline solutions. The internal thinking block (<think>..</think>) should be extremely concise.
+
+Respond with exactly one word: "yes" to trigger replanning, "no" to accept the current solution.
+"""
+
+REPLAN_PROMPT = """
+### Reflection and Replanning
+
+In the last conversation, you indicated that reflect and replan needed to be performed. Now you need to perform them.
+
+**The original question:** {question}
+{memory}
+**The only tool you can recommend is `search`.**
+
+Your task is to:
+- Analyze the memories and reference their useful strategies.
+- Analyze the current workflow so far to understand what has been attempted and why it failed.
+- Recommend a **clear, generalizable work plan or action strategy** that builds on existing work, avoids past mistakes, and addresses the remaining challenges.
+
+### Critical Requirements:
+- **Leverage all completed steps from the current workflow**. Do not repeat searches, queries, or reasoning already performed.
+- **Identify the exact failure point** and propose the next logical step toward the goal.
+
+### Output should:
+1. Be clear and concise, no more than {words} words, and present your response as a step-by-step supplementary plan.
+2. You must include **reflection** on the previous failure in the thinking process (<think>...</think>), but **do not mention them in the final output**.
+3. Don't give the answer directly, but provide **a supplementary plan**.
+4. Prohibit generating content unrelated to the plan.
+5. Your response must not contain any factual information.
+
+Your output should only contain the guideline, with no additional explanations.
+"""
+
+
+def truncate_words(text: str, max_words: int = 512) -> str:
+  """agent_serve.py `truncate_by_whitespace_words`: tool output as the judge reads it."""
+  words = text.split()
+  if len(words) <= max_words:
+    return " ".join(words) if text.strip() else text
+  return " ".join(words[:max_words] + [OMITTED])
+
+
+def render_trace(question: str, turns) -> str:
+  """The execution trace of agent_serve.py `/plan`: each assistant turn as a round, each tool
+  response (cut to 512 words) after it. `turns`: dicts with 'text' and 'tool_output' (or None)."""
+  trace = f"### Question: {question}\n"
+  for j, turn in enumerate(turns, 1):
+    trace += f"### Round {j}:\n#### Agent Reasoning and Tool Call:\n{turn['text']}\n"
+    if turn.get("tool_output") is not None:
+      trace += f"#### Tool Call Return Results:\n{truncate_words(turn['tool_output'])}\n"
+  return trace
+
+
+def after_think(text: str) -> str:
+  """mmsearch.py `extract_after_think`: the text after the last think tag."""
+  close, open_ = text.rfind("</think>"), text.rfind("<think>")
+  if close == open_ == -1:
+    return text.replace("<|im_end|>", "").strip()
+  start = close + len("</think>") if close > open_ else open_ + len("<think>")
+  return text[start:].replace("<|im_end|>", "").strip()

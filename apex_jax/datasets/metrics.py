@@ -1,0 +1,58 @@
+"""Answer accuracy of a prediction set: exact match and token F1, overall and per group.
+
+As the official HotpotQA evaluator does, every labelled example counts: a question without a
+prediction scores 0 on both (counted in "missing"); predictions for unknown ids are ignored
+(counted in "extra"). Each example scores its best over its gold aliases
+(`apex_jax.judges.rule`):
+  em = (1/n) sum_i max_g EM(pred_i, g),   f1 = (1/n) sum_i max_g F1(pred_i, g).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Mapping, Sequence
+
+from apex_jax.datasets.records import DatasetError, QAExample
+
+
+def _summary(scores: Sequence[tuple[float, float]]) -> dict:
+  n = len(scores)
+  return {"em": sum(s[0] for s in scores) / n if n else 0.0,
+          "f1": sum(s[1] for s in scores) / n if n else 0.0, "n": n}
+
+
+def evaluate(predictions: Mapping[str, str], examples: Sequence[QAExample]) -> dict:
+  """{"em", "f1", "n", "missing", "extra", "per_category": {c: {em, f1, n}},
+  "per_hops": {h: {em, f1, n}}} over `examples`, which must all be labelled."""
+  # Imported here: apex_jax.judges' package also holds the in-process LLM judge (jax), which a
+  # data-only user (launchers.make_world, the loaders) should not pay for.
+  from apex_jax.judges import rule
+
+  for qid, prediction in predictions.items():
+    if not isinstance(prediction, str):
+      raise DatasetError(f"prediction for id {qid!r} must be a string, got "
+                         f"{type(prediction).__name__}")
+  ids = set()
+  scores, by_category, by_hops = [], collections.defaultdict(list), collections.defaultdict(list)
+  missing = 0
+  for example in examples:
+    if not example.labelled:
+      raise DatasetError(f"example {example.id!r} has no gold answer (an unlabelled split "
+                         "cannot be scored)")
+    if example.id in ids:
+      raise DatasetError(f"example id {example.id!r} appears twice")
+    ids.add(example.id)
+    if example.id in predictions:
+      prediction = predictions[example.id]
+      score = (rule.exact_match(prediction, example.answers), rule.f1(prediction, example.answers))
+    else:
+      missing += 1
+      score = (0.0, 0.0)
+    scores.append(score)
+    by_category[example.category].append(score)
+    by_hops[example.hops].append(score)
+  out = _summary(scores)
+  out.update(missing=missing, extra=sum(1 for qid in predictions if qid not in ids),
+             per_category={c: _summary(s) for c, s in sorted(by_category.items())},
+             per_hops={h: _summary(s) for h, s in sorted(by_hops.items())})
+  return out

@@ -1,0 +1,243 @@
+"""A synthetic multi-hop world for the CPU demo: invented entities, one passage each, and
+questions of 1 to 3 hops over all ten memory categories, deterministic by seed.
+
+Entities (every name an invented word, so no model can know the answers without searching):
+  country  capital, cities                    city     country, population, river
+  river    length, the cities it flows through person   birth city, birth year, occupation,
+  company  founder, year, headquarters, product                 employer
+  product  kind, use, method of making         film     director, year, filming city
+  event    city, year, winner
+Relations are ids; every fact is stated in its entity's passage ("Tarsk is a city in Kovia."),
+and no name word is used twice, so an answer string names one entity only.
+
+  world = World.generate(seed=0, num_entities=120, num_questions=400)
+  world.check()                              # the gold-chain checks (raises on any problem)
+  world.write("data/world", test_fraction=0.2, holdout_categories=("event",))
+
+`write` produces corpus.jsonl (for launchers/build_index.py), train.jsonl and test.jsonl (the
+question layout of `apex_jax.datasets.corpus`) and meta.json. The question templates are in
+`world_questions`, the checks in `world_checks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from typing import Any, Mapping, Sequence
+
+from apex_jax.datasets.corpus import write_examples, write_passages
+from apex_jax.datasets.records import DatasetError, Hop, QAExample
+from apex_jax.tools.passages import Passage
+
+OCCUPATIONS = ("painter", "farmer", "teacher", "doctor", "pilot", "baker", "singer", "writer",
+               "lawyer", "engineer")
+KINDS = ("tool", "boat", "lamp", "drink", "cloth", "clock", "wagon", "drum")
+USES = ("cut stone", "carry grain", "light rooms", "catch fish", "measure time", "grind wheat",
+        "heat water", "store oil")
+METHODS = ("weaving wool", "casting iron", "carving wood", "blowing glass", "baking clay",
+           "brewing leaves", "forging steel", "sewing leather")
+EVENT_TYPES = ("Race", "Festival", "Match", "Fair", "Contest")
+# Relative sizes of the entity kinds, and the least of each a world needs.
+SHARES = {"country": 1.0, "city": 3.0, "river": 1.0, "person": 5.0, "company": 2.0,
+          "product": 2.0, "film": 2.0, "event": 1.5}
+MINIMUM = {"country": 2, "city": 4, "river": 2, "person": 8, "company": 2, "product": 2,
+           "film": 2, "event": 2}
+MIN_ENTITIES = sum(MINIMUM.values())
+_ONSETS = "b d f g k l m n p r s t v z".split()
+_VOWELS = "a e i o u".split()
+_CODAS = ("", "", "n", "r", "l", "s")
+_RESERVED = {w for text in OCCUPATIONS + KINDS + USES + METHODS + EVENT_TYPES
+             for w in text.lower().split()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Entity:
+  id: str  # "<kind>-<n>"; also the id of its passage
+  kind: str
+  name: str
+  facts: Mapping[str, Any]  # attribute -> a literal, or another entity's id (relations)
+
+
+def _article(word: str) -> str:
+  return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def _listing(names: Sequence[str]) -> str:
+  return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def entity_counts(num_entities: int) -> dict[str, int]:
+  """Entities per kind: `num_entities` split by SHARES (products = companies, each company makes
+  one), at least MINIMUM each, and few enough events that each has its own city and winner."""
+  if isinstance(num_entities, bool) or not isinstance(num_entities, int) or \
+      num_entities < MIN_ENTITIES:
+    raise DatasetError(f"num_entities must be an integer >= {MIN_ENTITIES}; got {num_entities!r}")
+  total = sum(SHARES.values())
+  counts = {k: max(MINIMUM[k], int(num_entities * s / total)) for k, s in SHARES.items()}
+  counts["product"] = counts["company"]
+  counts["person"] += num_entities - sum(counts.values())  # the rounding remainder
+  counts["event"] = min(counts["event"], counts["city"], counts["person"])
+  counts["person"] = max(counts["person"], counts["company"])
+  return counts
+
+
+class _Names:
+  """Invented capitalised words of two syllables, never repeated."""
+
+  def __init__(self, rng: random.Random):
+    self.rng, self.used = rng, set(_RESERVED)
+
+  def word(self) -> str:
+    while True:
+      word = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) +
+                     self.rng.choice(_CODAS) for _ in range(2))
+      if word not in self.used:
+        self.used.add(word)
+        return word.capitalize()
+
+
+def _build(rng: random.Random, counts: Mapping[str, int]) -> dict[str, Entity]:
+  names = _Names(rng)
+  ids = {k: [f"{k}-{i}" for i in range(n)] for k, n in counts.items()}
+  facts: dict[str, dict[str, Any]] = {i: {} for kind in ids.values() for i in kind}
+  name = {i: names.word() for k in ("country", "city", "river", "company", "product", "film")
+          for i in ids[k]}
+  name.update({i: f"{names.word()} {names.word()}" for i in ids["person"]})
+  for i in ids["event"]:
+    name[i] = f"{names.word()} {rng.choice(EVENT_TYPES)}"
+  # The first cities cover every country and river once, so none is left empty.
+  for n, c in enumerate(ids["city"]):
+    country = ids["country"][n % counts["country"]]
+    river = ids["river"][n] if n < counts["river"] else rng.choice(ids["river"])
+    facts[c].update(country=country, population=rng.randrange(2, 900) * 1000, river=river)
+    facts[country].setdefault("cities", []).append(c)
+    facts[river].setdefault("cities", []).append(c)
+  for k in ids["country"]:
+    facts[k]["capital"] = facts[k]["cities"][0]
+  for r in ids["river"]:
+    facts[r]["length"] = rng.randrange(80, 990)
+  for p in ids["person"]:
+    facts[p].update(born_in=rng.choice(ids["city"]), birth_year=rng.randrange(1850, 1960),
+                    occupation=rng.choice(OCCUPATIONS))
+  founders = rng.sample(ids["person"], counts["company"])
+  for co, pr, founder in zip(ids["company"], ids["product"], founders):
+    facts[co].update(founder=founder, year=facts[founder]["birth_year"] + rng.randrange(20, 45),
+                     hq=rng.choice(ids["city"]), product=pr)
+    facts[founder]["employer"] = co
+    facts[pr].update(kind=rng.choice(KINDS), use=rng.choice(USES), method=rng.choice(METHODS))
+  for p in ids["person"]:
+    facts[p].setdefault("employer", rng.choice(ids["company"]))
+  for f in ids["film"]:
+    director = rng.choice(ids["person"])
+    facts[f].update(director=director, city=rng.choice(ids["city"]),
+                    year=facts[director]["birth_year"] + rng.randrange(25, 60))
+  for e, c, winner in zip(ids["event"], rng.sample(ids["city"], counts["event"]),
+                          rng.sample(ids["person"], counts["event"])):
+    facts[e].update(city=c, winner=winner,
+                    year=facts[winner]["birth_year"] + rng.randrange(18, 40))
+  return {i: Entity(i, i.split("-")[0], name[i], facts[i]) for i in facts}
+
+
+def sentences(entity: Entity, name: Mapping[str, str]) -> tuple[str, ...]:
+  """The passage of an entity, one fact per sentence (`name`: entity id -> name)."""
+  n, f = entity.name, entity.facts
+  if entity.kind == "country":
+    cities = [name[c] for c in f["cities"]]
+    return (f"{n} is a country.", f"Its capital is {name[f['capital']]}.",
+            f"{n} has {len(cities)} {'city' if len(cities) == 1 else 'cities'}: "
+            f"{_listing(cities)}.")
+  if entity.kind == "city":
+    return (f"{n} is a city in {name[f['country']]}.",
+            f"About {f['population']} people live in {n}.",
+            f"The river {name[f['river']]} flows through {n}.")
+  if entity.kind == "river":
+    return (f"The {n} is a river.", f"It is {f['length']} km long.",
+            f"It flows through {_listing([name[c] for c in f['cities']])}.")
+  if entity.kind == "person":
+    return (f"{n} was born in {name[f['born_in']]} in {f['birth_year']}.",
+            f"{n} works as {_article(f['occupation'])} at {name[f['employer']]}.")
+  if entity.kind == "company":
+    return (f"{n} is a company founded by {name[f['founder']]} in {f['year']}.",
+            f"Its headquarters are in {name[f['hq']]}.", f"{n} makes the {name[f['product']]}.")
+  if entity.kind == "product":
+    return (f"The {n} is {_article(f['kind'])} used to {f['use']}.",
+            f"It is made by {f['method']}.")
+  if entity.kind == "film":
+    return (f"{n} is a film directed by {name[f['director']]}.", f"It was released in {f['year']}.",
+            f"It was filmed in {name[f['city']]}.")
+  if entity.kind == "event":
+    return (f"The {n} was an event held in {name[f['city']]} in {f['year']}.",
+            f"It was won by {name[f['winner']]}.")
+  raise DatasetError(f"entity {entity.id!r}: unknown kind {entity.kind!r}")
+
+
+@dataclasses.dataclass
+class World:
+  seed: int
+  entities: dict[str, Entity]
+  sentences: dict[str, tuple[str, ...]]  # entity id -> its passage's sentences
+  passages: list[Passage]
+  examples: list[QAExample]
+
+  def __post_init__(self):
+    self._passage_of = {p.id: p for p in self.passages}
+    self._of_kind: dict[str, list[str]] = {}
+    for i, e in self.entities.items():
+      self._of_kind.setdefault(e.kind, []).append(i)
+
+  @classmethod
+  def generate(cls, seed: int, num_entities: int, num_questions: int) -> "World":
+    """Entities, passages and `num_questions` distinct questions, all a function of `seed`."""
+    from apex_jax.datasets import world_questions
+
+    rng = random.Random(seed)
+    entities = _build(rng, entity_counts(num_entities))
+    name = {i: e.name for i, e in entities.items()}
+    text = {i: sentences(e, name) for i, e in entities.items()}
+    passages = [Passage(i, f'"{entities[i].name}"\n{" ".join(s)}') for i, s in text.items()]
+    world = cls(seed, entities, text, passages, [])
+    world.examples = world_questions.generate(world, rng, num_questions)
+    return world
+
+  # ---- lookups used by the question templates and the checks ------------------------------
+
+  def of_kind(self, kind: str) -> list[str]:
+    return self._of_kind.get(kind, [])
+
+  def name(self, entity_id: str) -> str:
+    return self.entities[entity_id].name
+
+  def passage(self, entity_id: str) -> Passage:
+    return self._passage_of[entity_id]
+
+  def hop(self, entity_id: str, query: str, answer: str) -> Hop:
+    return Hop(query, entity_id, self.entities[entity_id].name, answer)
+
+  def check(self) -> None:
+    """Raises DatasetError listing every problem `world_checks.problems` finds."""
+    from apex_jax.datasets import world_checks
+
+    found = world_checks.problems(self)
+    if found:
+      raise DatasetError(f"world (seed {self.seed}) fails {len(found)} checks: " +
+                         "; ".join(found[:10]))
+
+  def write(self, folder: str, test_fraction: float = 0.2,
+            holdout_categories: Sequence[str] = ()) -> dict:
+    """corpus.jsonl, train.jsonl, test.jsonl and meta.json into `folder`; returns meta."""
+    from apex_jax.datasets.world_questions import split
+
+    train, test = split(self.examples, test_fraction, self.seed, holdout_categories)
+    os.makedirs(folder, exist_ok=True)
+    write_passages(self.passages, os.path.join(folder, "corpus.jsonl"))
+    write_examples(train, os.path.join(folder, "train.jsonl"))
+    write_examples(test, os.path.join(folder, "test.jsonl"))
+    meta = {"format": 1, "seed": self.seed, "entities": len(self.entities),
+            "passages": len(self.passages), "questions": len(self.examples),
+            "train": len(train), "test": len(test), "test_fraction": test_fraction,
+            "holdout_categories": list(holdout_categories)}
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+      json.dump(meta, f, indent=2)
+    return meta

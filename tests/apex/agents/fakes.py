@@ -1,0 +1,67 @@
+"""Scripted stand-ins for the agents' tests: a generator that replies with canned text, a
+searcher over a small dict of passages, and the tiny word-level chat tokenizer."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import numpy as np
+
+from apex_jax.agents.generator import Generation
+from apex_jax.tools import Passage, SearchUnavailable
+from morse_jax.llm.tokenizer import Tokenizer
+from tests import tiny_models
+
+EOS = 1  # "<|end|>" in tests.tiny_models
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer() -> Tokenizer:
+  """Shared: building it imports transformers, which takes seconds."""
+  return Tokenizer(tiny_models.make_tokenizer(), "tiny")
+
+
+class ScriptedGenerator:
+  """reply(module, prompt_text, call_index, row) -> text, or a dict of per-module lists consumed
+  in order per question (keyed by the question's marker found in the prompt)."""
+
+  def __init__(self, reply: Callable[[str, str, int], str], tok: Tokenizer | None = None,
+               finished: Callable[[str], bool] = lambda text: True):
+    self.tokenizer = tok or tokenizer()
+    self.reply, self.finished = reply, finished
+    self.calls: list[tuple[str, int]] = []  # (module, rows) per generate call
+    self.prompts: list[list[int]] = []
+
+  def tokenizer_of(self, module: str):
+    return self.tokenizer
+
+  def generate(self, module, prompts, *, rng, max_new_tokens, sampling):
+    self.calls.append((module, len(prompts)))
+    out = []
+    for prompt in prompts:
+      self.prompts.append(list(prompt))
+      text = self.reply(module, self.tokenizer.decode(prompt, skip_special_tokens=False),
+                        len(self.calls) - 1)
+      finished = self.finished(text)
+      ids = self.tokenizer.encode(text) + ([EOS] if finished else [])
+      out.append(Generation(np.asarray(ids, np.int32),
+                            np.full(len(ids), -0.5, np.float32), text, finished=finished))
+    return out
+
+
+class FakeSearcher:
+  """Each query returns `topk` passages whose ids name the query; queries in `fail` raise."""
+
+  def __init__(self, words: int = 5, fail: Sequence[str] = ()):
+    self.words, self.fail = words, set(fail)
+    self.calls: list[list[str]] = []
+
+  def search(self, queries, topk=None):
+    self.calls.append(list(queries))
+    bad = [q for q in queries if q in self.fail]
+    if bad:
+      raise SearchUnavailable(f"server down for {bad[0]!r}")
+    k = topk or 3
+    return [[Passage(f"{q}#{i}", '"w1"\n' + " ".join(f"w{j % 80 + 5}" for j in range(self.words)))
+             for i in range(k)] for q in queries]
