@@ -1,0 +1,148 @@
+"""A loaded `morse_jax.llm.Model` as a chat backend: chat template -> one `llm.sample` call for a
+whole batch of conversations -> text, optionally through a fixed LoRA route.
+
+`generate` is what `serving.py` runs for merged HTTP requests: each row keeps its own token limit
+and stop strings inside one sampler call (the call runs to the largest limit; a row's surplus
+tokens are dropped, which leaves its own tokens unchanged because row i draws with
+fold_in(rng, i) whatever the batch around it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from typing import Sequence
+
+import jax
+
+from morse_jax import llm
+from morse_jax.lora.experts import ExpertWeights, LoraConfig, make_adapter
+from apex_jax.judges.chat import JudgeError, JudgeRequestError
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterRoute:
+  """Experts applied to every row: `expert_ids` of `experts` with uniform weights 1/|E|
+  (as `morse_jax.mas.agents.Agents.generate` applies a row's expert set)."""
+
+  experts: dict[str, ExpertWeights]
+  lora: LoraConfig
+  expert_ids: tuple[int, ...]
+  kernel: str = "auto"
+
+  def __post_init__(self):
+    ids = self.lora.check_route(list(self.expert_ids), "AdapterRoute.expert_ids")
+    object.__setattr__(self, "expert_ids", tuple(ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  text: str
+  finish_reason: str  # "stop" (EOS or a stop string) or "length" (the row's token limit)
+  prompt_tokens: int
+  completion_tokens: int
+
+
+def check_messages(messages) -> list[dict]:
+  """A chat as a list of {"role": str, "content": str}; JudgeRequestError naming what is wrong."""
+  if not isinstance(messages, list) or not messages:
+    raise JudgeRequestError(f"messages must be a non-empty list, got {str(messages)[:60]}")
+  for i, m in enumerate(messages):
+    if not isinstance(m, dict):
+      raise JudgeRequestError(f"messages[{i}] must be an object, got {type(m).__name__}")
+    for key in ("role", "content"):
+      if not isinstance(m.get(key), str):
+        raise JudgeRequestError(f"messages[{i}].{key} must be a string, got {m.get(key)!r:.40}")
+  return messages
+
+
+class InProcessChat:
+  """`complete` / `complete_many` on a model in this process (thread-safe; calls run one at a
+  time). Sampling keys come from `seed` and a call counter, so a run is reproducible."""
+
+  def __init__(self, model: llm.Model, adapter_route: AdapterRoute | None = None, *,
+               seed: int = 0, max_context: int | None = None, mesh=None,
+               chat_template_kwargs: dict | None = None):
+    if model.tokenizer is None:
+      raise ValueError("InProcessChat: the model was loaded without a tokenizer")
+    self.model, self.route, self.mesh = model, adapter_route, mesh
+    self.max_context = max_context or model.config.max_position_embeddings
+    self.chat_template_kwargs = dict(chat_template_kwargs or {})
+    self._key = jax.random.PRNGKey(seed)
+    self._calls = itertools.count()
+    self._lock = threading.Lock()
+
+  def prompt_tokens(self, messages, chat_template_kwargs: dict | None = None) -> list[int]:
+    messages = check_messages(messages)
+    kwargs = {**self.chat_template_kwargs, **(chat_template_kwargs or {})}
+    try:
+      return self.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      **kwargs)
+    except Exception as e:  # noqa: BLE001 -- jinja and tokenizer errors come in many types
+      raise JudgeRequestError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+  def check_length(self, prompt: Sequence[int], max_tokens: int) -> None:
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+      raise JudgeRequestError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    if len(prompt) + max_tokens > self.max_context:
+      raise JudgeRequestError(f"prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds "
+                              f"the context of {self.max_context} tokens")
+
+  def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int], *,
+               temperature: float, top_p: float = 1.0,
+               stops: Sequence[Sequence[str]] | None = None) -> list[Completion]:
+    """Completions of token-id prompts, all in one sampler call."""
+    if not prompts:
+      return []
+    try:
+      sampling = llm.SamplingConfig(temperature=float(temperature), top_p=float(top_p))
+    except (TypeError, ValueError) as e:
+      raise JudgeRequestError(str(e)) from None
+    stops = stops or [()] * len(prompts)
+    adapter = None
+    if self.route is not None:
+      adapter = make_adapter(self.route.experts, self.route.lora, self.model.config,
+                             [list(self.route.expert_ids)] * len(prompts), self.route.kernel)
+    with self._lock:
+      rng = jax.random.fold_in(self._key, next(self._calls))
+      out = llm.sample(self.model.params, self.model.config, list(prompts),
+                       max_new_tokens=max(max_tokens), rng=rng, sampling=sampling,
+                       eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id,
+                       mesh=self.mesh, adapter=adapter)
+    return [self._completion(out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])],
+                             len(prompts[i]), stops[i]) for i in range(len(prompts))]
+
+  def _completion(self, ids, prompt_len: int, stop: Sequence[str]) -> Completion:
+    ids = [int(t) for t in ids]
+    ended = bool(ids) and ids[-1] in self.model.stop_ids
+    text = self.model.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stop if s and s in text]
+    if cuts:
+      text, ended = text[:min(cuts)], True
+    return Completion(text, "stop" if ended else "length", prompt_len, len(ids))
+
+  def complete(self, messages: list[dict], *, max_tokens: int, temperature: float) -> str:
+    reply = self.complete_many([messages], max_tokens=max_tokens, temperature=temperature)[0]
+    if isinstance(reply, JudgeError):
+      raise reply
+    return reply
+
+  def complete_many(self, conversations: Sequence[list[dict]], *, max_tokens: int,
+                    temperature: float) -> list[str | JudgeError]:
+    """All valid conversations in one sampler call; an invalid one gets its JudgeRequestError."""
+    out: list[str | JudgeError] = [None] * len(conversations)  # type: ignore[list-item]
+    rows, prompts = [], []
+    for i, messages in enumerate(conversations):
+      try:
+        prompt = self.prompt_tokens(messages)
+        self.check_length(prompt, max_tokens)
+      except JudgeRequestError as e:
+        out[i] = e
+        continue
+      rows.append(i)
+      prompts.append(prompt)
+    done = self.generate(prompts, [max_tokens] * len(prompts), temperature=temperature)
+    for i, completion in zip(rows, done):
+      out[i] = completion.text
+    return out

@@ -1,0 +1,166 @@
+"""Shared pieces of the LLM judges: reading a judge's reply and counting what went wrong.
+
+A judge's reply is model output: it may think first (`<think>...</think>`), wrap JSON in prose or
+fences, or say nothing usable. Nothing here raises on a reply; callers turn a miss into a counted
+failure with a defined score (DESIGN.md section 6).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import re
+import threading
+from typing import Sequence
+
+from apex_jax.judges.chat import (ChatBackend, JudgeError, JudgeRequestError, JudgeResponseError,
+                                  complete_many)
+from apex_jax.memory.schema import MemoryBankError
+from apex_jax.memory.skills import extract_json_object
+
+log = logging.getLogger(__name__)
+
+# Backend failure kinds, shared by every judge; each judge adds its own parse failure kinds.
+BACKEND_FAILURES = ("unavailable", "rejected", "bad_response")
+_NUMBER = r"[-+]?\d+(?:\.\d+)?"
+
+
+def strip_think(text: str) -> str:
+  """The text after the last `</think>` (or `<think>` left open), trimmed.
+
+  The authors' `extract_after_think` (J-Ding519/APEx TTRL/TTRL-nogt/local_search/mmsearch_skill.py)
+  cuts at the later of the two tags the same way."""
+  cut = max(text.rfind("</think>"), text.rfind("<think>"))
+  if cut >= 0:
+    text = text[cut:].split(">", 1)[1]
+  return text.replace("<|im_end|>", "").strip()
+
+
+def find_json_object(text: str) -> dict | None:
+  """The first JSON object anywhere in the reply (fenced or in prose), or None."""
+  try:
+    return extract_json_object(text)
+  except MemoryBankError:
+    return None
+
+
+def find_number(text: str, label: str = "score") -> tuple[float | None, str]:
+  """A number the reply gives for `label`, and how it was found.
+
+  Tried in order: a JSON object's `label` field; `label: 7` (markdown bold, "- " bullets and a
+  "/10" suffix allowed); `7/10`; the reply being a bare number. Returns (None, "") when none."""
+  obj = find_json_object(text)
+  if obj is not None:
+    value = obj.get(label)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value), "json"
+    if isinstance(value, str) and re.fullmatch(rf"\s*{_NUMBER}\s*(?:/\s*10)?\s*", value):
+      return float(re.match(rf"\s*({_NUMBER})", value).group(1)), "json"
+  labelled = re.search(rf"{label}\**\s*[:=]\s*\**\s*({_NUMBER})", text, re.IGNORECASE)
+  if labelled:
+    return float(labelled.group(1)), "label"
+  out_of_ten = re.search(rf"(?<![\w.])({_NUMBER})\s*/\s*10\b", text)
+  if out_of_ten:
+    return float(out_of_ten.group(1)), "ratio"
+  bare = re.fullmatch(rf"[\s*`\"']*({_NUMBER})[\s*`\"'.]*", text)
+  if bare:
+    return float(bare.group(1)), "bare"
+  return None, ""
+
+
+def find_reason(text: str) -> str:
+  """A JSON `reason` field, else the text after `Reason:`, else ''."""
+  obj = find_json_object(text)
+  if obj is not None and isinstance(obj.get("reason"), str):
+    return obj["reason"].strip()
+  match = re.search(r"reason\**\s*:\s*\**\s*(.+)", text, re.IGNORECASE | re.DOTALL)
+  return match.group(1).strip() if match else ""
+
+
+class FailureCounts:
+  """Thread-safe counts of failures by kind (a judge is shared by rollout threads)."""
+
+  def __init__(self, kinds: Sequence[str]):
+    self.kinds = tuple(kinds)
+    self._counts: collections.Counter = collections.Counter({k: 0 for k in self.kinds})
+    self._lock = threading.Lock()
+
+  def add(self, kind: str, detail: str = "") -> None:
+    if kind not in self.kinds:
+      raise ValueError(f"unknown failure kind {kind!r}; known: {self.kinds}")
+    with self._lock:
+      self._counts[kind] += 1
+    log.warning("judge failure %s: %s", kind, detail[:200])
+
+  def snapshot(self) -> dict[str, int]:
+    with self._lock:
+      return dict(self._counts)
+
+  @property
+  def total(self) -> int:
+    with self._lock:
+      return sum(self._counts.values())
+
+
+def ask_all(backend: ChatBackend, conversations: Sequence[list[dict]], *, max_tokens: int,
+            temperature: float, failures: FailureCounts) -> list[str | JudgeError]:
+  """Replies of all conversations in one batched backend call; a failed conversation keeps its
+  JudgeError, counted in `failures` under `backend_failure_kind`."""
+  if not conversations:
+    return []
+  out = complete_many(backend, conversations, max_tokens=max_tokens, temperature=temperature)
+  for reply in out:
+    if isinstance(reply, JudgeError):
+      failures.add(backend_failure_kind(reply), str(reply))
+  return out
+
+
+def backend_failure_kind(error: JudgeError) -> str:
+  if isinstance(error, JudgeRequestError):
+    return "rejected"
+  return "bad_response" if isinstance(error, JudgeResponseError) else "unavailable"
+
+
+_VERDICT_KEYS = ("verdict", "grade", "judgement", "judgment", "answer", "decision", "result")
+_LABELLED = re.compile(
+    r"^\W*(?:final\s+)?(?:verdict|grade|judge?ment|answer|decision)\W*[:=]\s*(.+)$", re.I)
+_LEADING = re.compile(r"^\W*([A-Za-z])\s*[:.)\-–]")
+
+
+def _token(text: str) -> str:
+  """Upper case without surrounding markdown, quotes, brackets and end punctuation."""
+  return re.sub(r"^[\s*`\"'(\[]+|[\s*`\"'.:)\]!]+$", "", text).upper().replace("_", " ")
+
+
+def find_verdict(text: str, choices: dict[str, str]) -> tuple[str | None, str]:
+  """The verdict a reply gives, and how it was found.
+
+  `choices` maps tokens (upper case, `_` read as a space: "A", "NOT ATTEMPTED") to verdicts.
+  Tried in order: a JSON object's verdict/grade/judgement/answer field; the whole reply being one
+  token ("A", "**B**.", "Correct"); a labelled line ("Verdict: A", "Final answer: B"); the first
+  or last line being a token or starting with a letter token ("A: CORRECT"). Letters are never
+  looked for inside prose ("A correct answer..." is not a verdict). Returns (None, "") on a miss.
+  """
+  body = strip_think(text)
+  obj = find_json_object(body)
+  if obj is not None:
+    for key in _VERDICT_KEYS:
+      if isinstance(obj.get(key), str) and _token(obj[key]) in choices:
+        return choices[_token(obj[key])], "json"
+  if _token(body) in choices:
+    return choices[_token(body)], "exact"
+  lines = [line for line in body.splitlines() if line.strip()]
+  for line in lines:
+    labelled = _LABELLED.match(line)
+    if labelled:
+      value = labelled.group(1)
+      for candidate in (_token(value), _token(value.split()[0]) if value.split() else ""):
+        if candidate in choices:
+          return choices[candidate], "label"
+  for line in lines[:1] + lines[-1:]:
+    if _token(line) in choices:
+      return choices[_token(line)], "line"
+    leading = _LEADING.match(line)
+    if leading and leading.group(1).upper() in choices:
+      return choices[leading.group(1).upper()], "line"
+  return None, ""

@@ -1,0 +1,252 @@
+"""An OpenAI-compatible chat server over `InProcessChat`, standard library only.
+
+POST /v1/chat/completions  {"messages": [{"role", "content"}, ...], "max_tokens"?, "temperature"?,
+                            "top_p"?, "n"?, "stop"?, "model"?, "chat_template_kwargs"?}
+  -> {"id", "object": "chat.completion", "created", "model",
+      "choices": [{"index", "message": {"role": "assistant", "content"}, "finish_reason"}],
+      "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}
+GET /v1/models  -> {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}
+GET /health     -> {"status": "ok", "model": ...}
+
+Errors use OpenAI's shape `{"error": {"message", "type", "param"}}`: 400 naming the field and
+value, 404 unknown path, 405 wrong method, 411/413 body length; 500 on an internal error, after
+which the server keeps serving. `model` is accepted whatever it names (the APEx authors' clients
+send "qwen"); replies carry the served name. `stream` is refused (400).
+
+Requests queued together with the same temperature and top_p are merged into one sampler call
+(as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from apex_jax.judges.chat import JudgeRequestError
+from apex_jax.judges.inprocess import Completion, InProcessChat
+from apex_jax.judges.protocol import ApiError, ChatRequest, parse_chat_request
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 8 << 20
+_ROUTES = {"/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
+
+
+class ChatBatcher:
+  """Runs `chat.generate` on one thread, merging queued requests that share sampling settings."""
+
+  def __init__(self, chat: InProcessChat, max_batch: int = 64):
+    if max_batch < 1:
+      raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    self.chat, self.max_batch = chat, max_batch
+    self.calls = self.rows = 0  # sampler calls, rows generated (calls < requests: merging)
+    self._queue: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._loop, name="chat-batcher", daemon=True)
+    self._thread.start()
+
+  def submit(self, prompt: list[int], req: ChatRequest) -> list[Completion]:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._queue.put((prompt, req, future))
+    return future.result()
+
+  def close(self) -> None:
+    self._queue.put(None)
+    self._thread.join(timeout=10)
+
+  def _loop(self) -> None:
+    while True:
+      item = self._queue.get()
+      if item is None:
+        return
+      items, stop = [item], False
+      while True:  # whatever else is already waiting joins this round, with no added wait
+        try:
+          nxt = self._queue.get_nowait()
+        except queue.Empty:
+          break
+        if nxt is None:
+          stop = True
+          break
+        items.append(nxt)
+      groups: dict[tuple[float, float], list] = {}
+      for it in items:
+        groups.setdefault((it[1].temperature, it[1].top_p), []).append(it)
+      for key, group in groups.items():
+        for chunk in self._chunks(group):
+          try:
+            self._run(chunk, *key)
+          except Exception:  # noqa: BLE001 -- a dead worker would hang every later request
+            log.exception("chat batcher: unexpected error")
+      if stop:
+        return
+
+  def _chunks(self, group):
+    chunk, rows = [], 0
+    for it in group:
+      if chunk and rows + it[1].n > self.max_batch:
+        yield chunk
+        chunk, rows = [], 0
+      chunk.append(it)
+      rows += it[1].n
+    if chunk:
+      yield chunk
+
+  def _run(self, items, temperature: float, top_p: float) -> None:
+    prompts, limits, stops = [], [], []
+    for prompt, req, _ in items:
+      prompts += [prompt] * req.n
+      limits += [req.max_tokens] * req.n
+      stops += [req.stop] * req.n
+    try:
+      done = self.chat.generate(prompts, limits, temperature=temperature, top_p=top_p,
+                                stops=stops)
+      self.calls, self.rows = self.calls + 1, self.rows + len(prompts)
+    except Exception as e:  # noqa: BLE001 -- handed to every waiting request as a 500
+      for _, _, future in items:
+        future.set_exception(e)
+      return
+    start = 0
+    for _, req, future in items:
+      future.set_result(done[start:start + req.n])
+      start += req.n
+
+
+class ChatServer(ThreadingHTTPServer):
+  daemon_threads = True
+  request_queue_size = 128
+
+  def __init__(self, address, chat: InProcessChat, model_name: str, default_max_tokens: int = 512,
+               max_n: int = 16, max_batch: int = 64, verbose: bool = False):
+    super().__init__(address, _Handler)
+    self.chat, self.model_name, self.verbose = chat, model_name, verbose
+    self.default_max_tokens, self.max_n = default_max_tokens, max_n
+    self.created = int(time.time())
+    self.batcher = ChatBatcher(chat, max_batch)
+    self.requests = self.errors = 0  # answered requests, and how many were 4xx/5xx
+    self._count_lock = threading.Lock()
+
+  @property
+  def url(self) -> str:
+    host, port = self.server_address[:2]
+    return f"http://{host}:{port}"
+
+  def count(self, status: int) -> None:
+    with self._count_lock:
+      self.requests += 1
+      self.errors += status >= 400
+
+  def handle_error(self, request, client_address):
+    log.exception("chat server: error while handling a request from %s", client_address)
+
+  def server_close(self):
+    super().server_close()
+    self.batcher.close()
+
+  def complete(self, req: ChatRequest) -> dict:
+    """The response body of a parsed request (raises ApiError on a bad prompt)."""
+    try:
+      prompt = self.chat.prompt_tokens(req.messages, req.chat_template_kwargs)
+    except JudgeRequestError as e:
+      raise ApiError(400, str(e), "messages") from None
+    try:
+      self.chat.check_length(prompt, req.max_tokens)
+    except JudgeRequestError as e:  # blame the prompt when it alone fills the context
+      too_long = len(prompt) >= self.chat.max_context
+      raise ApiError(400, str(e), "messages" if too_long else "max_tokens") from None
+    done = self.batcher.submit(prompt, req)
+    used = sum(c.completion_tokens for c in done)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": self.model_name,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
+                         "finish_reason": c.finish_reason} for i, c in enumerate(done)],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": used,
+                      "total_tokens": len(prompt) + used}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+  server: ChatServer
+  server_version = "morse-chat/1"
+
+  def log_message(self, format, *args):  # noqa: A002 -- the base class's signature
+    if self.server.verbose:
+      super().log_message(format, *args)
+
+  def _send(self, status: int, payload: dict) -> None:
+    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    self.server.count(status)
+    try:
+      self.send_response(status)
+      self.send_header("Content-Type", "application/json")
+      self.send_header("Content-Length", str(len(body)))
+      self.end_headers()
+      self.wfile.write(body)
+    except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+      pass
+
+  def _error(self, e: ApiError) -> None:
+    self._send(e.status, e.payload())
+
+  def _route(self, method: str) -> bool:
+    path = self.path.split("?")[0]
+    if path not in _ROUTES:
+      self._error(ApiError(404, f"no such endpoint: {method} {path}", "path", "not_found_error"))
+      return False
+    if _ROUTES[path] != method:
+      self._error(ApiError(405, f"{path} takes {_ROUTES[path]}, not {method}", "method",
+                           "method_not_allowed"))
+      return False
+    return True
+
+  def do_GET(self):
+    if not self._route("GET"):
+      return
+    srv = self.server
+    if self.path.split("?")[0] == "/health":
+      return self._send(200, {"status": "ok", "model": srv.model_name})
+    self._send(200, {"object": "list", "data": [{"id": srv.model_name, "object": "model",
+                                                 "created": srv.created, "owned_by": "morse_jax"}]})
+
+  def do_POST(self):
+    if not self._route("POST"):
+      return
+    try:
+      req = parse_chat_request(self._read_body(), self.server.default_max_tokens,
+                               self.server.max_n)
+      return self._send(200, self.server.complete(req))
+    except ApiError as e:
+      return self._error(e)
+    except Exception as e:  # noqa: BLE001 -- the server stays up; the client sees a 500
+      log.exception("chat server: generation failed")
+      return self._error(ApiError(500, f"internal error: {type(e).__name__}: {e}", None,
+                                  "server_error"))
+
+  def do_PUT(self):
+    self._route("PUT")
+
+  def do_DELETE(self):
+    self._route("DELETE")
+
+  def _read_body(self) -> bytes:
+    length = self.headers.get("Content-Length")
+    if length is None:
+      raise ApiError(411, "missing Content-Length header", "Content-Length")
+    try:
+      n = int(length)
+    except ValueError:
+      raise ApiError(400, f"Content-Length {length!r} is not an integer", "Content-Length") \
+          from None
+    if n < 0 or n > MAX_BODY_BYTES:
+      raise ApiError(413, f"body of {n} bytes; at most {MAX_BODY_BYTES}", "Content-Length")
+    return self.rfile.read(n)
+
+
+def make_server(chat: InProcessChat, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+                **kwargs) -> ChatServer:
+  """A bound server (port 0: a free one; see `.url`); call `serve_forever` or use
+  `apex_jax.tools.server.running`."""
+  return ChatServer((host, port), chat, model_name, **kwargs)
