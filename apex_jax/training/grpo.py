@@ -1,0 +1,167 @@
+"""One GRPO update of ONE APEx module's adapter from groups of its trajectories.
+
+The three modules are the role experts of `LoraConfig(roles=("planner", "executor",
+"distiller"), num_subtask_experts=0)` on one frozen backbone. A group is the G trajectories
+sampled for one input (question, bucket); its rewards give the advantages
+
+  A_i = clip((r_i - mean_group r) / (std_group r + eps), +-5),   0 when std_group r < 5e-4,
+
+through `morse_jax.rl.train_step.train_step` with estimator "grpo", one route per node
+(route id = group id) and no router. Every row runs with the expert set [role_index(module)],
+so the other experts get exactly zero gradient; their slices are nonetheless copied back from
+before the update, because AdamW's weight decay (and moments left from an earlier stage, were a
+state ever shared) would move them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from morse_jax import llm
+from morse_jax.llm.sampling import bucket
+from morse_jax.lora.experts import LoraConfig
+from morse_jax.lora.mixture import Adapter, uniform_routes
+from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl import train_step as ts
+from morse_jax.rl.rollout import Segment, pack
+from morse_jax.rl.train_step import PolicyBatch
+
+from apex_jax.agents.trajectory import MODULES, Trajectory
+
+
+def packed_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Sequence[float]],
+                 expert: int, *, pad_id: int = 0,
+                 rows_multiple: int = 1) -> tuple[PolicyBatch, int]:
+  """(PolicyBatch, num_routes): rows = the groups' trajectories in order, padded to a power of
+  two (a multiple of rows_multiple); route = group id; groups padded to a power of two too, so
+  the jitted step sees few distinct shapes. Loss mask 1 only on generated segments."""
+  if not groups:
+    raise ValueError("packed_batch: no groups")
+  if len(rewards) != len(groups):
+    raise ValueError(f"packed_batch: {len(rewards)} reward lists for {len(groups)} groups")
+  rows, flat, route = [], [], []
+  for g, (group, group_rewards) in enumerate(zip(groups, rewards)):
+    if not group or len(group_rewards) != len(group):
+      raise ValueError(f"packed_batch: group {g} has {len(group)} trajectories and "
+                       f"{len(group_rewards)} rewards (need the same number, at least 1)")
+    for traj in group:
+      rows.append(traj.segments)
+    flat.extend(float(r) for r in group_rewards)
+    route.extend([g] * len(group))
+  if not all(math.isfinite(r) for r in flat):
+    raise ValueError(f"packed_batch: non-finite reward in {flat}")
+  n = len(rows)
+  total = bucket(n, minimum=1)
+  total = math.lcm(total, rows_multiple) if total % rows_multiple else total
+  packed = pack(rows + [[Segment([pad_id])]] * (total - n), pad_id)
+  pad = lambda values, dtype: np.asarray(list(values) + [0] * (total - n), dtype)
+  batch = PolicyBatch(
+      tokens=jnp.asarray(packed.tokens), attention_mask=jnp.asarray(packed.attention_mask),
+      loss_mask=jnp.asarray(packed.loss_mask), logp_old=jnp.asarray(packed.logp_old),
+      rewards=jnp.asarray(pad(flat, np.float32)), route=jnp.asarray(pad(route, np.int32)),
+      valid=jnp.asarray(pad([1.0] * n, np.float32)),
+      routes=uniform_routes([[expert]] * total))
+  return batch, bucket(len(groups), minimum=1)
+
+
+@functools.partial(jax.jit, static_argnames=("expert",))
+def keep_only_expert(new, old, expert: int):
+  """new's slice of `expert` on the K axis (axis 1 of a [la, K, ...] array), old's elsewhere."""
+  def pick(n, o):
+    mask = (jnp.arange(n.shape[1]) == expert).reshape((1, -1) + (1,) * (n.ndim - 2))
+    return jnp.where(mask, n, o)
+  return jax.tree.map(pick, new, old)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "temperature"))
+def _logprobs(backbone, config, adapter, tokens, attention_mask, temperature):
+  return ts.token_logprobs(backbone, config, adapter, tokens, attention_mask, temperature)[0]
+
+
+def group_has_signal(rewards: Sequence[float], min_std: float) -> bool:
+  """A group teaches something only when its rewards differ (population std >= min_std)."""
+  return len(rewards) > 1 and float(np.std(np.asarray(rewards, np.float64))) >= min_std
+
+
+@dataclasses.dataclass
+class ModuleUpdater:
+  """The frozen backbone and static settings; `update` trains one module's expert.
+
+  recompute_logp_old: the sampler's log-probs are those of the filtered distribution when top-k
+  or top-p is on; set True then, and the old log-probs are recomputed under the current experts.
+  """
+
+  backbone: object
+  model: llm.LlmConfig
+  lora: LoraConfig
+  step: ts.StepConfig = ts.StepConfig(estimator="grpo")
+  pad_id: int = 0
+  kernel: str = "gather"  # the mixture kernel in the differentiated forward pass
+  recompute_logp_old: bool = False
+  skipped_updates: int = 0  # counted across calls
+  updates: int = 0
+
+  def __post_init__(self):
+    missing = [m for m in MODULES if m not in self.lora.roles]
+    if missing:
+      raise ValueError(f"ModuleUpdater: LoraConfig.roles {self.lora.roles!r} lacks {missing}")
+    if self.step.estimator != "grpo":
+      raise ValueError(f"ModuleUpdater: StepConfig.estimator must be 'grpo' (one route per "
+                       f"group, no router), got {self.step.estimator!r}")
+
+  def init_opt_state(self, experts):
+    """One optimiser state per module: moments of one stage never leak into another."""
+    return ts.init_opt_states(experts, None, self.step)
+
+  def update(self, experts, opt_state, module: str, groups: Sequence[Sequence[Trajectory]],
+             rewards: Sequence[Sequence[float]]):
+    """Returns (experts, opt_state, metrics). Skipped (nothing changes, counted) when no group's
+    rewards differ: e.g. every rollout correct, or the skill gate fixed them all."""
+    if module not in MODULES:
+      raise ValueError(f"ModuleUpdater.update: module {module!r} not in {MODULES}")
+    for g, group in enumerate(groups):
+      wrong = [t.module for t in group if t.module != module]
+      if wrong:
+        raise ValueError(f"ModuleUpdater.update: group {g} holds {wrong[0]!r} trajectories, "
+                         f"training {module!r}")
+    expert = self.lora.role_index(module)
+    batch, num_routes = packed_batch(groups, rewards, expert, pad_id=self.pad_id,
+                                     rows_multiple=self.step.micro_batches)
+    flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
+    group_ids = np.concatenate([np.full(len(r), g) for g, r in enumerate(rewards)])
+    metrics = dict(metrics_lib.reward_stats(flat, group_ids))
+    metrics["generated_tokens"] = float(sum(t.generated_tokens() for g in groups for t in g))
+    self.updates += 1
+    if not any(group_has_signal(r, self.step.min_reward_std) for r in rewards):
+      self.skipped_updates += 1
+      metrics.update(skipped=1.0, skipped_total=float(self.skipped_updates))
+      return experts, opt_state, metrics
+    layers, scale = self.lora.adapted_layers(self.model), self.lora.scale
+    if self.recompute_logp_old or self.step.kl_coef > 0:
+      adapter = Adapter(experts=experts, routes=batch.routes, layers=layers, scale=scale,
+                        kernel=self.kernel)
+      temp = self.step.temperature
+      if self.recompute_logp_old:
+        logp = _logprobs(self.backbone, self.model, adapter, batch.tokens, batch.attention_mask,
+                         temp)
+        batch = dataclasses.replace(batch, logp_old=logp * batch.loss_mask)
+      if self.step.kl_coef > 0:
+        ref = _logprobs(self.backbone, self.model, None, batch.tokens, batch.attention_mask, temp)
+        batch = dataclasses.replace(batch, logp_ref=ref * batch.loss_mask)
+    new, _, (new_state, _), step_metrics = ts.train_step(
+        self.backbone, experts, None, (opt_state[0], None), batch, None, config=self.model,
+        router_config=None, step_config=self.step, layers=layers, scale=scale,
+        kernel=self.kernel, routes_per_node=1, num_routes=num_routes)
+    new = keep_only_expert(new, experts, expert)
+    step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+    if step_metrics["skipped"]:
+      self.skipped_updates += 1
+    metrics.update(step_metrics, skipped_total=float(self.skipped_updates))
+    return new, (new_state, opt_state[1]), metrics

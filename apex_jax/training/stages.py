@@ -1,0 +1,168 @@
+"""Three-stage alternating GRPO (APEx): Executor, then Distiller, then Planner.
+
+Each stage trains one module's role expert while the other two are frozen (they still act in
+the rollouts: the planner's plan guides the executor, the executor's answers feed the planner's
+reward). A stage has its own data, reward (inside its rollout function), group size, step count
+and learning rate, and its own optimiser state, so moments never carry across modules.
+
+A stage's rollout function is the only contact with the agents:
+
+  rollout_fn(batch, generator, rng, config) -> (groups, rewards)
+
+batch: `config.batch_size` items of the stage's data; groups: one list of `config.group_size`
+Trajectory of `config.module` per item; rewards: the matching floats (`rewards.py`). The
+generator is the agents' sampler; its `experts` attribute (if any) is set to the current
+weights before every rollout, as `apex_jax.agents.generator.AdapterGenerator` expects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl.state import Checkpoints, TrainState
+
+from apex_jax.agents.trajectory import MODULES, Trajectory
+from apex_jax.training.grpo import ModuleUpdater
+
+STAGE_ORDER = ("executor", "distiller", "planner")  # the paper's alternation
+
+RolloutFn = Callable[[Sequence[Any], Any, jax.Array, "StageConfig"],
+                     tuple[Sequence[Sequence[Trajectory]], Sequence[Sequence[float]]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageConfig:
+  module: str  # the trained module; the other two are frozen
+  steps: int  # GRPO updates
+  batch_size: int  # inputs (questions, buckets) per update
+  group_size: int  # trajectories per input (G)
+  learning_rate: float
+  temperature: float = 1.0  # the rollout's sampling temperature (the update scores at it)
+  max_new_tokens: int = 256  # per generated turn, for the rollout function
+
+  def __post_init__(self):
+    if self.module not in MODULES:
+      raise ValueError(f"StageConfig.module {self.module!r} not in {MODULES}")
+    for name in ("steps", "batch_size", "group_size", "max_new_tokens"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"StageConfig.{name} must be an int >= 1, got {value!r}")
+    if self.group_size < 2:
+      raise ValueError(f"StageConfig.group_size must be >= 2 (GRPO compares a group's "
+                       f"samples), got {self.group_size!r}")
+    if not self.learning_rate > 0:
+      raise ValueError(f"StageConfig.learning_rate must be > 0, got {self.learning_rate!r}")
+    if not self.temperature >= 0:
+      raise ValueError(f"StageConfig.temperature must be >= 0, got {self.temperature!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  config: StageConfig
+  data: Sequence[Any]  # read cyclically, batch_size items per step
+  rollout_fn: RolloutFn
+
+  def __post_init__(self):
+    if not len(self.data):
+      raise ValueError(f"Stage {self.config.module!r}: no data")
+
+  def batch(self, step: int) -> list:
+    n, size = len(self.data), self.config.batch_size
+    return [self.data[(step * size + j) % n] for j in range(size)]
+
+
+@dataclasses.dataclass
+class StagesResult:
+  experts: Any
+  history: list[dict]  # one record per update: stage, module, step, metrics
+  rng: jax.Array
+
+
+def _check_rollout(groups, rewards, config: StageConfig, step: int) -> None:
+  where = f"stage {config.module!r} step {step}"
+  if len(groups) != config.batch_size or len(rewards) != config.batch_size:
+    raise ValueError(f"{where}: rollout_fn returned {len(groups)} groups and {len(rewards)} "
+                     f"reward lists for a batch of {config.batch_size}")
+  for g, group in enumerate(groups):
+    if len(group) != config.group_size:
+      raise ValueError(f"{where}: group {g} has {len(group)} trajectories, group_size is "
+                       f"{config.group_size}")
+
+
+def _metadata(updater: ModuleUpdater, stages: Sequence[Stage]) -> dict:
+  return json.loads(json.dumps({
+      "model": dataclasses.asdict(updater.model), "lora": dataclasses.asdict(updater.lora),
+      "step": dataclasses.asdict(updater.step),
+      "stages": [dataclasses.asdict(s.config) for s in stages]}))
+
+
+def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generator, *,
+               rng: jax.Array, logdir: str | None = None, checkpoint_dir: str | None = None,
+               checkpoint_every: int = 0, keep: int = 2) -> StagesResult:
+  """Runs the stages in order; metrics per stage go to `<logdir>/stage<i>_<module>/`
+  (metrics.jsonl + TensorBoard: the stage's reward curve). With checkpoint_dir, a TrainState
+  (global step, experts, the current stage's optimiser state, rng) is saved every
+  `checkpoint_every` updates and at the end of each stage, and a later call resumes from the
+  latest one (the stage and its step follow from the global step)."""
+  if not stages:
+    raise ValueError("run_stages: no stages")
+  done, opt, resumed = 0, None, False
+  ckpt = None
+  if checkpoint_dir is not None:
+    ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every or 10**9, keep=keep,
+                       metadata=_metadata(updater, stages))
+    if ckpt.latest_step() is not None:
+      template = TrainState(step=jnp.int32(0), experts=experts, router=None,
+                            opt_states=updater.init_opt_state(experts), rng=rng,
+                            cursor=jnp.int32(0))
+      state = ckpt.restore(template)
+      done, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
+      resumed = True
+  history, start = [], 0
+  try:
+    for index, stage in enumerate(stages):
+      cfg = stage.config
+      end = start + cfg.steps
+      if done >= end:
+        start = end
+        continue
+      step_config = dataclasses.replace(updater.step, expert_lr=cfg.learning_rate,
+                                        temperature=cfg.temperature or 1.0)
+      stage_updater = dataclasses.replace(updater, step=step_config, skipped_updates=0,
+                                          updates=0)
+      if opt is None or done == start:
+        opt = stage_updater.init_opt_state(experts)
+      name = f"stage{index}_{cfg.module}"
+      writer = metrics_lib.MetricsWriter(
+          None if logdir is None else os.path.join(logdir, name), total_steps=cfg.steps,
+          progress=False, resume_step=done - start if resumed else None)
+      with writer:
+        for step in range(done - start, cfg.steps):
+          rng, key = jax.random.split(rng)
+          if hasattr(generator, "experts"):
+            generator.experts = experts
+          groups, rewards = stage.rollout_fn(stage.batch(step), generator, key, cfg)
+          _check_rollout(groups, rewards, cfg, step)
+          experts, opt, metrics = stage_updater.update(experts, opt, cfg.module, groups, rewards)
+          metrics.update(stage=float(index), learning_rate=cfg.learning_rate)
+          writer.write(step + 1, metrics)
+          history.append({"stage": index, "module": cfg.module, "step": step + 1, **metrics})
+          done = start + step + 1
+          if ckpt is not None:
+            state = TrainState(step=jnp.int32(done), experts=experts, router=None,
+                               opt_states=opt, rng=rng, cursor=jnp.int32(step + 1))
+            ckpt.maybe_save(state, force=step + 1 == cfg.steps)
+      opt, start = None, end
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+  if hasattr(generator, "experts"):
+    generator.experts = experts
+  return StagesResult(experts, history, rng)

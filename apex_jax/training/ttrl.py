@@ -1,0 +1,245 @@
+"""Skill-guided test-time RL (APEx): planner-only online GRPO on unlabeled queries.
+
+Per batch (J-Ding519/APEx TTRL/TTRL-nogt/local_search/mmsearch_skill.py `compute_score`, and the
+memory server it posts to):
+1. each query's planner context E(q) from the MemoryBank (skill if confident + memories);
+2. G planner episodes per query (plan -> executor -> decide -> maybe replan), from `episode_fn`;
+3. each episode judged without ground truth: arbiter in [0, 1] (correct when >= 0.5), skill
+   alignment of its plan when the bucket's skill has a procedure or pitfalls;
+     R = (1 - l_s) (0.9 arbiter + 0.1 format) + l_s align,   l_s = 0.1 w min(n / 10, 1);
+   with the hard skill gate on (off by default, as the authors'), a group whose skill passes
+   `rewards.skill_gate` gets R = confidence for every episode: zero advantage, update skipped;
+4. one GRPO update of the planner expert (executor and distiller frozen);
+5. memories consolidated: every episode stored with its judged outcome, the used memories'
+   win rates updated; every touched bucket due for evolution gets a Distiller reply applied.
+A judge that fails or answers out of range is a counted failure with fallback 0 (the authors'
+fallback for alignment; an unjudged answer is not counted correct), never a crash.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+
+from morse_jax.rl import metrics as metrics_lib
+
+from apex_jax.agents.trajectory import Trajectory
+from apex_jax.judges.chat import JudgeError
+from apex_jax.judges.nogt import Candidate
+from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContext, Skill
+from apex_jax.training import rewards as rw
+from apex_jax.training.grpo import ModuleUpdater
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TtrlConfig:
+  steps: int
+  batch_size: int  # queries per update
+  group_size: int  # planner episodes per query (G)
+  learning_rate: float = 1e-6
+  temperature: float = 1.0
+  max_new_tokens: int = 256
+  base_lambda: float = 0.1  # l_s = base_lambda * skill confidence
+  hard_gate: bool = False
+  gate_threshold: float = 0.98
+  gate_min_evidence: int = 20
+  gate_require_procedure: bool = True
+
+  def __post_init__(self):
+    for name in ("steps", "batch_size", "group_size", "max_new_tokens", "gate_min_evidence"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"TtrlConfig.{name} must be an int >= 1, got {value!r}")
+    if self.group_size < 2:
+      raise ValueError(f"TtrlConfig.group_size must be >= 2, got {self.group_size!r}")
+    if not self.learning_rate > 0 or not self.temperature >= 0:
+      raise ValueError(f"TtrlConfig: learning_rate must be > 0 and temperature >= 0, got "
+                       f"{self.learning_rate!r}, {self.temperature!r}")
+    for name in ("base_lambda", "gate_threshold"):
+      if not 0.0 <= getattr(self, name) <= 1.0:
+        raise ValueError(f"TtrlConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+  question: str
+  caption: str | None = None
+  category: str | None = None  # None: the bank's classifier routes it
+  modality: str | None = None
+  data_id: str | None = None
+
+
+@dataclasses.dataclass
+class PlannerEpisode:
+  trajectory: Trajectory  # the planner's turns (module "planner"), trained on
+  plan: str  # the first plan, think block removed (judged for skill alignment)
+  answer: str  # the final answer: y2 after a replan, else y1
+  workflow: str  # the executor's trace: shown to the judges, stored as the memory summary
+  format_score: float  # rewards.planner_format of the planner's turns
+  complete: bool = True  # False: the episode broke before the decision -> reward 0, not stored
+
+
+class Judges(Protocol):
+  def arbiter(self, question: str, workflow: str, answer: str) -> float: ...
+
+  def alignment(self, plan: str, skill: Skill) -> float: ...
+
+
+@dataclasses.dataclass
+class JudgeBackends:
+  """`Judges` over the judges package: the no-GT panel (3 evaluators + arbiter; its `reward`,
+  the arbiter's 1 / 0 by default) and the skill-alignment judge. Both count their own failures
+  and return their configured fallbacks."""
+
+  nogt: Any  # apex_jax.judges.nogt.NoGtJudge
+  align: Any  # apex_jax.judges.align.AlignJudge
+
+  def arbiter(self, question: str, workflow: str, answer: str) -> float:
+    return self.nogt.judge(question, Candidate(answer, workflow)).reward
+
+  def alignment(self, plan: str, skill: Skill) -> float:
+    return self.align.score(plan, skill).score
+
+
+EpisodeFn = Callable[[Sequence[Query], Sequence[PlannerContext], Any, jax.Array, TtrlConfig],
+                     Sequence[Sequence[PlannerEpisode]]]
+DistillFn = Callable[[Bucket, Sequence[Memory], Skill | None], str]  # -> the Distiller's reply
+
+
+@dataclasses.dataclass
+class TtrlResult:
+  experts: Any
+  history: list[dict]
+  judge_failures: collections.Counter
+
+
+class _Judging:
+  """Calls the judges, turning failures into counted fallbacks."""
+
+  def __init__(self, judges: Judges):
+    self.judges, self.failures = judges, collections.Counter()
+
+  def _score(self, kind: str, call) -> float:
+    try:
+      value = call()
+    except (JudgeError, ValueError, TypeError) as err:
+      self.failures[f"{kind}_error"] += 1
+      log.warning("%s judge failed (%s): %s", kind, type(err).__name__, err)
+      return 0.0
+    if isinstance(value, bool):
+      return float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 1:
+      self.failures[f"{kind}_bad_value"] += 1
+      log.warning("%s judge returned %r, not a number in [0, 1]", kind, value)
+      return 0.0
+    return float(value)
+
+  def arbiter(self, question, workflow, answer) -> float:
+    return self._score("arbiter", lambda: self.judges.arbiter(question, workflow, answer))
+
+  def alignment(self, plan, skill) -> float:
+    return self._score("alignment", lambda: self.judges.alignment(plan, skill))
+
+
+def _group_rewards(episodes, query: Query, skill: Skill | None, conf: float, cfg: TtrlConfig,
+                   judging: _Judging, stats: collections.Counter, n_full: int):
+  """(rewards, judged outcomes) of one query's episodes; updates `stats`."""
+  guided = skill is not None and bool(skill.procedure or skill.pitfalls)
+  lam = rw.skill_lambda(skill.win_rate, skill.evidence_count, cfg.base_lambda, n_full) \
+      if guided else 0.0
+  gated = cfg.hard_gate and skill is not None and rw.skill_gate(
+      conf, skill.evidence_count, bool(skill.procedure), threshold=cfg.gate_threshold,
+      min_evidence=cfg.gate_min_evidence, require_procedure=cfg.gate_require_procedure)
+  stats["gated_groups"] += gated
+  out, outcomes = [], []
+  for ep in episodes:
+    if not ep.complete:
+      stats["incomplete_episodes"] += 1
+      out.append(conf if gated else 0.0)
+      outcomes.append(None)
+      continue
+    arbiter = judging.arbiter(query.question, ep.workflow, ep.answer)
+    outcomes.append(arbiter >= 0.5)
+    if gated:  # the authors return the confidence before judging alignment
+      out.append(conf)
+      continue
+    align = judging.alignment(ep.plan, skill) if guided else None
+    reward = rw.ttrl_reward(arbiter, ep.format_score, alignment=align, lam=lam)
+    stats["arbiter_sum"] += arbiter
+    stats["align_sum"] += 0.0 if align is None else align
+    stats["lambda_sum"] += lam
+    stats["judged"] += 1
+    out.append(reward.total)
+  return out, outcomes
+
+
+def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: MemoryBank,
+             generator, episode_fn: EpisodeFn, judges: Judges, distill_fn: DistillFn, *,
+             config: TtrlConfig, rng: jax.Array, logdir: str | None = None) -> TtrlResult:
+  """Runs `config.steps` TTRL updates over `queries` (cyclically); see the module docstring."""
+  if not queries:
+    raise ValueError("run_ttrl: no queries")
+  step_config = dataclasses.replace(updater.step, expert_lr=config.learning_rate,
+                                    temperature=config.temperature or 1.0)
+  updater = dataclasses.replace(updater, step=step_config, skipped_updates=0, updates=0)
+  opt = updater.init_opt_state(experts)
+  judging, history = _Judging(judges), []
+  writer = metrics_lib.MetricsWriter(None if logdir is None else os.path.join(logdir, "ttrl"),
+                                     total_steps=config.steps, progress=False)
+  with writer:
+    for step in range(config.steps):
+      batch = [queries[(step * config.batch_size + j) % len(queries)]
+               for j in range(config.batch_size)]
+      contexts = [bank.planner_context(q.question, q.caption, category=q.category,
+                                       modality=q.modality) for q in batch]
+      rng, key = jax.random.split(rng)
+      if hasattr(generator, "experts"):
+        generator.experts = experts
+      groups = episode_fn(batch, contexts, generator, key, config)
+      if len(groups) != len(batch) or any(len(g) != config.group_size for g in groups):
+        raise ValueError(f"run_ttrl step {step}: episode_fn returned group sizes "
+                         f"{[len(g) for g in groups]} for {len(batch)} queries x "
+                         f"{config.group_size}")
+      stats, rewards, memories = collections.Counter(), [], []
+      for query, ctx, group in zip(batch, contexts, groups):
+        skill = bank.get_skill(ctx.bucket)
+        conf = bank.skill_confidence(ctx.bucket)
+        group_rewards, outcomes = _group_rewards(group, query, skill, conf, config, judging,
+                                                 stats, bank.config.skill_evidence_n)
+        rewards.append(group_rewards)
+        for ep, correct in zip(group, outcomes):
+          if correct is None:
+            continue
+          memories.append(NewMemory(query.question, ep.workflow, correct, *ctx.bucket,
+                                    caption=query.caption, data_id=query.data_id))
+          if ctx.memory_ids:
+            bank.record_outcome(ctx.memory_ids, correct)
+          stats["correct"] += correct
+      trajectories = [[ep.trajectory for ep in g] for g in groups]
+      experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)
+      added = bank.add_many(memories)
+      stats["memories_stored"] += sum(r.id is not None for r in added)
+      for bucket in dict.fromkeys(ctx.bucket for ctx in contexts):
+        if bank.due_for_evolution(bucket):
+          batch_memories = bank.evolution_batch(bucket)
+          reply = distill_fn(bucket, batch_memories, bank.get_skill(bucket))
+          result = bank.apply_distiller_reply(bucket, reply, batch=batch_memories)
+          stats["evolutions_applied" if result.applied else "evolutions_failed"] += 1
+      judged = max(stats.pop("judged", 0), 1)
+      for name in ("arbiter", "align", "lambda"):
+        metrics[f"{name}_mean"] = stats.pop(f"{name}_sum", 0.0) / judged
+      metrics.update({k: float(v) for k, v in stats.items()})
+      metrics["judge_failures"] = float(sum(judging.failures.values()))
+      writer.write(step + 1, metrics)
+      history.append({"step": step + 1, **metrics})
+  if hasattr(generator, "experts"):
+    generator.experts = experts
+  return TtrlResult(experts, history, judging.failures)

@@ -1,0 +1,103 @@
+"""The alternating stages with fake rollouts: order, freezing, per-stage metrics, validation."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from apex_jax.training import stages as st
+from morse_jax.rl.metrics import read_jsonl
+from tests.apex.training.conftest import LORA, STEP
+
+
+class FakeGenerator:
+  """Records which module rolled out with which weights (the loop sets `experts`)."""
+
+  def __init__(self):
+    self.experts, self.seen = None, []
+
+
+def make_stages(tiny, steps=(2, 1, 1), lr=STEP.expert_lr, fail_at=None):
+  groups = {m: tiny.groups(m) for m in st.STAGE_ORDER}
+
+  def rollout_fn(batch, generator, rng, config):
+    generator.seen.append((config.module, generator.experts, list(batch)))
+    if fail_at is not None and len(generator.seen) == fail_at:
+      raise RuntimeError("rollout died")
+    return groups[config.module], [[1.0, 0.0], [0.0, 1.0]]
+
+  return [st.Stage(st.StageConfig(m, steps=n, batch_size=2, group_size=2, learning_rate=lr),
+                   data=[f"{m} item {i}" for i in range(3)], rollout_fn=rollout_fn)
+          for m, n in zip(st.STAGE_ORDER, steps)]
+
+
+def changed(a, b):
+  """Role experts whose weights differ between a and b."""
+  return {role for k, role in enumerate(LORA.roles)
+          if any(not np.array_equal(np.asarray(x)[:, k], np.asarray(y)[:, k])
+                 for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))}
+
+
+def test_stage_order_freezing_and_metrics(tiny, tmp_path):
+  gen = FakeGenerator()
+  result = st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny), gen,
+                         rng=jax.random.key(0), logdir=str(tmp_path))
+  assert [(h["module"], h["step"]) for h in result.history] == [
+      ("executor", 1), ("executor", 2), ("distiller", 1), ("planner", 1)]
+  assert all(h["skipped"] == 0.0 and np.isfinite(h["expert_loss"]) for h in result.history)
+  # the data is read cyclically, batch_size items per step
+  assert gen.seen[1][2] == ["executor item 2", "executor item 0"]
+  # each stage changed its own expert only; the rollouts saw the current weights
+  at_distiller, at_planner = gen.seen[2][1], gen.seen[3][1]
+  assert gen.seen[0][1] is tiny.experts
+  assert changed(tiny.experts, at_distiller) == {"executor"}
+  assert changed(at_distiller, at_planner) == {"distiller"}
+  assert changed(at_planner, result.experts) == {"planner"}
+  assert gen.experts is result.experts
+  # one reward curve per stage
+  dirs = sorted(os.listdir(tmp_path))
+  assert dirs == ["stage0_executor", "stage1_distiller", "stage2_planner"]
+  records = read_jsonl(os.path.join(tmp_path, "stage0_executor", "metrics.jsonl"))
+  assert [r["step"] for r in records] == [1, 2]
+  assert records[0]["reward_mean"] == 0.5 and records[0]["learning_rate"] == STEP.expert_lr
+
+
+def test_rollout_shape_is_checked(tiny):
+  stage = make_stages(tiny)[0]
+  bad = st.Stage(stage.config, stage.data, lambda b, g, r, c: ([[]] * 2, [[], []]))
+  with pytest.raises(ValueError, match="group 0 has 0 trajectories, group_size is 2"):
+    st.run_stages(tiny.updater(), tiny.experts, [bad], FakeGenerator(), rng=jax.random.key(0))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(module="critic"), "StageConfig.module 'critic'"),
+    (dict(steps=0), "StageConfig.steps must be an int >= 1, got 0"),
+    (dict(group_size=1), "StageConfig.group_size must be >= 2"),
+    (dict(learning_rate=0.0), "StageConfig.learning_rate must be > 0, got 0.0"),
+    (dict(batch_size=2.0), "StageConfig.batch_size must be an int >= 1, got 2.0"),
+])
+def test_stage_config_validation(kwargs, message):
+  base = dict(module="executor", steps=1, batch_size=1, group_size=2, learning_rate=1e-5)
+  with pytest.raises(ValueError, match=message):
+    st.StageConfig(**{**base, **kwargs})
+
+
+@pytest.mark.slow
+def test_resume_from_checkpoint(tiny, tmp_path):
+  """Killed as the planner stage starts, resumed: the run ends where an unbroken one would."""
+  ckpt = str(tmp_path / "ckpt")
+  with pytest.raises(RuntimeError, match="rollout died"):
+    st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny, fail_at=4), FakeGenerator(),
+                  rng=jax.random.key(0), checkpoint_dir=ckpt, checkpoint_every=1,
+                  logdir=str(tmp_path / "logs"))
+  resumed = st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny), FakeGenerator(),
+                          rng=jax.random.key(0), checkpoint_dir=ckpt, checkpoint_every=1,
+                          logdir=str(tmp_path / "logs"))
+  assert [(h["module"], h["step"]) for h in resumed.history] == [("planner", 1)]
+  unbroken = st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny), FakeGenerator(),
+                           rng=jax.random.key(0))
+  assert not changed(resumed.experts, unbroken.experts)
+  records = read_jsonl(str(tmp_path / "logs" / "stage2_planner" / "metrics.jsonl"))
+  assert [r["step"] for r in records] == [1]

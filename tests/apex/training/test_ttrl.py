@@ -1,0 +1,173 @@
+"""Skill-guided TTRL with fake judges and episodes: rewards, memories, evolution, the gate."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from apex_jax.judges.chat import JudgeError
+from apex_jax.memory import Bucket, MemoryBank, MemoryConfig
+from apex_jax.training import ttrl
+
+from tests.apex.training.conftest import STEP
+
+BUCKET = Bucket("time", "text-only")
+LR = STEP.expert_lr  # the shared step config: no second compile of the update
+SKILL_REPLY = {"operation": "synthesize", "absorbed_ids": [], "skill": {
+    "skill_name": "dates", "category": "time", "modality": "text-only",
+    "description": "find dates", "procedure": [{"step": 1, "action": "search the date",
+                                                "purpose": "ground it"}],
+    "pitfalls": ["calendar systems"], "win_rate": 1.0, "version": 1, "evidence_count": 1}}
+
+
+class OneHotEmbedder:
+  """A new basis vector for every new text: distinct questions never count as duplicates (a
+  hashed embedding can collide and dedup them away); the same question always does."""
+
+  def __init__(self, dim: int = 64):
+    self.dim, self.index = dim, {}
+
+  def __call__(self, texts):
+    rows = [self.index.setdefault(t, len(self.index)) for t in texts]
+    return np.eye(self.dim, dtype=np.float32)[rows]
+
+
+class FakeJudges:
+  """Arbiter: 'right' answers are correct; one answer breaks the judge, one gets a bad score."""
+
+  def __init__(self):
+    self.alignments = 0
+
+  def arbiter(self, question, workflow, answer):
+    if answer == "boom":
+      raise JudgeError("judge server down")
+    return {"right": 1.0, "wrong": 0.0, "weird": 7.0}[answer]
+
+  def alignment(self, plan, skill):
+    self.alignments += 1
+    return 0.5
+
+
+def episode_fn_for(tiny, answers):
+  groups = tiny.groups("planner")
+
+  def episode_fn(batch, contexts, generator, rng, config):
+    assert len(contexts) == len(batch) and all(c.bucket == BUCKET for c in contexts)
+    return [[ttrl.PlannerEpisode(t, plan="search then answer", answer=answers[j],
+                                 workflow=f"looked up {q.question}", format_score=1.0)
+             for j, t in enumerate(groups[i])] for i, q in enumerate(batch)]
+  return episode_fn
+
+
+def queries(n):
+  return [ttrl.Query(f"when did event number {i} happen", category="time",
+                     modality="text-only") for i in range(n)]
+
+
+def distill(bucket, batch, skill):
+  return json.dumps({**SKILL_REPLY, "absorbed_ids": [m.id for m in batch[:1]]})
+
+
+def make_bank(tmp_path, **config):
+  return MemoryBank(str(tmp_path / "m.db"), OneHotEmbedder(),
+                    config=MemoryConfig(evolve_every=3, evolve_min_size=3, **config))
+
+
+def test_ttrl_writes_memories_and_evolves_a_skill(tiny, tmp_path):
+  bank = make_bank(tmp_path)
+  cfg = ttrl.TtrlConfig(steps=2, batch_size=2, group_size=2, learning_rate=LR)
+  judges = FakeJudges()
+  result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(4), bank, object(),
+                         episode_fn_for(tiny, ["right", "wrong"]), judges, distill, config=cfg,
+                         rng=jax.random.key(0), logdir=str(tmp_path / "logs"))
+  first, second = result.history
+  # no skill yet: R = 0.9 arbiter + 0.1 format -> 1.0 and 0.1 in every group
+  assert first["reward_mean"] == pytest.approx(0.55) and first["skipped"] == 0.0
+  assert first["lambda_mean"] == 0.0 and judges.alignments == 0
+  # one memory per question: the wrong episode duplicates the right one's question and is
+  # dropped by the bank's dedup (a correct old memory is kept)
+  assert first["memories_stored"] == 2 and second["memories_stored"] == 2
+  # 4 questions >= evolve_every 3: the Distiller's skill is applied after the second batch
+  assert second["evolutions_applied"] == 1.0 and "evolutions_applied" not in first
+  skill = bank.get_skill(BUCKET)
+  assert skill is not None and skill.procedure[0].action == "search the date"
+  assert len(bank) == 4 and all(m.correct for m in bank.memories(BUCKET))
+
+
+def test_skill_alignment_and_lambda_enter_the_reward(tiny, tmp_path):
+  bank = make_bank(tmp_path)
+  for i in range(10):  # a skill with w = 1, n = 10: confidence 1, l_s = 0.1
+    bank.add(f"what year was thing {i} built", "searched", True, category="time",
+             modality="text-only")
+  assert len(bank) == 10
+  assert bank.apply_distiller_reply(BUCKET, distill(BUCKET, bank.memories(BUCKET), None),
+                                    batch=bank.memories(BUCKET)).applied
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, learning_rate=LR)
+  judges = FakeJudges()
+  result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(2), bank, object(),
+                         episode_fn_for(tiny, ["right", "wrong"]), judges, distill, config=cfg,
+                         rng=jax.random.key(0))
+  # right: 0.9 * 1.0 + 0.1 * 0.5 = 0.95; wrong: 0.9 * 0.1 + 0.1 * 0.5 = 0.14
+  assert result.history[0]["reward_mean"] == pytest.approx((0.95 + 0.14) / 2)
+  assert result.history[0]["lambda_mean"] == pytest.approx(0.1) and judges.alignments == 4
+
+
+def test_judge_failures_are_counted_not_fatal(tiny, tmp_path):
+  bank = make_bank(tmp_path)
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, learning_rate=LR)
+  result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(2), bank, object(),
+                         episode_fn_for(tiny, ["boom", "weird"]), FakeJudges(), distill,
+                         config=cfg, rng=jax.random.key(0))
+  assert result.judge_failures == {"arbiter_error": 2, "arbiter_bad_value": 2}
+  # both fall back to arbiter 0: every reward is the format's 0.1, nothing to learn
+  assert result.history[0]["reward_mean"] == pytest.approx(0.1)
+  assert result.history[0]["skipped"] == 1.0 and result.history[0]["judge_failures"] == 4.0
+
+
+def test_hard_skill_gate_skips_the_update(tiny, tmp_path):
+  bank = make_bank(tmp_path, evolve_window=30)
+  for i in range(20):  # w = 1, n = 20: confidence 1 >= 0.98, evidence >= 20
+    bank.add(f"what year was thing {i} built", "searched", True, category="time",
+             modality="text-only")
+  assert len(bank) == 20
+  assert bank.apply_distiller_reply(BUCKET, distill(BUCKET, bank.memories(BUCKET), None),
+                                    batch=bank.memories(BUCKET), strict=True).applied
+  assert bank.skill_confidence(BUCKET) == 1.0
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, hard_gate=True,
+                        learning_rate=LR)
+  upd = tiny.updater()
+  result = ttrl.run_ttrl(upd, tiny.experts, queries(2), bank, object(),
+                         episode_fn_for(tiny, ["right", "wrong"]), FakeJudges(), distill,
+                         config=cfg, rng=jax.random.key(0))
+  record = result.history[0]
+  # every episode's reward is the confidence: zero advantage, update skipped and counted
+  assert record["gated_groups"] == 2.0 and record["reward_mean"] == pytest.approx(1.0)
+  assert record["skipped"] == 1.0 and result.experts is tiny.experts
+  # the gated batch is still judged and remembered
+  assert record["memories_stored"] == 2.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(group_size=1), "TtrlConfig.group_size must be >= 2"),
+    (dict(base_lambda=2.0), "TtrlConfig.base_lambda must be in"),
+    (dict(steps=0), "TtrlConfig.steps must be an int >= 1"),
+])
+def test_config_validation(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    ttrl.TtrlConfig(**{"steps": 1, "batch_size": 1, "group_size": 2, **kwargs})
+
+
+def test_judge_backends_over_the_judges_package():
+  from apex_jax.judges.align import AlignJudge
+  from apex_jax.judges.nogt import NoGtJudge
+  from tests.apex.judges.fakes import ScriptedChat, by_role
+
+  def backends(verdict):
+    return ttrl.JudgeBackends(
+        NoGtJudge(ScriptedChat(by_role("Score: 8", "Score: 7", "Score: 6", verdict))),
+        AlignJudge(ScriptedChat(lambda text: "0.7")))
+  skill = SKILL_REPLY["skill"]
+  assert backends("A").arbiter("q", "trace", "answer") == 1.0
+  assert backends("B").arbiter("q", "trace", "answer") == 0.0
+  assert backends("A").alignment("plan", skill) == pytest.approx(0.7)
