@@ -15,6 +15,18 @@ With --init, training continues from an existing folder (its weights and tokeniz
 on the executor turns of the subtasks of --categories, mixed with --replay times as many turns of
 the other categories (without them the model forgets what it could do): a short run teaches those
 subtask types partly, which is how the committed toy gets a category it solves only sometimes.
+
+--corpus=apex adds APEx's executor / planner / distiller conversations from synthetic worlds
+(apex_jax.toy, compact prompts; --worlds worlds of seeds seed*1000 + i, held-out loss on world
+seed 100000 + seed); with --init they are mixed with --replay times as many MoRSE turns of all
+train categories, so one backbone keeps both. --corpus=both trains on the MoRSE and the APEx
+corpus together (from scratch: a BPE over both). Multi-turn conversations train every reply and
+no prompt or tool output (apex_jax.toy.encode):
+
+  python -m launchers.pretrain_toy --corpus=apex --init=assets/toy_qwen3 --replay=0.5 \
+      --steps=120 --lr=5e-4 --warmup=5 --out=/tmp/toy_apex_try
+  python -m launchers.pretrain_toy --corpus=both --steps=3000 --problems=3000 --batch=16 \
+      --out=/tmp/toy_apex_fresh        # a fresh toy with its own BPE (a GPU job)
 """
 
 from __future__ import annotations
@@ -43,6 +55,13 @@ _CATEGORIES = flags.DEFINE_list("categories", [], "With --init: train on the exe
 _REPLAY = flags.DEFINE_float("replay", 1.0, "With --init: replayed turns of the other categories "
                              "per taught turn, so the skills the model has are not forgotten.")
 _WARMUP = flags.DEFINE_integer("warmup", -1, "Warmup steps (default min(50, steps / 10)).")
+_CORPUS = flags.DEFINE_enum("corpus", "morse", ["morse", "apex", "both"], "Training turns: "
+                            "MoRSE's, APEx's (synthetic worlds) or both.")
+_WORLDS = flags.DEFINE_integer("worlds", 4, "With --corpus=apex|both: synthetic worlds.")
+_WORLD_ENTITIES = flags.DEFINE_integer("world_entities", 120, "Entities per world.")
+_WORLD_QUESTIONS = flags.DEFINE_integer("world_questions", 400, "Questions per world.")
+_APEX_TOPK = flags.DEFINE_integer("apex_topk", 3, "Passages per search in the APEx turns "
+                                  "(AgentConfig.topk at run time must match).")
 
 
 def dose_turns(n: int, seed: int, categories) -> list[dict]:
@@ -52,6 +71,16 @@ def dose_turns(n: int, seed: int, categories) -> list[dict]:
 
   problems = synthetic.split(synthetic.generate(n, seed), "test", holdout=tuple(categories))
   return corpus.executor_turns(problems, categories)
+
+
+def apex_turns(seeds, topk: int) -> list[dict]:
+  from apex_jax.agents.config import AgentConfig
+  from apex_jax.toy import build
+
+  turns, stats = build.corpus(seeds, _WORLD_ENTITIES.value, _WORLD_QUESTIONS.value,
+                              AgentConfig(prompts="compact", topk=topk))
+  print(f"apex corpus (worlds {list(seeds)}): {dict(sorted(stats.items()))}", flush=True)
+  return turns
 
 
 def main(argv):
@@ -69,7 +98,31 @@ def main(argv):
                       warmup=_WARMUP.value if _WARMUP.value >= 0
                       else min(50, max(1, _STEPS.value // 10)))
   start = time.time()
-  if _INIT.value:
+  apex = _CORPUS.value != "morse"
+  if apex:
+    from apex_jax.toy import encode
+
+    world_seeds = [_SEED.value * 1000 + i for i in range(_WORLDS.value)]
+    train_turns = apex_turns(world_seeds, _APEX_TOPK.value)
+    held_turns = apex_turns([100000 + _SEED.value], _APEX_TOPK.value)
+    if _CORPUS.value == "both":
+      categories = synthetic.train_categories()
+      train_turns += corpus.turns(synthetic.generate(_PROBLEMS.value, _SEED.value, categories))
+    elif _INIT.value and _REPLAY.value > 0:
+      replay = corpus.turns(synthetic.generate(_PROBLEMS.value, _SEED.value + 2,
+                                               synthetic.train_categories()))
+      keep = np.random.default_rng(_SEED.value).permutation(len(replay))
+      train_turns += [replay[i] for i in keep[:int(_REPLAY.value * len(train_turns))]]
+    if _INIT.value:
+      from morse_jax import llm
+
+      init = llm.load(_INIT.value)
+      hf_tok, config, params = init.tokenizer.hf, init.config, init.params
+    else:
+      hf_tok = tokenizer.train_bpe(encode.texts(train_turns), cfg.vocab_size)
+      config = sft.llm_config(cfg, len(hf_tok))
+      params = sft.init_params(config, cfg.seed)
+  elif _INIT.value:
     if not _CATEGORIES.value:
       raise app.UsageError("--init needs --categories (the subtask types to teach)")
     from morse_jax import llm
@@ -89,10 +142,16 @@ def main(argv):
     hf_tok = tokenizer.train_bpe(corpus.texts(train_turns), cfg.vocab_size)
     config = sft.llm_config(cfg, len(hf_tok))
     params = sft.init_params(config, cfg.seed)
-  train_data, dropped = sft.examples(train_turns, hf_tok, cfg.max_len)
-  held_data, _ = sft.examples(held_turns, hf_tok, cfg.max_len)
+  if apex:  # multi-turn: every reply trained; a long conversation is cut after a whole reply
+    train_data, dropped, cut = encode.examples(train_turns, hf_tok, cfg.max_len)
+    held_data, _, _ = encode.examples(held_turns, hf_tok, cfg.max_len)
+  else:
+    (train_data, dropped), cut = sft.examples(train_turns, hf_tok, cfg.max_len), 0
+    held_data, _ = sft.examples(held_turns, hf_tok, cfg.max_len)
   targets = sum(int(m.sum()) for _, m in train_data)
-  print(f"corpus: {len(train_turns)} turns ({dropped} longer than {cfg.max_len} dropped), "
+  cut_note = f", {cut} cut after their last whole reply" if apex else ""
+  print(f"corpus: {len(train_turns)} turns ({dropped} longer than {cfg.max_len} dropped"
+        f"{cut_note}), "
         f"{sum(len(t) for t, _ in train_data)} tokens, {targets} target tokens; "
         f"vocab {len(hf_tok)} -> {config.vocab_size}; {config.num_params() / 1e6:.2f}M params; "
         f"{dataclasses.asdict(cfg)}; setup {time.time() - start:.1f}s", flush=True)

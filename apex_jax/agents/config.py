@@ -14,6 +14,7 @@ import dataclasses
 from morse_jax import llm
 
 BACKENDS = ("adapters", "separate")
+PROMPT_STYLES = ("authors", "compact")  # see apex_jax.agents.prompts
 ON_FORMAT_ERROR = ("end", "feedback")
 
 
@@ -45,6 +46,7 @@ class AgentConfig:
   backend: str = "adapters"  # "adapters": three role experts on one backbone; "separate"
   on_format_error: str = "end"  # "end" (the authors') or "feedback": show the error, go on
   replan_memories: bool = True  # the paper's replan sees k=1 new memories; the code shows none
+  prompts: str = "authors"  # "authors": verbatim; "compact": same protocol, a few dozen words
 
   def __post_init__(self):
     for name in ("max_turns", "max_llm_calls", "max_tool_tokens", "max_context_tokens",
@@ -67,6 +69,8 @@ class AgentConfig:
     if self.on_format_error not in ON_FORMAT_ERROR:
       raise AgentConfigError(f"AgentConfig.on_format_error {self.on_format_error!r} not in "
                              f"{ON_FORMAT_ERROR}")
+    if self.prompts not in PROMPT_STYLES:
+      raise AgentConfigError(f"AgentConfig.prompts {self.prompts!r} not in {PROMPT_STYLES}")
     for name in ("enforce_word_limit", "replan_memories"):
       if not isinstance(getattr(self, name), bool):
         raise AgentConfigError(f"AgentConfig.{name} must be a bool, got "

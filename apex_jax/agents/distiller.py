@@ -106,10 +106,15 @@ _SCHEMA_FIELDS = ("skill_name", "category", "modality", "description", "procedur
                   "win_rate", "version", "evidence_count")
 
 
-def skill_messages(bucket, batch: Sequence[Memory], current: Skill | None) -> list[dict]:
+def skill_messages(bucket, batch: Sequence[Memory], current: Skill | None,
+                   style: str = "authors") -> list[dict]:
   """The Writer's chat: synthesis without a current skill, evolution with one."""
   bucket = as_bucket(bucket)
   memories = format_batch(batch)
+  if prompts.check_style(style) == "compact":
+    doc = None if current is None else json.dumps(
+        {k: v for k, v in current.to_dict().items() if k in _SCHEMA_FIELDS}, ensure_ascii=False)
+    return prompts.compact_skill_messages(bucket.category, bucket.modality, memories, doc)
   if current is None:
     user = SYNTHESIS.format(category=bucket.category, modality=bucket.modality,
                             formatted_memories=memories, skill_output_schema=SCHEMA)
@@ -120,8 +125,9 @@ def skill_messages(bucket, batch: Sequence[Memory], current: Skill | None) -> li
   return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
-def summary_messages(trace: str) -> list[dict]:
-  return [{"role": "user", "content": SUMMARY.format(trace=trace, words=SUMMARY_WORDS)}]
+def summary_messages(trace: str, style: str = "authors") -> list[dict]:
+  template = SUMMARY if prompts.check_style(style) == "authors" else prompts.COMPACT_SUMMARY
+  return [{"role": "user", "content": template.format(trace=trace, words=SUMMARY_WORDS)}]
 
 
 @dataclasses.dataclass
@@ -168,7 +174,7 @@ class Distiller:
         batch = bank.evolution_batch(b)
         if batch:  # nothing to distil in an empty bucket
           pending.append((b, batch, bank.get_skill(b)))
-    chats = [skill_messages(b, batch, prev) for b, batch, prev in pending]
+    chats = [skill_messages(b, batch, prev, self.config.prompts) for b, batch, prev in pending]
     out = []
     for (b, batch, prev), (conv, gen) in zip(pending, self._generate(chats, rng)):
       result = bank.apply_distiller_reply(b, gen.text, batch=batch)
@@ -186,7 +192,7 @@ class Distiller:
     """Workflow summaries of execution traces (prompts.render_trace), one sampler call."""
     out = []
     for trace, (conv, gen) in zip(traces, self._generate(
-        [summary_messages(t) for t in traces], rng)):
+        [summary_messages(t, self.config.prompts) for t in traces], rng)):
       text = prompts.after_think(gen.text)
       words = len(text.split())
       fallback = not text

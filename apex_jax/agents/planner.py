@@ -146,11 +146,9 @@ class Planner:
     runs = []
     for q, ctx in zip(questions, contexts):
       skill, memory = context_slots(ctx)
-      user = prompts.PLAN_PROMPT.format(skill=skill, memory=memory, question=q,
-                                        words=self.config.plan_word_limit)
-      runs.append(PlannerRun(q, Conversation.start(self.tokenizer, [
-          {"role": "system", "content": prompts.PLANNER_SYSTEM},
-          {"role": "user", "content": user}])))
+      messages = prompts.plan_messages(skill, memory, q, self.config.plan_word_limit,
+                                       self.config.prompts)
+      runs.append(PlannerRun(q, Conversation.start(self.tokenizer, messages)))
     for r, text in zip(runs, self._generate(runs, rng)):
       r.plan = self._limited(r, text, self.config.plan_word_limit, "plan")
     return runs
@@ -161,9 +159,8 @@ class Planner:
     if len(executions) != len(runs):
       raise ValueError(f"Planner.evaluate: {len(executions)} executions for {len(runs)} runs")
     for r, ex in zip(runs, executions):
-      trace = prompts.render_trace(r.question, ex.info["turns"])
-      r.conv.add_messages(self.deltas, [{"role": "user",
-                                         "content": prompts.JUDGE_PROMPT.format(trace=trace)}])
+      r.conv.add_messages(self.deltas, [prompts.judge_message(r.question, ex.info["turns"],
+                                                              self.config.prompts)])
     for r, text in zip(runs, self._generate(runs, rng)):
       r.decision = parse_decision(text)
       r.stats["decision_unparsed"] += int(not r.decision.parsed)
@@ -177,10 +174,8 @@ class Planner:
     if len(memories) != len(runs):
       raise ValueError(f"Planner.replan: {len(memories)} memory texts for {len(runs)} runs")
     for r, mem in zip(runs, memories):
-      block = f"\n### [Relevant Memories]\n{mem.strip()}\n" if mem else ""
-      user = prompts.REPLAN_PROMPT.format(question=r.question, memory=block,
-                                          words=self.config.replan_word_limit)
-      r.conv.add_messages(self.deltas, [{"role": "user", "content": user}])
+      r.conv.add_messages(self.deltas, [prompts.replan_message(
+          r.question, mem, self.config.replan_word_limit, self.config.prompts)])
     for r, text in zip(runs, self._generate(runs, rng)):
       r.replan = self._limited(r, text, self.config.replan_word_limit, "replan")
     return [r.replan for r in runs]

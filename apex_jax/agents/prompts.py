@@ -9,6 +9,11 @@ trace the Planner and the Distiller read.
   REPLAN_PROMPT) and Serve/Train_Planner/agent_serve.py (REFLECTION_JUDGE_PROMPT, the trace).
 - Distiller: Writer-Train/Train/writer_skill/prompt.py (skill synthesis / evolution) and
   Memory-Serve/memory_serve.py (`get_trace_prompt`, the workflow summary).
+
+Two styles (AgentConfig.prompts): "authors" (the default, verbatim) and "compact": the same
+protocol, tags and reply formats in a few dozen words, for the CPU toy backbone, whose code BPE
+spends about 1,360 tokens on the authors' executor prompt alone. The builders at the end take the
+style; `apex_jax.toy.corpus` renders its training turns with the same builders.
 """
 
 from __future__ import annotations
@@ -181,14 +186,16 @@ def truncate_words(text: str, max_words: int = 512) -> str:
   return " ".join(words[:max_words] + [OMITTED])
 
 
-def render_trace(question: str, turns) -> str:
+def render_trace(question: str, turns, max_words: int = 512) -> str:
   """The execution trace of agent_serve.py `/plan`: each assistant turn as a round, each tool
-  response (cut to 512 words) after it. `turns`: dicts with 'text' and 'tool_output' (or None)."""
+  response (cut to `max_words` words) after it. `turns`: dicts with 'text' and 'tool_output'
+  (or None)."""
   trace = f"### Question: {question}\n"
   for j, turn in enumerate(turns, 1):
     trace += f"### Round {j}:\n#### Agent Reasoning and Tool Call:\n{turn['text']}\n"
     if turn.get("tool_output") is not None:
-      trace += f"#### Tool Call Return Results:\n{truncate_words(turn['tool_output'])}\n"
+      trace += (f"#### Tool Call Return Results:\n"
+                f"{truncate_words(turn['tool_output'], max_words)}\n")
   return trace
 
 
@@ -199,3 +206,97 @@ def after_think(text: str) -> str:
     return text.replace("<|im_end|>", "").strip()
   start = close + len("</think>") if close > open_ else open_ + len("<think>")
   return text[start:].replace("<|im_end|>", "").strip()
+
+
+# -------------------------------------------------------------------------------- prompt styles
+
+STYLES = ("authors", "compact")
+
+COMPACT_EXECUTOR = (
+    "Answer the question by searching. Each turn: <think>...</think> then either one "
+    '<tool_call>{"name": "search", "arguments": {"query_list": ["..."]}}</tool_call> '
+    "(then wait for the results) or <answer>...</answer>.\nQuestion: ")
+COMPACT_PLAN_GUIDE = "\nPlan:\n{plan}\n"
+COMPACT_REVISED_PLAN = "\nRevised plan:\n{replan}\nContinue:\n"
+COMPACT_PLANNER_SYSTEM = "You plan searches for an agent, judge its work, and replan."
+COMPACT_PLAN = ("Skill: {skill}\nMemories: {memory}\nWrite a numbered search plan (at most "
+                "{words} words, no facts, no answer) for:\n{question}")
+COMPACT_NO_SKILL = "none"
+COMPACT_JUDGE = "{trace}\nReplan? Reply yes or no."
+COMPACT_REPLAN = ("Replan for: {question}{memory}\nList the remaining steps (at most {words} "
+                  "words, no facts).")
+COMPACT_SUMMARY = ("Summarise the run in numbered steps (each search's query, then the answer), "
+                   "at most {words} words:\n{trace}")
+COMPACT_TRACE_WORDS = 80  # words of each tool output the compact judge prompt shows
+COMPACT_DISTILLER_SYSTEM = "You distil task memories into skill documents. Output JSON only."
+COMPACT_SKILL_FIELDS = (
+    '{"operation": ..., "skill": {"skill_name", "category", "modality", "description", '
+    '"procedure": [{"step", "action", "purpose"}], "pitfalls", "win_rate", "version", '
+    '"evidence_count"}, "absorbed_ids": [...]}')
+COMPACT_SYNTHESIS = ("Memories ({category}, {modality}):\n{formatted_memories}\nSynthesize a "
+                     "skill as JSON: {fields}")
+COMPACT_EVOLUTION = ("Skill: {current_skill}\nNew memories:\n{formatted_memories}\nRefine, "
+                     "create or skip, as JSON: {fields}")
+
+
+def check_style(style: str) -> str:
+  if style not in STYLES:
+    raise ValueError(f"prompt style {style!r} not in {STYLES}")
+  return style
+
+
+def executor_messages(question: str, plan: str | None, style: str = "authors") -> list[dict]:
+  """The executor's opening chat: one user message (the authors' put everything there)."""
+  if check_style(style) == "authors":
+    return [{"role": "user", "content": executor_prompt(question, plan)}]
+  text = COMPACT_EXECUTOR + question
+  text += COMPACT_PLAN_GUIDE.format(plan=plan) if plan is not None else ""
+  return [{"role": "user", "content": text}]
+
+
+def revised_plan_message(replan: str, style: str = "authors") -> dict:
+  template = REVISED_PLAN if check_style(style) == "authors" else COMPACT_REVISED_PLAN
+  return {"role": "user", "content": template.format(replan=replan)}
+
+
+def plan_messages(skill: str, memory: str, question: str, words: int,
+                  style: str = "authors") -> list[dict]:
+  """[system, plan prompt]; skill and memory as `planner.context_slots` gives them (skill
+  NO_SKILL when the question type has none)."""
+  if check_style(style) == "authors":
+    user = PLAN_PROMPT.format(skill=skill, memory=memory, question=question, words=words)
+    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
+  user = COMPACT_PLAN.format(skill=COMPACT_NO_SKILL if skill == NO_SKILL else skill,
+                             memory=memory, question=question, words=words)
+  return [{"role": "system", "content": COMPACT_PLANNER_SYSTEM},
+          {"role": "user", "content": user}]
+
+
+def judge_message(question: str, turns, style: str = "authors") -> dict:
+  """The evaluate turn's user message: the executor's trace, then the yes / no request."""
+  if check_style(style) == "authors":
+    return {"role": "user", "content": JUDGE_PROMPT.format(trace=render_trace(question, turns))}
+  trace = render_trace(question, turns, COMPACT_TRACE_WORDS)
+  return {"role": "user", "content": COMPACT_JUDGE.format(trace=trace)}
+
+
+def replan_message(question: str, memory: str | None, words: int, style: str = "authors") -> dict:
+  """memory: rendered new memories (None: none shown)."""
+  block = f"\n### [Relevant Memories]\n{memory.strip()}\n" if memory else ""
+  template = REPLAN_PROMPT if check_style(style) == "authors" else COMPACT_REPLAN
+  return {"role": "user", "content": template.format(question=question, memory=block,
+                                                     words=words)}
+
+
+def compact_skill_messages(category: str, modality: str, memories: str,
+                           current_skill: str | None) -> list[dict]:
+  """The Distiller's chat in the compact style (the authors' is distiller.skill_messages):
+  synthesis without a current skill (JSON text), evolution with one."""
+  if current_skill is None:
+    user = COMPACT_SYNTHESIS.format(category=category, modality=modality,
+                                    formatted_memories=memories, fields=COMPACT_SKILL_FIELDS)
+  else:
+    user = COMPACT_EVOLUTION.format(current_skill=current_skill, formatted_memories=memories,
+                                    fields=COMPACT_SKILL_FIELDS)
+  return [{"role": "system", "content": COMPACT_DISTILLER_SYSTEM},
+          {"role": "user", "content": user}]

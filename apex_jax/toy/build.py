@@ -1,0 +1,78 @@
+"""The APEx SFT corpus of whole worlds: every question's executor conversation, a planner
+conversation (on the gold trace or a corrupted one) and, per category, a few distiller replies.
+
+  turns, stats = build.corpus(seeds=(0, 1), entities=120, questions=400,
+                              config=AgentConfig(prompts="compact"))
+
+Deterministic in (seeds, sizes, config, corpus config). Questions whose gold passage a search
+misses are skipped and counted (`stats["gold_missed"]`): the tool would not show the model what
+its gold run says it saw.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from typing import Sequence
+
+from apex_jax.agents.config import AgentConfig
+from apex_jax.datasets.world import World
+from apex_jax.memory.records import Memory
+from apex_jax.toy import corpus as C
+from apex_jax.toy.search import WordSearch
+
+MAX_DISTILL_BATCHES = 2  # per category and world: one synthesis, one refinement
+
+
+def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig = C.CorpusConfig(),
+                seed: int = 0) -> tuple[list[dict], collections.Counter]:
+  """(conversations, counters) of one world, question by question, then the distiller's."""
+  rng = random.Random(seed)
+  searcher = WordSearch(world.passages, config.topk)
+  names = [e.name for e in world.entities.values()]
+  stats, turns = collections.Counter(), []
+  memories: dict[str, list[tuple[Memory, str | None]]] = collections.defaultdict(list)
+  for ex in world.examples:
+    gold = C.executor_rounds(ex, searcher, config)
+    if gold is None:
+      stats["gold_missed"] += 1
+      continue
+    plan = C.numbered(C.plan_steps(ex)) if rng.random() < corpus_config.plan_share else None
+    turns.append(C.executor_conversation(ex, gold, plan, config))
+    stats["execute"] += 1
+    trace, searched, kind = gold, ex.hops, None
+    if rng.random() < corpus_config.negative_share:
+      kind = rng.choice(C.CORRUPTIONS)
+      trace, searched = C.corrupt(ex, searcher, config, kind, rng, names)
+      if trace is None:
+        stats["corrupt_missed"] += 1
+        continue
+    turns.append(C.planner_conversation(ex, trace, searched, kind is None, config))
+    stats["plan_replan" if kind else "plan_accept"] += 1
+    memories[ex.category].append((Memory(sum(map(len, memories.values())) + 1, ex.category,
+                                         C.MODALITY, ex.question, C.workflow(trace),
+                                         "correct" if kind is None else "incorrect"), kind))
+  size = corpus_config.distill_batch
+  for category in sorted(memories):
+    items = memories[category]
+    chunks = [items[i:i + size] for i in range(0, len(items) - size + 1, size)]
+    chunks = chunks[:MAX_DISTILL_BATCHES]
+    if not chunks:
+      continue
+    batches = [[m for m, _ in chunk] for chunk in chunks]
+    pitfalls = [[C.PITFALLS[k] for _, k in chunk if k] for chunk in chunks]
+    turns += C.distiller_conversations(category, batches, pitfalls, config)
+    stats["distill"] += len(batches)
+  return turns, stats
+
+
+def corpus(seeds: Sequence[int], entities: int, questions: int, config: AgentConfig,
+           corpus_config: C.CorpusConfig = C.CorpusConfig()) -> tuple[list[dict],
+                                                                   collections.Counter]:
+  """The turns of one world per seed (World.generate(seed, entities, questions)), in order."""
+  turns, stats = [], collections.Counter()
+  for seed in seeds:
+    t, s = world_turns(World.generate(seed, entities, questions), config, corpus_config, seed)
+    turns += t
+    stats.update(s)
+  return turns, stats

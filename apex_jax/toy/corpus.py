@@ -1,0 +1,258 @@
+"""Supervised APEx conversations from the synthetic world's gold hop chains, rendered with the
+prompt builders the agents use at run time (`apex_jax.agents.prompts`, AgentConfig.prompts), so
+that the toy is trained on exactly the chats it later meets.
+
+A conversation is a dict in the shape of `morse_jax.toy.corpus` turns plus rounds:
+  {"role": "apex_execute" | "apex_plan" | "apex_distill", "messages": opening chat,
+   "target": first assistant reply, "rounds": [{"messages": [...], "target": reply}, ...],
+   "example_id": str, ...}
+`messages` + `target` alone is a valid single-turn example (`morse_jax.toy.sft.encode`);
+`apex_jax.toy.encode` encodes every round, training on the assistant replies only.
+
+- executor: per hop `<think>` + a search call with the hop's gold query, the tool output as the
+  Executor renders it (this module's `tool_output`, checked against the real Executor in the
+  tests) from a real search over the world, then `<think>` + `<answer>` with the gold answer.
+  Half of the runs carry the gold plan in the prompt (the episode's case), half none.
+- planner: [system, plan prompt] -> plan derived from the chain; judge prompt with an executor
+  trace -> "no" for the gold trace, "yes" for a corrupted one (stopped early, a wrong answer, no
+  search), then the replan prompt -> the remaining steps.
+- distiller: a skill JSON reply (synthesize, then refine) per category for a batch of memories
+  whose workflows are the gold or corrupted traces; valid for MemoryBank.apply_distiller_reply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from typing import Sequence
+
+from apex_jax.agents import prompts
+from apex_jax.agents.config import AgentConfig
+from apex_jax.datasets.records import QAExample
+from apex_jax.memory import skills as skills_lib
+from apex_jax.memory.records import Memory
+from apex_jax.tools import format_results, render_tool_call
+
+ROLES = ("apex_execute", "apex_plan", "apex_distill")
+CORRUPTIONS = ("early", "wrong", "no_search")
+MODALITY = "text-only"  # the world's questions have no image
+_NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusConfig:
+  plan_share: float = 0.5  # executor runs whose prompt carries the gold plan
+  negative_share: float = 0.5  # planner conversations judging a corrupted trace
+  distill_batch: int = 4  # memories per distiller prompt
+
+  def __post_init__(self):
+    for name in ("plan_share", "negative_share"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
+    if isinstance(self.distill_batch, bool) or not isinstance(self.distill_batch, int) \
+        or self.distill_batch < 1:
+      raise ValueError(f"CorpusConfig.distill_batch must be an integer >= 1, got "
+                       f"{self.distill_batch!r}")
+
+
+def tool_output(queries: Sequence[str], results) -> str:
+  """The Executor's tool response text (Executor._tool_output, verl's search tool: one line per
+  query, a count, then that query's results as JSON)."""
+  return "\n".join(f"A search for '{q}' found {len(passages)} results. "
+                   + json.dumps({"result": format_results([passages])}, ensure_ascii=False)
+                   for q, passages in zip(queries, results))
+
+
+# ---------------------------------------------------------------------------------- plans
+
+def plan_steps(example: QAExample) -> list[str]:
+  """One search step per hop, a later hop's query naming the earlier result it depends on as
+  "<result of step j>" (a plan must hold no facts), then the step that gives the answer."""
+  steps, known = [], []
+  for hop in example.chain:
+    query = hop.query
+    for j, answer in known:
+      query = query.replace(answer, f"<result of step {j}>")
+    steps.append(f'Search "{query}".')
+    known.append((len(steps), hop.answer))
+  n = len(steps)
+  final = {"age": "Subtract the birth year from the release year.",
+           "before": "Compare the two birth years.",
+           "first": "Pick the film with the earlier year.",
+           "same": "Compare the two birth cities."}.get(example.kind,
+                                                        f"Answer with the result of step {n}.")
+  return steps + [final]
+
+
+def numbered(steps: Sequence[str]) -> str:
+  return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+
+
+def plan_reply(example: QAExample) -> str:
+  return f"<think>{example.hops} searches.</think>\n{numbered(plan_steps(example))}"
+
+
+# ------------------------------------------------------------------------------- executor
+
+def _answer_think(example: QAExample) -> str:
+  if example.kind == "chain":
+    last = example.chain[-1]
+    return f"{last.query}: {last.answer}."
+  return " ".join(f"{h.query}: {h.answer}." for h in example.chain)
+
+
+def _search_turn(hops_done: Sequence, hop) -> str:
+  prev = f"{hops_done[-1].query}: {hops_done[-1].answer}. " if hops_done else ""
+  return f"<think>{prev}Next: {hop.query}.</think>\n{render_tool_call([hop.query])}"
+
+
+def _answer_turn(think: str, answer: str) -> str:
+  return f"<think>{think}</think>\n<answer>{answer}</answer>"
+
+
+def executor_rounds(example: QAExample, searcher, config: AgentConfig,
+                    stop_after: int | None = None, answer: str | None = None) -> list[dict] | None:
+  """[{"text", "tool_output"}] per assistant turn: the gold run, or with stop_after / answer a
+  corrupted one (stops after that many searches / gives that answer). None when a search misses
+  its hop's gold passage (the gold run would not be what the tool shows)."""
+  hops = example.chain[:stop_after] if stop_after is not None else example.chain
+  turns = []
+  for k, hop in enumerate(hops):
+    (passages,) = searcher.search([hop.query], topk=config.topk)
+    if hop.passage_id not in [p.id for p in passages]:
+      return None
+    turns.append({"text": _search_turn(hops[:k], hop),
+                  "tool_output": tool_output([hop.query], [passages])})
+  if stop_after is None:
+    think = _answer_think(example)
+  else:
+    think = f"{hops[-1].query}: {hops[-1].answer}." if hops else "I know this."
+  turns.append({"text": _answer_turn(think, answer or example.answers[0]), "tool_output": None})
+  return turns
+
+
+def conversation(role: str, opening: list[dict], replies: Sequence[str],
+                 follow_ups: Sequence[list[dict]], example_id: str, **extra) -> dict:
+  """replies[0] answers `opening`; replies[i] answers follow_ups[i - 1]."""
+  if len(follow_ups) != len(replies) - 1:
+    raise ValueError(f"{len(replies)} replies need {len(replies) - 1} follow-ups, got "
+                     f"{len(follow_ups)}")
+  return {"role": role, "messages": opening, "target": replies[0],
+          "rounds": [{"messages": m, "target": r} for m, r in zip(follow_ups, replies[1:])],
+          "example_id": example_id, **extra}
+
+
+def executor_conversation(example: QAExample, turns: list[dict], plan: str | None,
+                          config: AgentConfig) -> dict:
+  opening = prompts.executor_messages(example.question, plan, config.prompts)
+  follow = [[prompts.tool_message(t["tool_output"])] for t in turns[:-1]]
+  return conversation("apex_execute", opening, [t["text"] for t in turns], follow, example.id)
+
+
+# -------------------------------------------------------------------------------- planner
+
+def corrupt(example: QAExample, searcher, config: AgentConfig, kind: str,
+            rng: random.Random, names: Sequence[str]) -> tuple[list[dict] | None, int]:
+  """A wrong run of `kind` and how many hops it searched."""
+  wrong = rng.choice([n for n in names if n not in example.answers] or ["unknown"])
+  if kind == "early" and example.hops > 1:
+    k = rng.randrange(1, example.hops)
+    return executor_rounds(example, searcher, config, k, example.chain[k - 1].answer), k
+  if kind == "wrong":
+    return executor_rounds(example, searcher, config, None, wrong), example.hops
+  return executor_rounds(example, searcher, config, 0, wrong), 0
+
+
+def planner_conversation(example: QAExample, trace: list[dict], searched: int, correct: bool,
+                         config: AgentConfig) -> dict:
+  skill, memory = prompts.NO_SKILL, skills_lib.render_memories([], []).strip()
+  opening = prompts.plan_messages(skill, memory, example.question, config.plan_word_limit,
+                                  config.prompts)
+  n = example.hops
+  supported = "in" if correct else "not in"
+  decision = (f"<think>{searched} of {n} searches done; the answer is {supported} the "
+              f"results.</think>\n{'no' if correct else 'yes'}")
+  replies, follow = [plan_reply(example), decision], [[prompts.judge_message(
+      example.question, trace, config.prompts)]]
+  if not correct:
+    remaining = plan_steps(example)[searched:]
+    replies.append(f"<think>Stopped after {searched} searches.</think>\n{numbered(remaining)}")
+    follow.append([prompts.replan_message(example.question, None, config.replan_word_limit,
+                                          config.prompts)])
+  return conversation("apex_plan", opening, replies, follow, example.id, replan=not correct)
+
+
+# ------------------------------------------------------------------------------ distiller
+
+def workflow(trace: list[dict]) -> str:
+  """A memory's workflow summary of a run: its searches and its answer, one step a line."""
+  steps = []
+  for t in trace:
+    call = re.search(r'"query_list": \[(.*?)\]', t["text"])
+    answer = re.search(r"<answer>(.*?)</answer>", t["text"], re.DOTALL)
+    if call:
+      steps.append(f"search({call.group(1)})")
+    elif answer:
+      steps.append(f"answer '{answer.group(1)}'")
+  return numbered(steps)
+
+
+PITFALLS = {"early": "Answering before every search is done.",
+            "wrong": "Answering with a name the results do not support.",
+            "no_search": "Answering without searching."}
+
+
+def skill_reply(category: str, batch: Sequence[Memory], current: dict | None,
+                pitfalls_seen: Sequence[str]) -> dict:
+  """A synthesize (no current skill) or refine reply: the procedure of the batch's first correct
+  workflow with names generalised to X (no answer in it), the pitfalls of its incorrect ones."""
+  good = [m for m in batch if m.correct]
+  source = (good or batch)[0].workflow_summary.splitlines()
+  steps = [{"step": i, "action": _NAME.sub("X", line.split(". ", 1)[1]),
+            "purpose": "find the next fact"} if "search(" in line else
+           {"step": i, "action": "answer with the last fact found", "purpose": "give the answer"}
+           for i, line in enumerate(source, 1)]
+  pitfalls = sorted(set(pitfalls_seen) | set(current["pitfalls"] if current else ()))
+  n = len(batch) + (current["evidence_count"] if current else 0)
+  wins = len(good) + (round(current["win_rate"] * current["evidence_count"]) if current else 0)
+  skill = {"skill_name": f"{category}_{MODALITY}_strategy", "category": category,
+           "modality": MODALITY, "description": f"Search each fact a {category} question needs.",
+           "procedure": steps if current is None else current["procedure"],
+           "pitfalls": pitfalls or [PITFALLS["early"]], "win_rate": round(wins / n, 2),
+           "version": 1 + (current["version"] if current else 0), "evidence_count": n}
+  return {"operation": "synthesize" if current is None else "refine", "skill": skill,
+          "absorbed_ids": [m.id for m in good]}
+
+
+def distiller_conversations(category: str, batches: Sequence[Sequence[Memory]],
+                            pitfalls: Sequence[Sequence[str]], config: AgentConfig) -> list[dict]:
+  """Synthesis on the first batch, refinement on each later one. Each reply is applied to a
+  scratch in-memory MemoryBank (a reply it rejects is a bug here: raised), and the current
+  skill the next prompt shows is the bank's, rendered as the Distiller renders it."""
+  from apex_jax.agents import distiller
+  from apex_jax.memory.schema import Bucket
+  from apex_jax.memory.store import MemoryBank
+
+  bucket, out = Bucket(category, MODALITY), []
+  with MemoryBank(":memory:", embedder=lambda texts: None) as bank:
+    for batch, seen in zip(batches, pitfalls):
+      skill = bank.get_skill(bucket)
+      doc = None if skill is None else {k: v for k, v in skill.to_dict().items()
+                                        if k in distiller._SCHEMA_FIELDS}
+      reply = json.dumps(skill_reply(category, batch, doc, seen), ensure_ascii=False)
+      if config.prompts == "compact":
+        memories = skills_lib.format_batch(batch)
+        opening = prompts.compact_skill_messages(
+            category, MODALITY, memories, None if doc is None else json.dumps(doc,
+                                                                             ensure_ascii=False))
+      else:
+        opening = distiller.skill_messages(bucket, batch, skill)
+      result = bank.apply_distiller_reply(bucket, reply, batch=list(batch), strict=True)
+      assert result.applied, result
+      out.append(conversation("apex_distill", opening, [reply], [], f"{category}:{batch[0].id}",
+                              bucket=tuple(bucket), memory_ids=[m.id for m in batch],
+                              has_skill=doc is not None))
+  return out

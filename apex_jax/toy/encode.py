@@ -1,0 +1,85 @@
+"""Token encoding of multi-turn conversations (`apex_jax.toy.corpus`) for supervised training, built
+the way the agents build a chat at run time (`apex_jax.agents.conversation`): the opening chat
+rendered with the generation prompt, each reply as its own tokens then <|im_end|>, each later
+message as a chat-template delta (no newline after a generated <|im_end|>, as when sampling).
+
+The loss mask is 1 on every reply and its <|im_end|>, 0 on prompts, tool outputs and follow-ups:
+  loss = sum_t mask_t * -log p(x_t | x_<t) / sum_t mask_t.
+A turn without rounds encodes exactly as `morse_jax.toy.sft.encode` does, so MoRSE turns and
+APEx conversations share one encoder.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from apex_jax.agents.conversation import ChatDeltas, Conversation
+from morse_jax import llm
+from morse_jax.toy import tokenizer as toy_tokenizer
+
+
+def _wrap(tok) -> llm.Tokenizer:
+  return tok if isinstance(tok, llm.Tokenizer) else llm.Tokenizer(tok, "<toy tokenizer>")
+
+
+def encode_rounds(turn: dict[str, Any], tok, deltas: ChatDeltas | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+  """(tokens [n], loss_mask [n], the end position of each reply, its <|im_end|> included)."""
+  tok = _wrap(tok)
+  im_end = tok.hf.convert_tokens_to_ids(toy_tokenizer.IM_END)
+  conv = Conversation.start(tok, list(turn["messages"]))
+  tokens, mask, ends = conv.tokens(), [0.0] * len(conv), []
+  rounds = [([], turn["target"])] + [(r["messages"], r["target"]) for r in turn.get("rounds", ())]
+  for i, (messages, target) in enumerate(rounds):
+    if i:
+      deltas = deltas or ChatDeltas(tok)
+      ids = deltas(messages)
+      tokens += ids
+      mask += [0.0] * len(ids)
+    reply = tok.encode(target) + [im_end]
+    tokens += reply
+    mask += [1.0] * len(reply)
+    ends.append(len(tokens))
+  return np.asarray(tokens, np.int32), np.asarray(mask, np.float32), ends
+
+
+def encode(turn: dict[str, Any], tok, max_len: int,
+           deltas: ChatDeltas | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens [n], loss_mask [n]) with n <= max_len (longer conversations are cut)."""
+  tokens, mask, _ = encode_rounds(turn, tok, deltas)
+  return tokens[:max_len], mask[:max_len]
+
+
+def examples(turns: Sequence[dict[str, Any]], tok, max_len: int, cut_rounds: bool = True):
+  """(encoded turns, dropped, cut): a conversation longer than max_len is cut after its last
+  reply that fits whole (cut_rounds; the replies before it are complete examples of their
+  turns), else dropped, as is a single-turn one (its reply would be partial)."""
+  tok = _wrap(tok)
+  deltas = ChatDeltas(tok)
+  out, dropped, cut = [], 0, 0
+  for turn in turns:
+    tokens, mask, ends = encode_rounds(turn, tok, deltas)
+    if len(tokens) <= max_len:
+      out.append((tokens, mask))
+      continue
+    fit = [e for e in ends if e <= max_len] if cut_rounds else []
+    if fit:
+      cut += 1
+      out.append((tokens[:fit[-1]], mask[:fit[-1]]))
+    else:
+      dropped += 1
+  return out, dropped, cut
+
+
+def texts(turns: Sequence[dict[str, Any]]) -> list[str]:
+  """Every message and reply string, to train a tokenizer on."""
+  out = []
+  for t in turns:
+    out.extend(m["content"] for m in t["messages"])
+    out.append(t["target"])
+    for r in t.get("rounds", ()):
+      out.extend(m["content"] for m in r["messages"])
+      out.append(r["target"])
+  return out

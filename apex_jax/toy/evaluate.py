@@ -1,0 +1,127 @@
+"""Held-out check of a toy backbone on the APEx formats, with the real agents and greedy decoding,
+and of its MoRSE executor turns (did the APEx training make it forget them?).
+
+  python -m apex_jax.toy.evaluate --model=/tmp/toy_apex_try --world_seed=12345 --questions=32
+
+APEx: a fresh world (names no training world has), the toy's WordSearch as the tool, the bare
+backbone for every module (SeparateGenerator without experts), AgentConfig(prompts="compact").
+  executor alone: format_valid = turns that parse_turn accepts / turns; search_then_answer =
+    runs with >= 1 search and an answer / runs; EM / F1 (datasets.metrics.evaluate)
+  planner -> executor (with the plan) -> planner evaluate: plan non-empty rate, decision parse
+    rate (parse_decision found yes / no), exact rate (exactly yes / no), replan rate, EM / F1.
+MoRSE: greedy executor turns of fresh synthetic problems (seed 12345, train categories) with gold
+contexts, scored by `Synthetic.score_node` with the gold ancestors upstream: node pass rate.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+
+from absl import app, flags
+
+_MODEL = flags.DEFINE_string("model", "", "Hugging Face folder of the toy backbone.")
+_WORLD_SEED = flags.DEFINE_integer("world_seed", 12345, "Seed of the held-out world.")
+_QUESTIONS = flags.DEFINE_integer("questions", 32, "Held-out questions.")
+_MORSE_PROBLEMS = flags.DEFINE_integer("morse_problems", 6, "Synthetic problems (0: skip).")
+_TOPK = flags.DEFINE_integer("topk", 3, "Passages per search (as in the training corpus).")
+_OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here as JSON.")
+
+
+def executor_metrics(trajectories, examples) -> dict:
+  from apex_jax.datasets import metrics
+  from apex_jax.tools import FormatError, parse_turn
+
+  turns = [t["text"] for tr in trajectories for t in tr.info["turns"]]
+  valid = sum(not isinstance(parse_turn(t), FormatError) for t in turns)
+  searched = [tr.stats.get("tool_calls", 0) > 0 for tr in trajectories]
+  answered = [tr.answer is not None for tr in trajectories]
+  scores = metrics.evaluate({e.id: tr.answer for e, tr in zip(examples, trajectories)
+                             if tr.answer is not None}, examples)
+  ends = collections.Counter(k for tr in trajectories for k in tr.stats if k.startswith("end_"))
+  return {"runs": len(trajectories), "turns": len(turns),
+          "format_valid": valid / max(len(turns), 1),
+          "search_then_answer": sum(s and a for s, a in zip(searched, answered)) / len(examples),
+          "answered": sum(answered) / len(examples), "em": scores["em"], "f1": scores["f1"],
+          "ends": dict(ends)}
+
+
+def apex_metrics(model, world_seed: int, questions: int, topk: int) -> dict:
+  import jax
+
+  from apex_jax.agents import AgentConfig, Executor, Planner, SeparateGenerator
+  from apex_jax.datasets.world import World
+  from apex_jax.toy.search import WordSearch
+
+  world = World.generate(world_seed, 120, questions)
+  examples = world.examples[:questions]
+  config = AgentConfig(prompts="compact", temperature=0.0, topk=topk, max_turns=5,
+                       max_llm_calls=10, executor_max_new_tokens=96, planner_max_new_tokens=96,
+                       max_context_tokens=model.config.max_position_embeddings)
+  generator = SeparateGenerator({m: (model, None, None) for m in ("planner", "executor")})
+  searcher = WordSearch(world.passages, topk)
+  executor, planner = Executor(generator, searcher, config), Planner(generator, config)
+  qs, rng = [e.question for e in examples], jax.random.key(0)
+  alone = executor.run(qs, rng=rng)
+  runs = planner.plan(qs, [None] * len(qs), rng=rng)
+  guided = executor.run(qs, [r.plan for r in runs], rng=rng)
+  decisions = planner.evaluate(runs, guided, rng=rng)
+  n = len(qs)
+  return {"executor": executor_metrics(alone, examples),
+          "planner": {"plan_nonempty": sum(bool(r.plan.strip()) for r in runs) / n,
+                      "decision_parsed": sum(d.parsed for d in decisions) / n,
+                      "decision_exact": sum(d.exact for d in decisions) / n,
+                      "replan": sum(d.replan for d in decisions) / n,
+                      "format_ok": sum(planner.format_ok(r) for r in runs) / n},
+          "executor_with_plan": executor_metrics(guided, examples),
+          "samples": {"question": qs[0], "executor": alone[0].info["messages"][1:],
+                      "plan": runs[0].conv.messages[2:]}}
+
+
+def morse_metrics(model, problems: int) -> dict:
+  import jax
+
+  from morse_jax import llm
+  from morse_jax.tasks import synthetic
+  from morse_jax.toy import corpus
+
+  family = synthetic.Synthetic()
+  probs = synthetic.generate(problems, 12345, synthetic.train_categories())
+  turns = [t for t in corpus.turns(probs) if t["role"] == "execute"]
+  prompts = [model.tokenizer.apply_chat_template(t["messages"], add_generation_prompt=True)
+             for t in turns]
+  out = llm.sample(model.params, model.config, prompts, max_new_tokens=320,
+                   rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
+                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  by_id, passed = {p.id: p for p in probs}, 0
+  for i, t in enumerate(turns):
+    problem = by_id[t["problem_id"]]
+    text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
+    node = next(n for n in problem.gold_graph if str(n["id"]) == t["node_id"])
+    upstream = {a: synthetic.reference_artifact(problem, a)
+                for a in synthetic._ancestors(problem, t["node_id"])}
+    passed += family.score_node(problem, node, text, upstream).passed
+  return {"nodes": len(turns), "node_pass": passed / max(len(turns), 1)}
+
+
+def main(argv):
+  del argv
+  from morse_jax import llm
+
+  start = time.time()
+  model = llm.load(_MODEL.value)
+  result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value}
+  result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value)
+  print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)
+  if _MORSE_PROBLEMS.value:
+    result["morse"] = morse_metrics(model, _MORSE_PROBLEMS.value)
+    print(json.dumps(result["morse"]), flush=True)
+  result["seconds"] = round(time.time() - start, 1)
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(result, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+  app.run(main)
