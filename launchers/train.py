@@ -24,6 +24,14 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint at INFO
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  if config.get("system") == "apex":  # configs/apex/*: memory, three stages, TTRL, ablations
+    from apex_jax import experiment as apex_experiment
+
+    results = apex_experiment.run(config)
+    pipeline.banner("ablations (held-out EM / F1)")
+    for name, row in results["eval"].items():
+      print(f"{name:<20} em {row['em']:.3f}  f1 {row['f1']:.3f}")
+    return
   if config.demo:  # before/after evaluation, table and plots
     pipeline.demo(config)
     return

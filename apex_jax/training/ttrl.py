@@ -112,6 +112,9 @@ class JudgeBackends:
 EpisodeFn = Callable[[Sequence[Query], Sequence[PlannerContext], Any, jax.Array, TtrlConfig],
                      Sequence[Sequence[PlannerEpisode]]]
 DistillFn = Callable[[Bucket, Sequence[Memory], Skill | None], str]  # -> the Distiller's reply
+# evolve_fn(bank, buckets, generator, rng) -> the DistillerResults of the replies it applied
+# itself to the buckets that were due (e.g. rollouts.evolve_with: Distiller.evolve)
+EvolveFn = Callable[[MemoryBank, Sequence[Bucket], Any, jax.Array], Sequence[Any]]
 
 
 @dataclasses.dataclass
@@ -182,11 +185,16 @@ def _group_rewards(episodes, query: Query, skill: Skill | None, conf: float, cfg
 
 
 def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: MemoryBank,
-             generator, episode_fn: EpisodeFn, judges: Judges, distill_fn: DistillFn, *,
-             config: TtrlConfig, rng: jax.Array, logdir: str | None = None) -> TtrlResult:
-  """Runs `config.steps` TTRL updates over `queries` (cyclically); see the module docstring."""
+             generator, episode_fn: EpisodeFn, judges: Judges, distill_fn: DistillFn | None, *,
+             config: TtrlConfig, rng: jax.Array, logdir: str | None = None,
+             evolve_fn: EvolveFn | None = None) -> TtrlResult:
+  """Runs `config.steps` TTRL updates over `queries` (cyclically); see the module docstring.
+  Evolution: evolve_fn when given (it applies its replies), else distill_fn's reply per due
+  bucket, applied here."""
   if not queries:
     raise ValueError("run_ttrl: no queries")
+  if distill_fn is None and evolve_fn is None:
+    raise ValueError("run_ttrl: give distill_fn or evolve_fn (the Distiller step)")
   step_config = dataclasses.replace(updater.step, expert_lr=config.learning_rate,
                                     temperature=config.temperature or 1.0)
   updater = dataclasses.replace(updater, step=step_config, skipped_updates=0, updates=0)
@@ -227,12 +235,18 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
       experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)
       added = bank.add_many(memories)
       stats["memories_stored"] += sum(r.id is not None for r in added)
-      for bucket in dict.fromkeys(ctx.bucket for ctx in contexts):
-        if bank.due_for_evolution(bucket):
-          batch_memories = bank.evolution_batch(bucket)
-          reply = distill_fn(bucket, batch_memories, bank.get_skill(bucket))
-          result = bank.apply_distiller_reply(bucket, reply, batch=batch_memories)
-          stats["evolutions_applied" if result.applied else "evolutions_failed"] += 1
+      if evolve_fn is not None:
+        rng, key = jax.random.split(rng)
+        results = evolve_fn(bank, [ctx.bucket for ctx in contexts], generator, key)
+      else:
+        results = []
+        for bucket in dict.fromkeys(ctx.bucket for ctx in contexts):
+          if bank.due_for_evolution(bucket):
+            batch_memories = bank.evolution_batch(bucket)
+            reply = distill_fn(bucket, batch_memories, bank.get_skill(bucket))
+            results.append(bank.apply_distiller_reply(bucket, reply, batch=batch_memories))
+      for result in results:
+        stats["evolutions_applied" if result.applied else "evolutions_failed"] += 1
       judged = max(stats.pop("judged", 0), 1)
       for name in ("arbiter", "align", "lambda"):
         metrics[f"{name}_mean"] = stats.pop(f"{name}_sum", 0.0) / judged

@@ -1,0 +1,299 @@
+"""An APEx experiment from an ml_collections config (configs/apex/*.py): the pieces, the memory
+warm-up, the three stages, TTRL and the ablation table.
+
+  exp = build(config)                        # data, search, bank, generator, updater, agents
+  memory_build(exp, rng=key)                 # the untrained system's episodes -> memories, skills
+  result = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=key)
+  scores = evaluate(exp, result.experts, "test", use_memories=True, use_skills=True)
+  run(config)                                # all of it, metrics in <workdir>/results.json
+
+Ablations (the issue's table): full; without memories (the planner sees no instance memories);
+without skills (no skill document); without TTRL (the experts after the stages).
+Pieces that need a model run in `apex_jax.training.rollouts`; this module only wires them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+
+from morse_jax import llm
+from morse_jax.lora import experts as lora_lib
+from morse_jax.rl import train_step as ts
+
+from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Distiller, Executor, Planner
+from apex_jax.agents.episode import run_episode
+from apex_jax.datasets import World, evaluate as score_predictions, read_examples
+from apex_jax.datasets.world_questions import split as split_examples
+from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank, MemoryConfig
+from apex_jax.memory.records import PlannerContext, Retrieval
+from apex_jax.memory import skills as skills_lib
+from apex_jax.training import rollouts
+from apex_jax.training.grpo import ModuleUpdater
+from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
+from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
+
+SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder"), ("word", "index"), \
+    ("backbone_mean", "sentence"), ("inprocess", "http")
+
+
+def _choice(value, name: str, allowed) -> str:
+  if value not in allowed:
+    raise ValueError(f"config.{name} {value!r} not in {allowed}")
+  return value
+
+
+@dataclasses.dataclass
+class Experiment:
+  config: Any
+  model: llm.Model
+  train: list  # QAExamples with gold answers: stages and memory building
+  test: list  # held out: TTRL (answers unused) and evaluation
+  searcher: Any
+  bank: MemoryBank
+  agents: AgentConfig
+  generator: Any  # AdapterGenerator (or any Generator with an `experts` attribute)
+  updater: ModuleUpdater
+  experts: Any  # the initial role experts
+
+  def executor(self, agents: AgentConfig | None = None) -> Executor:
+    return Executor(self.generator, self.searcher, agents or self.agents)
+
+
+def load_data(c) -> tuple[list, list, list]:
+  """(train, test, passages) of the synthetic world or of a folder World.write wrote."""
+  from apex_jax.tools.passages import read_corpus
+
+  if _choice(c.data.source, "data.source", SOURCES) == "world":
+    world = World.generate(c.data.world_seed, c.data.entities, c.data.questions)
+    train, test = split_examples(world.examples, c.data.test_fraction, c.data.world_seed)
+    passages = world.passages
+  else:
+    corpus = os.path.join(c.data.folder, "corpus.jsonl")
+    passages = list(read_corpus(corpus))
+    by_id = {p.id: p for p in passages}
+    train, test = (read_examples(os.path.join(c.data.folder, f"{s}.jsonl"), by_id)
+                   for s in ("train", "test"))
+  if not train or not test:
+    raise ValueError(f"config.data gives {len(train)} train and {len(test)} test questions; "
+                     f"both splits must be non-empty")
+  return train, test, passages
+
+
+def _searcher(c, passages):
+  if _choice(c.search.kind, "search.kind", SEARCHES) == "word":
+    from apex_jax.toy.search import WordSearch
+    return WordSearch(passages, topk=c.search.topk)
+  from apex_jax.tools import LocalSearch
+  return LocalSearch(c.search.index, topk=c.search.topk)
+
+
+def _embedder(c, model):
+  from morse_jax.lora.embedders import BackboneMeanEmbedder, SentenceEmbedder
+
+  if _choice(c.memory.embedder, "memory.embedder", EMBEDDERS) == "backbone_mean":
+    return BackboneMeanEmbedder(model.params.embed, model.tokenizer)
+  return SentenceEmbedder(c.memory.embedder_path or None)
+
+
+def build(config, *, model: llm.Model | None = None, generator=None,
+          embedder=None) -> Experiment:
+  """The experiment's pieces. model: already loaded (else config.model.path); generator: a
+  stand-in sampler (tests), else an AdapterGenerator with the three role experts; embedder:
+  the memory bank's (else config.memory.embedder)."""
+  c = config
+  if model is None:
+    if not c.model.path:
+      raise ValueError("config.model.path is empty: give a model folder (e.g. the toy)")
+    model = llm.load(c.model.path, dtype=c.model.dtype)
+  train, test, passages = load_data(c)
+  lora = lora_lib.LoraConfig(targets=tuple(c.lora.targets), last_n_layers=c.lora.last_n_layers,
+                             rank=c.lora.rank, alpha=c.lora.alpha, roles=APEX_ROLES,
+                             num_subtask_experts=0)
+  experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
+  generator = generator or AdapterGenerator(model, experts, lora)
+  step = ts.StepConfig(estimator="grpo", kl_coef=c.train.kl_coef,
+                       micro_batches=c.train.micro_batches)
+  updater = ModuleUpdater(model.params, model.config, lora, step, pad_id=model.tokenizer.pad_id,
+                          recompute_logp_old=c.agents.top_p < 1.0)
+  os.makedirs(c.workdir, exist_ok=True)
+  bank = MemoryBank(c.memory.path or os.path.join(c.workdir, "memory.db"),
+                    embedder or _embedder(c, model), config=MemoryConfig(**dict(c.memory.bank)))
+  return Experiment(c, model, train, test, _searcher(c, passages), bank,
+                    AgentConfig(**dict(c.agents)), generator, updater, experts)
+
+
+def _batches(items, size: int):
+  return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def memory_build(exp: Experiment, *, rng: jax.Array) -> dict:
+  """Runs the untrained system on `memory_build.questions` training questions, stores each
+  episode's summarised workflow with its outcome (EM of y2, as the authors' memory server
+  records a judged outcome), updates the shown memories' win rates, and lets the Distiller
+  evolve every bucket that is due (all touched ones when `memory_build.force_evolve`)."""
+  c = exp.config.memory_build
+  planner, executor = Planner(exp.generator, exp.agents), exp.executor()
+  distiller = Distiller(exp.generator, exp.agents)
+  stats = dict(episodes=0, correct=0, memories_stored=0, evolutions_applied=0,
+               evolutions_failed=0)
+  touched = []
+  rng, k_evolve = jax.random.split(rng)
+  for i, batch in enumerate(_batches(exp.train[:c.questions], c.batch_size)):
+    k_episode, k_remember = jax.random.split(jax.random.fold_in(rng, i))
+    episodes = run_episode(planner, executor, [ex.question for ex in batch], rng=k_episode,
+                           bank=exp.bank, categories=[ex.category for ex in batch])
+    correct = [rollouts.answer_accuracy(ep.y2, ex.answers) == 1.0
+               for ep, ex in zip(episodes, batch)]
+    for ep, ok in zip(episodes, correct):
+      if ep.memory_ids:
+        exp.bank.record_outcome(ep.memory_ids, ok)
+    _, added = distiller.remember(exp.bank, episodes, correct, rng=k_remember)
+    stats["episodes"] += len(episodes)
+    stats["correct"] += sum(correct)
+    stats["memories_stored"] += sum(r.id is not None for r in added)
+    touched += [ep.bucket for ep in episodes]
+  for e in distiller.evolve(exp.bank, touched, rng=k_evolve,
+                            force=c.force_evolve):
+    stats["evolutions_applied" if e.result.applied else "evolutions_failed"] += 1
+  stats["skills"] = sum(exp.bank.get_skill(b) is not None for b in memory_buckets(exp.bank))
+  return stats
+
+
+def memory_buckets(bank: MemoryBank, minimum: int = 1) -> list[Bucket]:
+  """Every bucket holding at least `minimum` memories: the distiller stage's inputs."""
+  return [Bucket(cat, mod) for cat in CATEGORIES for mod in MODALITIES
+          if bank.count(Bucket(cat, mod)) >= minimum]
+
+
+class ContextView:
+  """The bank as the planner sees it in an ablation: without instance memories and / or without
+  the skill document (read-only: evaluation stores nothing)."""
+
+  def __init__(self, bank: MemoryBank, memories: bool, skills: bool):
+    self.bank, self.memories, self.skills = bank, memories, skills
+    self.config = bank.config
+
+  def retrieve(self, question, caption=None, **kw) -> Retrieval:
+    found = self.bank.retrieve(question, caption, **kw)
+    return found if self.memories else Retrieval(found.bucket, (), ())
+
+  def planner_context(self, question, caption=None, *, category=None, modality=None,
+                      k=None, replan=False) -> PlannerContext:
+    full = self.bank.planner_context(question, caption, category=category, modality=modality,
+                                     k=k, replan=replan)
+    found = self.retrieve(question, caption, category=category, modality=modality, k=k,
+                          replan=replan)
+    text = skills_lib.render_memories([s.memory for s in found.correct],
+                                      [s.memory for s in found.incorrect])
+    skill = full.skill if self.skills else None
+    if skill is not None:
+      text = skills_lib.render_skill(skill, full.gamma) + text
+    return PlannerContext(text.strip(), full.bucket, found.memory_ids if self.memories else (),
+                          skill, full.gamma if skill is not None else 0.0)
+
+
+def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: bool = True,
+             use_skills: bool = True, rng: jax.Array | None = None) -> dict:
+  """EM / F1 (overall, per category, per hop count) of whole episodes on `split`'s first
+  `eval.questions` questions, sampled at `eval.temperature` (0: greedy)."""
+  examples = {"train": exp.train, "test": exp.test}[_choice(split, "split", ("train", "test"))]
+  c = exp.config.eval
+  examples = examples[:c.questions] if c.questions else examples
+  agents = dataclasses.replace(exp.agents, temperature=c.temperature)
+  if hasattr(exp.generator, "experts"):
+    exp.generator.experts = experts
+  bank = ContextView(exp.bank, use_memories, use_skills) if use_memories or use_skills else None
+  rng = jax.random.PRNGKey(exp.config.seed) if rng is None else rng
+  predictions, answered = {}, 0
+  for i, batch in enumerate(_batches(examples, c.batch_size)):
+    episodes = run_episode(Planner(exp.generator, agents), exp.executor(agents),
+                           [ex.question for ex in batch], rng=jax.random.fold_in(rng, i),
+                           bank=bank, categories=[ex.category for ex in batch])
+    for ep, ex in zip(episodes, batch):
+      predictions[ex.id] = ep.y2 or ""
+      answered += ep.y2 is not None
+  scores = score_predictions(predictions, examples)
+  scores["answered"] = answered / max(len(examples), 1)
+  return scores
+
+
+def stages(exp: Experiment) -> list[Stage]:
+  """The stages in the paper's order (executor, distiller, planner); a module with steps 0 is
+  left out. The distiller trains on the buckets memory_build filled."""
+  out = []
+  for module in STAGE_ORDER:
+    s = exp.config.stages[module]
+    if s.steps == 0:
+      continue
+    cfg = StageConfig(module, s.steps, s.batch_size, s.group_size, s.learning_rate,
+                      s.temperature, s.max_new_tokens)
+    if module == "executor":
+      data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, exp.agents)
+    elif module == "planner":
+      data, fn = exp.train, rollouts.PlannerRollout(exp.searcher, exp.bank, exp.agents)
+    else:
+      data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(exp.bank, exp.agents)
+      if not data:
+        raise ValueError("the distiller stage has no bucket with memories: run memory_build "
+                         "first (config.memory_build.questions > 0)")
+    out.append(Stage(cfg, data, fn))
+  return out
+
+
+def judges(exp: Experiment) -> JudgeBackends:
+  """TTRL's no-ground-truth panel and skill-alignment judge on one chat backend: the backbone
+  itself in process (bare, as the authors serve a separate judge model), or an HTTP server."""
+  from apex_jax.judges import AlignConfig, AlignJudge, ChatClient, NoGtConfig, NoGtJudge
+
+  c = exp.config.judges
+  if _choice(c.kind, "judges.kind", JUDGES) == "inprocess":
+    from apex_jax.judges import InProcessChat
+    chat = InProcessChat(exp.model, seed=exp.config.seed)
+  else:
+    chat = ChatClient(c.url, c.model)
+  nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=c.max_tokens,
+                                    arbiter_max_tokens=c.max_tokens))
+  return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(c.max_tokens, 16))))
+
+
+def run(config) -> dict:
+  """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
+  ablation table; everything in <workdir>/results.json, curves under <workdir>/logs."""
+  exp = build(config)
+  rng = jax.random.PRNGKey(config.seed)
+  k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
+  logdir = os.path.join(config.workdir, "logs")
+  results = {"memory_build": memory_build(exp, rng=k_mem)}
+  staged = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=k_stages,
+                      logdir=logdir)
+  results["stages"] = staged.history
+  experts = staged.experts
+  t = config.ttrl
+  if t.steps:
+    queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
+    ttrl = run_ttrl(exp.updater, experts, queries, exp.bank, exp.generator,
+                    rollouts.TtrlEpisodes(exp.searcher, exp.bank, exp.agents, t.summarize),
+                    judges(exp), None, evolve_fn=rollouts.evolve_with(exp.agents),
+                    config=TtrlConfig(t.steps, t.batch_size, t.group_size, t.learning_rate,
+                                      t.temperature, t.max_new_tokens),
+                    rng=k_ttrl, logdir=logdir)
+    results["ttrl"] = ttrl.history
+    results["judge_failures"] = dict(ttrl.judge_failures)
+    experts_ttrl = ttrl.experts
+  else:
+    experts_ttrl = experts
+  results["eval"] = {
+      "full": evaluate(exp, experts_ttrl, rng=k_eval),
+      "without_memories": evaluate(exp, experts_ttrl, use_memories=False, rng=k_eval),
+      "without_skills": evaluate(exp, experts_ttrl, use_skills=False, rng=k_eval),
+      "without_ttrl": evaluate(exp, experts, rng=k_eval)}
+  results["distiller_errors"] = dict(exp.bank.distiller_errors)
+  with open(os.path.join(config.workdir, "results.json"), "w") as f:
+    json.dump(results, f, indent=2, sort_keys=True)
+  exp.bank.close()
+  return results

@@ -1,0 +1,257 @@
+"""The real agents behind the training loops: one rollout per stage for `run_stages`, and the
+episode / evolution hooks of `run_ttrl`.
+
+  stages = [Stage(StageConfig("executor", ...), train_examples, ExecutorRollout(search, bank, cfg)),
+            Stage(StageConfig("distiller", ...), buckets, DistillerRollout(bank, cfg)),
+            Stage(StageConfig("planner", ...), train_examples, PlannerRollout(search, bank, cfg))]
+  run_ttrl(..., episode_fn=TtrlEpisodes(search, bank, cfg), distill_fn=None,
+           evolve_fn=evolve_with(cfg))
+
+Each rollout samples the G trajectories of all its inputs in one batched loop (the inputs
+repeated G times), and scores them with `rewards.py`:
+  executor   0.7 acc + 0.2 tool + 0.1 format; acc = the rule judge on its <answer> (EM by
+             default; the authors' `extra_info["acc_score"]` is a binary judge verdict,
+             J-Ding519/APEx Executor-Train/Train/local_search/mmsearch.py `compute_score`);
+             the frozen planner writes one plan per question first (the authors' training rows
+             carry a plan: same file, `CustomRLHFDataset`), shown to all G runs.
+  distiller  0.5 quality + 0.1 format + 0.4 evolution rationality on the bucket's evolution
+             batch; quality from `skill_judge` when given, else the authors' rule fallback.
+  planner    0.7 acc(y2) + 0.2 acc(y1) + 0.05 format + 0.05 decision over G full episodes
+             (plan -> frozen executor -> decide -> maybe replan -> executor).
+The sampling temperature of a stage applies to every module in its rollout (AgentConfig has one),
+its max_new_tokens to the trained module's turns. Only generated tokens carry log-probs, so the
+packed loss mask is 1 on them alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Callable, Sequence
+
+import jax
+
+from apex_jax.agents import prompts
+from apex_jax.agents.config import AgentConfig
+from apex_jax.agents.conversation import Conversation
+from apex_jax.agents.distiller import Distiller, skill_messages
+from apex_jax.agents.episode import Episode, run_episode
+from apex_jax.agents.executor import Executor
+from apex_jax.agents.planner import Planner
+from apex_jax.agents.trajectory import Trajectory
+from apex_jax.judges import rule
+from apex_jax.memory import format_batch
+from apex_jax.memory.schema import as_bucket
+from apex_jax.training import rewards as rw
+from apex_jax.training.ttrl import PlannerEpisode
+
+ACCURACY = ("em", "f1")
+_SKILL_FIELDS = rw.SKILL_FIELDS
+
+
+def answer_accuracy(answer: str | None, answers: Sequence[str], metric: str = "em") -> float:
+  """The rule judge's score of an answer against its gold aliases; no answer scores 0."""
+  if metric not in ACCURACY:
+    raise ValueError(f"accuracy metric {metric!r} not in {ACCURACY}")
+  if answer is None or not answers:
+    return 0.0
+  return (rule.exact_match if metric == "em" else rule.f1)(answer, list(answers))
+
+
+def stage_agent_config(base: AgentConfig, stage) -> AgentConfig:
+  """The agents' settings inside one stage: its temperature, its turn length for its module."""
+  return dataclasses.replace(base, temperature=stage.temperature,
+                             **{f"{stage.module}_max_new_tokens": stage.max_new_tokens})
+
+
+def _repeat(items: Sequence, g: int) -> list:
+  return [x for x in items for _ in range(g)]
+
+
+def _groups(items: Sequence, g: int) -> list[list]:
+  return [list(items[i:i + g]) for i in range(0, len(items), g)]
+
+
+def _check_accuracy(metric: str, owner: str) -> None:
+  if metric not in ACCURACY:
+    raise ValueError(f"{owner}.accuracy {metric!r} not in {ACCURACY}")
+
+
+@dataclasses.dataclass
+class ExecutorRollout:
+  """rollout_fn of the executor stage; batch: QAExamples. bank None: plans without memories;
+  plan False: no plan (the executor alone, as its prompt allows)."""
+
+  searcher: object
+  bank: object
+  agent_config: AgentConfig
+  plan: bool = True
+  accuracy: str = "em"
+
+  def __post_init__(self):
+    _check_accuracy(self.accuracy, "ExecutorRollout")
+
+  def __call__(self, batch, generator, rng, stage):
+    cfg = stage_agent_config(self.agent_config, stage)
+    questions = [ex.question for ex in batch]
+    k_plan, k_run = jax.random.split(rng)
+    plans = [None] * len(batch)
+    if self.plan:
+      contexts = [None] * len(batch) if self.bank is None else [
+          self.bank.planner_context(ex.question, category=ex.category) for ex in batch]
+      plans = [r.plan for r in Planner(generator, cfg).plan(questions, contexts, rng=k_plan)]
+    g = stage.group_size
+    trajs = Executor(generator, self.searcher, cfg).run(_repeat(questions, g), _repeat(plans, g),
+                                                        rng=k_run)
+    rewards = []
+    for traj, ex in zip(trajs, _repeat(batch, g)):
+      reward = rw.executor_reward(traj.text, answer_accuracy(traj.answer, ex.answers,
+                                                             self.accuracy))
+      traj.info["reward"] = dict(reward.parts)
+      rewards.append(reward.total)
+    return _groups(trajs, g), _groups(rewards, g)
+
+
+def distiller_chat(bucket, batch, current, style: str = "authors") -> list[dict]:
+  """The Distiller's synthesis / evolution chat in the configured prompt style."""
+  if style == "authors":
+    return skill_messages(bucket, batch, current)
+  bucket = as_bucket(bucket)
+  doc = None if current is None else json.dumps(
+      {k: v for k, v in current.to_dict().items() if k in _SKILL_FIELDS}, ensure_ascii=False)
+  return prompts.compact_skill_messages(bucket.category, bucket.modality, format_batch(batch), doc)
+
+
+# skill_judge(reply, bucket, batch) -> grade in [0, 1] or None (the judge failed: rule fallback)
+SkillJudge = Callable[[str, object, Sequence], "float | None"]
+
+
+@dataclasses.dataclass
+class DistillerRollout:
+  """rollout_fn of the distiller stage; batch: buckets. Each bucket's evolution batch and current
+  skill are read from the bank; the replies are scored, never applied (training only)."""
+
+  bank: object
+  agent_config: AgentConfig
+  skill_judge: SkillJudge | None = None
+
+  def __call__(self, batch, generator, rng, stage):
+    cfg = stage_agent_config(self.agent_config, stage)
+    inputs = []
+    for b in batch:
+      memories = self.bank.evolution_batch(b)
+      if not memories:
+        raise ValueError(f"DistillerRollout: bucket {tuple(as_bucket(b))} holds no memories "
+                         f"(build the memories first)")
+      inputs.append((as_bucket(b), memories, self.bank.get_skill(b)))
+    g = stage.group_size
+    tokenizer = generator.tokenizer_of("distiller")
+    convs = [Conversation.start(tokenizer, distiller_chat(b, mems, skill, cfg.prompts))
+             for b, mems, skill in _repeat(inputs, g)]
+    gens = generator.generate("distiller", [c.tokens() for c in convs], rng=rng,
+                              max_new_tokens=cfg.distiller_max_new_tokens, sampling=cfg.sampling)
+    if len(gens) != len(convs):
+      raise RuntimeError(f"generator returned {len(gens)} generations for {len(convs)} prompts")
+    trajs, rewards = [], []
+    for conv, gen, (b, mems, skill) in zip(convs, gens, _repeat(inputs, g)):
+      conv.add_generated(gen)
+      quality = None if self.skill_judge is None else self.skill_judge(gen.text, b, mems)
+      reward = rw.distiller_reward(gen.text, None if skill is None else skill.to_dict(), quality)
+      trajs.append(Trajectory("distiller", conv.segments, gen.text, gen.text,
+                              {"llm_calls": 1.0, "truncated": float(not gen.finished)},
+                              info={"bucket": tuple(b), "reward": dict(reward.parts)}))
+      rewards.append(reward.total)
+    return _groups(trajs, g), _groups(rewards, g)
+
+
+def planner_turn_texts(episode: Episode) -> tuple[str, str, str | None]:
+  """(plan, decision, replan or None): the planner's raw replies, think blocks included."""
+  said = [m["content"] for m in episode.planner.info["messages"] if m["role"] == "assistant"]
+  if len(said) < 2:
+    raise ValueError(f"planner conversation of {episode.question!r:.60} has {len(said)} replies; "
+                     f"an episode has a plan and a decision")
+  return said[0], said[1], said[2] if len(said) > 2 else None
+
+
+def planner_episode_reward(episode: Episode, answers: Sequence[str],
+                           metric: str = "em") -> rw.Reward:
+  plan, decision, replan = planner_turn_texts(episode)
+  acc1 = answer_accuracy(episode.y1, answers, metric)
+  acc2 = answer_accuracy(episode.y2, answers, metric) if episode.decision.replan else None
+  return rw.planner_reward(plan=plan, decision=decision, y1_correct=acc1, y2_correct=acc2,
+                           replan=replan)
+
+
+@dataclasses.dataclass
+class PlannerRollout:
+  """rollout_fn of the planner stage; batch: QAExamples; G whole episodes per question."""
+
+  searcher: object
+  bank: object
+  agent_config: AgentConfig
+  accuracy: str = "em"
+
+  def __post_init__(self):
+    _check_accuracy(self.accuracy, "PlannerRollout")
+
+  def __call__(self, batch, generator, rng, stage):
+    cfg = stage_agent_config(self.agent_config, stage)
+    g = stage.group_size
+    examples = _repeat(batch, g)
+    episodes = run_episode(Planner(generator, cfg), Executor(generator, self.searcher, cfg),
+                           [ex.question for ex in examples], rng=rng, bank=self.bank,
+                           categories=[ex.category for ex in examples])
+    trajs, rewards = [], []
+    for ep, ex in zip(episodes, examples):
+      reward = planner_episode_reward(ep, ex.answers, self.accuracy)
+      ep.planner.info["reward"] = dict(reward.parts)
+      trajs.append(ep.planner)
+      rewards.append(reward.total)
+    return _groups(trajs, g), _groups(rewards, g)
+
+
+# ---------------------------------------------------------------------------------------- TTRL
+
+
+def episode_trace(episode: Episode) -> str:
+  """The executor's whole trace (first run, then the run after a replan), as the judges and
+  the Distiller's summary prompt read it (prompts.render_trace)."""
+  turns = [t for run in episode.executor for t in run.info["turns"]]
+  return prompts.render_trace(episode.question, turns)
+
+
+@dataclasses.dataclass
+class TtrlEpisodes:
+  """episode_fn of `run_ttrl`: G episodes per query, routed to the bucket of the context the
+  loop computed. summarize: the stored workflow is the Distiller's summary of the trace (the
+  authors' memory server, Memory-Serve/memory_serve.py `get_trace_prompt`), else the trace."""
+
+  searcher: object
+  bank: object
+  agent_config: AgentConfig
+  summarize: bool = False
+
+  def __call__(self, queries, contexts, generator, rng, config) -> list[list[PlannerEpisode]]:
+    cfg = dataclasses.replace(self.agent_config, temperature=config.temperature,
+                              planner_max_new_tokens=config.max_new_tokens)
+    g = config.group_size
+    k_episode, k_summary = jax.random.split(rng)
+    episodes = run_episode(Planner(generator, cfg), Executor(generator, self.searcher, cfg),
+                           [q.question for q in _repeat(queries, g)], rng=k_episode,
+                           bank=self.bank,
+                           categories=[c.bucket.category for c in _repeat(contexts, g)],
+                           captions=[q.caption for q in _repeat(queries, g)])
+    traces = [episode_trace(ep) for ep in episodes]
+    if self.summarize:
+      traces = [s.text for s in Distiller(generator, cfg).summarize(traces, rng=k_summary)]
+    out = [PlannerEpisode(ep.planner, ep.plan, ep.y2 or "", trace, float(ep.format_ok))
+           for ep, trace in zip(episodes, traces)]
+    return _groups(out, g)
+
+
+def evolve_with(agent_config: AgentConfig):
+  """evolve_fn of `run_ttrl`: `Distiller.evolve` on the touched buckets (it applies its replies
+  to the bank itself and counts bad ones in bank.distiller_errors)."""
+  def evolve(bank, buckets, generator, rng):
+    return [e.result for e in Distiller(generator, agent_config).evolve(bank, buckets, rng=rng)]
+  return evolve

@@ -1,0 +1,1 @@
+"""APEx experiment configs (apex_jax.experiment.build / run)."""

@@ -1,0 +1,178 @@
+"""apex_jax.experiment: the pieces from configs/apex/demo_cpu.py, memory building, stages, the
+ablation views and evaluation with a scripted generator (fast); the whole pipeline on a tiny
+random Hugging Face model (slow)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from apex_jax import experiment
+from apex_jax.memory import Bucket
+from apex_jax.tools import render_tool_call
+from apex_jax.training.stages import STAGE_ORDER
+from configs.apex import demo_cpu
+from morse_jax import llm
+from tests.apex.agents import fakes
+from tests.apex.memory.fakes import HashEmbedder
+from tests.apex.training.conftest import CONFIG, Tiny
+
+SKILL = {"operation": "synthesize", "absorbed_ids": [], "skill": {
+    "skill_name": "s", "description": "d", "win_rate": 1.0, "version": 1, "evidence_count": 4,
+    "procedure": [{"step": 1, "action": "search the chain", "purpose": "ground"}],
+    "pitfalls": ["p"]}}
+
+
+def reply(module, prompt, call):
+  """A well-formed but ignorant system: plans, searches once, answers w7, never replans."""
+  if module == "distiller":
+    return json.dumps(SKILL) if "<|system|>" in prompt else "1. searched, answered"
+  if module == "planner":
+    return "<think>w20</think>w30" if prompt.count("<|assistant|>") == 1 else "no"
+  if prompt.count("<|assistant|>") == 1:
+    return f"<think>w9</think>{render_tool_call(['w20 w21'])}"
+  return "<think>w5</think><answer>w7</answer>"
+
+
+def small_config(workdir, **eval_overrides):
+  c = demo_cpu.get_config("unused")
+  c.workdir = str(workdir)
+  c.memory_build.update(questions=4, batch_size=2)
+  c.eval.update(questions=3, batch_size=2, **eval_overrides)
+  return c
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+  return llm.Model(CONFIG, Tiny().backbone, fakes.tokenizer(), stop_ids=(fakes.EOS,))
+
+
+@pytest.fixture
+def exp(tiny_model, tmp_path):
+  gen = fakes.ScriptedGenerator(reply)
+  gen.experts = None  # the loops set the current weights here
+  return experiment.build(small_config(tmp_path), model=tiny_model, generator=gen,
+                          embedder=HashEmbedder(64))
+
+
+def test_build_memory_build_and_stages(exp):
+  assert len(exp.train) == 18 and len(exp.test) == 6  # 24 questions, test fraction 0.25
+  assert exp.agents.prompts == "compact" and exp.updater.lora.roles == ("planner", "executor",
+                                                                        "distiller")
+  stats = experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
+  assert stats["episodes"] == 4 and stats["correct"] == 0
+  assert stats["memories_stored"] == len(exp.bank) == 4
+  touched = {Bucket(ex.category, "text-only") for ex in exp.train[:4]}
+  assert stats["evolutions_applied"] == len(touched) == stats["skills"]
+  assert set(experiment.memory_buckets(exp.bank)) == touched
+  # executor / planner episodes with memories shown; each example's own category
+  assert [c for c, _ in exp.generator.calls[:2]] == ["planner", "executor"]
+  stages = experiment.stages(exp)
+  assert [s.config.module for s in stages] == list(STAGE_ORDER)
+  assert set(stages[1].data) == touched and stages[0].data is exp.train
+  for s in stages:  # every real rollout returns batch_size groups of group_size
+    groups, rewards = s.rollout_fn(s.batch(0), exp.generator, jax.random.PRNGKey(1), s.config)
+    assert [len(g) for g in groups] == [2, 2] and np.shape(rewards) == (2, 2)
+    assert all(t.module == s.config.module for g in groups for t in g)
+
+
+def test_ablation_views_and_evaluate(exp):
+  experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
+  q = exp.train[0]
+  bucket = Bucket(q.category, "text-only")
+  for i in range(6):  # correct evidence, counted by a 'skip': gamma > 0.1, the skill is shown
+    exp.bank.add(f"{q.question} variant {i}", "worked", True, category=q.category)
+  skip = json.dumps({**SKILL, "operation": "skip"})
+  assert exp.bank.apply_distiller_reply(bucket, skip).applied
+  full = experiment.ContextView(exp.bank, True, True).planner_context(q.question,
+                                                                     category=q.category)
+  assert full == exp.bank.planner_context(q.question, category=q.category)
+  assert full.skill is not None and full.memory_ids
+  no_skill = experiment.ContextView(exp.bank, True, False).planner_context(
+      q.question, category=q.category)
+  assert no_skill.skill is None and "search the chain" not in no_skill.text
+  assert no_skill.memory_ids == full.memory_ids
+  no_mem = experiment.ContextView(exp.bank, False, True).planner_context(q.question,
+                                                                        category=q.category)
+  assert no_mem.memory_ids == () and "None found" in no_mem.text and no_mem.skill is not None
+  assert no_mem.bucket == bucket
+  experts = {"marker": 1}
+  scores = experiment.evaluate(exp, experts, "test", use_skills=False)
+  assert exp.generator.experts is experts
+  assert scores["n"] == 3 and scores["answered"] == 1.0 and scores["em"] == 0.0
+  assert sum(v["n"] for v in scores["per_category"].values()) == 3
+  before = len(exp.bank)
+  experiment.evaluate(exp, experts, "train", use_memories=False, use_skills=False)
+  assert len(exp.bank) == before  # evaluation stores nothing
+
+
+def test_config_errors_name_the_field(tiny_model, tmp_path):
+  c = small_config(tmp_path)
+  c.search.kind = "bing"
+  with pytest.raises(ValueError, match=r"config.search.kind 'bing' not in \('word', 'index'\)"):
+    experiment.build(c, model=tiny_model, embedder=HashEmbedder())
+  c = small_config(tmp_path)
+  c.model.path = ""
+  with pytest.raises(ValueError, match="config.model.path is empty"):
+    experiment.build(c)
+
+
+@pytest.mark.slow  # minutes of CPU: sampler and update compiles on a tiny random model
+def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
+  from tests import tiny_models
+
+  folder, _ = tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))
+  c = small_config(tmp_path / "run", temperature=1.0)
+  c.model.path = folder
+  c.memory_build.update(questions=2, batch_size=2)
+  c.agents.update(max_turns=2, max_llm_calls=3, planner_max_new_tokens=8,
+                  executor_max_new_tokens=8, distiller_max_new_tokens=8, prompts="compact")
+  for m in STAGE_ORDER:
+    c.stages[m].update(batch_size=1, max_new_tokens=8)
+  c.ttrl.update(batch_size=1, max_new_tokens=8)
+  c.judges.max_tokens = 4
+  c.eval.update(questions=2, batch_size=2)
+  results = experiment.run(c)
+  with open(os.path.join(c.workdir, "results.json")) as f:
+    assert json.load(f) == json.loads(json.dumps(results))
+  assert [(h["module"], h["step"]) for h in results["stages"]] == [
+      ("executor", 1), ("distiller", 1), ("planner", 1)]
+  assert len(results["ttrl"]) == 1
+  assert set(results["eval"]) == {"full", "without_memories", "without_skills", "without_ttrl"}
+  assert all(0 <= r["em"] <= 1 and r["n"] == 2 for r in results["eval"].values())
+  for name in ("stage0_executor", "stage1_distiller", "stage2_planner", "ttrl"):
+    assert os.path.exists(os.path.join(c.workdir, "logs", name, "metrics.jsonl"))
+
+
+@pytest.mark.slow  # minutes of CPU: one update compile per stage on a tiny random model
+def test_each_stage_trains_only_its_own_expert_on_real_rollouts(tmp_path):
+  """Garbage output makes every reward equal (nothing to learn), so the real rollouts' rewards
+  are replaced by 0 / 1 within each group: the update then has a signal, on real trajectories."""
+  import dataclasses
+
+  from apex_jax.training.stages import Stage, run_stages
+  from tests import tiny_models
+  from tests.apex.training.test_stages import changed
+
+  folder, _ = tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))
+  c = small_config(tmp_path / "run")
+  c.model.path = folder
+  c.memory_build.update(questions=2, batch_size=2)
+  c.agents.update(max_turns=2, max_llm_calls=3, planner_max_new_tokens=8,
+                  executor_max_new_tokens=8, distiller_max_new_tokens=8)
+  for m in STAGE_ORDER:
+    c.stages[m].update(batch_size=1, max_new_tokens=8, learning_rate=0.05)
+  exp = experiment.build(c)
+  experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
+  experts = exp.experts
+  for stage in experiment.stages(exp):
+    def rollout_fn(batch, generator, rng, cfg, real=stage.rollout_fn):
+      groups, _ = real(batch, generator, rng, cfg)
+      return groups, [[float(i % 2) for i in range(len(g))] for g in groups]
+    result = run_stages(exp.updater, experts, [Stage(stage.config, stage.data, rollout_fn)],
+                        exp.generator, rng=jax.random.PRNGKey(1))
+    assert result.history[0]["skipped"] == 0.0
+    assert changed(experts, result.experts) == {stage.config.module}
+    experts = result.experts

@@ -1,0 +1,188 @@
+"""The real agents in the training loops, driven by a scripted generator: group shapes, rewards
+by the authors' rules, loss masks on generated tokens only, the TTRL episode and evolve hooks."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from apex_jax.agents import AgentConfig
+from apex_jax.datasets import QAExample
+from apex_jax.memory import Bucket, MemoryBank, MemoryConfig
+from apex_jax.tools import render_tool_call
+from apex_jax.training import rewards as rw
+from apex_jax.training import rollouts, ttrl
+from apex_jax.training.stages import StageConfig
+from apex_jax.agents.trajectory import Trajectory
+from morse_jax.rl.rollout import Segment, pack
+from tests.apex.agents import fakes
+from tests.apex.training import test_ttrl
+from tests.apex.training.test_ttrl import OneHotEmbedder
+
+RNG = jax.random.PRNGKey(0)
+TIME = Bucket("time", "text-only")
+EXAMPLES = [QAExample("a", "w40 w42", ("w7",), "time", 1),  # answered right at once
+            QAExample("b", "w41 w42", ("w8",), "time", 1)]  # wrong, right after the replan
+SKILL = {"operation": "synthesize", "absorbed_ids": [], "skill": {
+    "skill_name": "dates", "category": "time", "modality": "text-only", "description": "d",
+    "procedure": [{"step": 1, "action": "search", "purpose": "ground"}], "pitfalls": ["p"],
+    "win_rate": 0.5, "version": 1, "evidence_count": 2}}
+
+
+def question_of(prompt):
+  return next(w for w in ("w40", "w41") if w in prompt.split())
+
+
+def turn_of(prompt):
+  return prompt.count("<|assistant|>") - 1
+
+
+def reply(module, prompt, call):
+  """executor: search, then w7 (right for w40, wrong for w41); after the replan w60, w8.
+  planner: plan, then 'no' for w40 / 'yes' for w41, then the replan w60. distiller: a skill on
+  even calls' rows... every row of a call gets the same text, so rows alternate via a counter."""
+  q = question_of(prompt) if module != "distiller" else None
+  if module == "executor":
+    if "w60" in prompt.split():
+      return "<think>w5</think><answer>w8</answer>"
+    if turn_of(prompt) == 0:
+      return f"<think>w9</think>{render_tool_call(['w20 w21'])}"
+    return "<think>w5</think><answer>w7</answer>"
+  if module == "planner":
+    return ["<think>w20</think>w30 w31", "no" if q == "w40" else "yes",
+            "<think>w21</think>w60"][turn_of(prompt)]
+  reply.distiller_rows += 1
+  return json.dumps(SKILL) if reply.distiller_rows % 2 else "w5 w6"
+
+
+@pytest.fixture
+def gen():
+  reply.distiller_rows = 0
+  return fakes.ScriptedGenerator(reply)
+
+
+def bank_with_memories(tmp_path, n=3, **config):
+  bank = MemoryBank(str(tmp_path / "m.db"), OneHotEmbedder(),
+                    config=MemoryConfig(evolve_every=3, evolve_min_size=3, **config))
+  for i in range(n):
+    bank.add(f"w{50 + i} w42", "searched", i % 2 == 0, category="time", modality="text-only")
+  return bank
+
+
+def stage(module, g=2):
+  return StageConfig(module, steps=1, batch_size=2, group_size=g, learning_rate=1e-3,
+                     max_new_tokens=32)
+
+
+def check_masks(groups, module):
+  trajs = [t for g in groups for t in g]
+  assert all(t.module == module for t in trajs)
+  packed = pack([t.segments for t in trajs], pad_id=0)
+  for row, t in enumerate(trajs):
+    expected = np.concatenate([np.full(len(s.tokens), s.logprobs is not None)
+                               for s in t.segments])
+    np.testing.assert_array_equal(packed.loss_mask[row, :len(expected)], expected)
+    assert packed.loss_mask[row].sum() == t.generated_tokens() > 0
+    assert packed.loss_mask[row, len(expected):].sum() == 0
+
+
+def test_executor_rollout_groups_rewards_and_one_batched_loop(gen, tmp_path):
+  fn = rollouts.ExecutorRollout(fakes.FakeSearcher(), bank_with_memories(tmp_path), AgentConfig())
+  groups, rewards = fn(EXAMPLES, gen, RNG, stage("executor", g=3))
+  assert [len(g) for g in groups] == [3, 3]
+  # right answer, a search, valid format: 0.7 + 0.2 + 0.1; wrong answer: 0.2 + 0.1
+  assert rewards == [[pytest.approx(1.0)] * 3, [pytest.approx(0.3)] * 3]
+  assert groups[1][0].info["reward"] == {"acc": 0.0, "tool": 1.0, "format": 1.0}
+  # one plan per question, then every run of every question in each sampler call
+  assert gen.calls == [("planner", 2), ("executor", 6), ("executor", 6)]
+  assert all("w30" in gen.tokenizer.decode(t.segments[0].tokens).split()
+             for g in groups for t in g)
+  check_masks(groups, "executor")
+
+
+def test_executor_accuracy_metric_and_validation(gen):
+  examples = [QAExample("c", "w40 w42", ("w7 w9",), "time", 1)] * 2
+  fn = rollouts.ExecutorRollout(fakes.FakeSearcher(), None, AgentConfig(), plan=False,
+                                accuracy="f1")
+  _, rewards = fn(examples, gen, RNG, stage("executor"))
+  assert rewards[0][0] == pytest.approx(0.7 * 2 / 3 + 0.3)  # F1("w7", "w7 w9") = 2/3
+  assert gen.calls[0] == ("executor", 4)  # no plan: the planner never ran
+  with pytest.raises(ValueError, match="ExecutorRollout.accuracy 'acc'"):
+    rollouts.ExecutorRollout(None, None, AgentConfig(), accuracy="acc")
+
+
+def test_planner_rollout_scores_whole_episodes(gen, tmp_path):
+  fn = rollouts.PlannerRollout(fakes.FakeSearcher(), bank_with_memories(tmp_path), AgentConfig())
+  groups, rewards = fn(EXAMPLES, gen, RNG, stage("planner"))
+  # w40: y1 right, 'no': 0.7 + 0.2 + 0.05 + 0.05; w41: y1 wrong, 'yes', y2 right: 0.7 + 0.1
+  assert rewards == [[pytest.approx(1.0)] * 2, [pytest.approx(0.8)] * 2]
+  assert groups[1][0].info["reward"]["acc_y2"] == 1.0
+  assert groups[1][0].info["reward"]["acc_y1"] == 0.0
+  # plan, decision and replan are trained on; prompts, judge and replan requests are not
+  assert [s.logprobs is not None for s in groups[1][0].segments] == [False, True, False, True,
+                                                                     False, True]
+  check_masks(groups, "planner")
+
+
+def test_distiller_rollout_scores_replies_without_applying_them(gen, tmp_path):
+  bank = bank_with_memories(tmp_path)
+  fn = rollouts.DistillerRollout(bank, AgentConfig())
+  groups, rewards = fn([TIME, TIME], gen, RNG, stage("distiller"))
+  assert gen.calls == [("distiller", 4)]
+  good = rw.distiller_reward(json.dumps(SKILL), None).total
+  assert good > 0.9 and rewards == [[good, 0.0], [good, 0.0]]  # no JSON scores 0
+  assert bank.get_skill(TIME) is None  # rollouts never change the bank
+  check_masks(groups, "distiller")
+  judged = rollouts.DistillerRollout(bank, AgentConfig(), skill_judge=lambda *a: 0.0)
+  _, rewards = judged([TIME, TIME], gen, RNG, stage("distiller"))
+  assert rewards[0][0] == pytest.approx(good - 0.5 * rw.skill_quality_rules(SKILL))
+  with pytest.raises(ValueError, match=r"bucket \('human', 'text-only'\) holds no memories"):
+    fn([Bucket("human", "text-only")] * 2, gen, RNG, stage("distiller"))
+
+
+def test_ttrl_episodes_and_the_evolve_hook(gen, tmp_path):
+  bank = bank_with_memories(tmp_path)
+  queries = [ttrl.Query(ex.question, category="time") for ex in EXAMPLES]
+  contexts = [bank.planner_context(q.question, category="time") for q in queries]
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, max_new_tokens=32)
+  groups = rollouts.TtrlEpisodes(fakes.FakeSearcher(), bank, AgentConfig())(
+      queries, contexts, gen, RNG, cfg)
+  assert [[e.answer for e in g] for g in groups] == [["w7", "w7"], ["w8", "w8"]]
+  ep = groups[1][0]
+  assert ep.trajectory.module == "planner" and ep.format_score == 1.0 and ep.plan == "w30 w31"
+  assert ep.workflow.startswith("### Question: w41 w42") and ep.workflow.count("### Round") == 3
+  results = rollouts.evolve_with(AgentConfig())(bank, [TIME, TIME], gen, RNG)
+  assert [r.applied for r in results] == [True]  # one reply per due bucket, applied
+  assert bank.get_skill(TIME).procedure[0].action == "search"
+
+
+def test_run_ttrl_uses_evolve_fn(tiny, tmp_path):
+  bank = test_ttrl.make_bank(tmp_path)
+  seen = []
+
+  def evolve_fn(bank_, buckets, generator, rng):
+    seen.append(list(buckets))
+    due = [b for b in dict.fromkeys(buckets) if bank_.due_for_evolution(b)]
+    return [bank_.apply_distiller_reply(b, test_ttrl.distill(b, bank_.evolution_batch(b), None))
+            for b in due]
+
+  cfg = ttrl.TtrlConfig(steps=2, batch_size=2, group_size=2, learning_rate=test_ttrl.LR)
+  def episode_fn(batch, contexts, generator, rng, config):
+    traj = Trajectory("planner", [Segment([5, 6]), Segment([7], [-0.5])], "w7", "w7")
+    return [[ttrl.PlannerEpisode(traj, "plan", "right", f"looked up {q.question}", 1.0)] * 2
+            for q in batch]
+
+  # equal rewards in every group: the update is skipped, so nothing compiles
+  result = ttrl.run_ttrl(tiny.updater(), tiny.experts, test_ttrl.queries(4), bank, object(),
+                         episode_fn,
+                         test_ttrl.FakeJudges(), None, evolve_fn=evolve_fn, config=cfg,
+                         rng=jax.random.key(0))
+  assert seen == [[test_ttrl.BUCKET] * 2] * 2
+  assert [h["skipped"] for h in result.history] == [1.0, 1.0]
+  assert result.history[1]["evolutions_applied"] == 1.0
+  assert "evolutions_applied" not in result.history[0]
+  assert bank.get_skill(test_ttrl.BUCKET) is not None
+  with pytest.raises(ValueError, match="give distill_fn or evolve_fn"):
+    ttrl.run_ttrl(tiny.updater(), tiny.experts, test_ttrl.queries(2), bank, object(),
+                  None, None, None, config=cfg, rng=RNG)
