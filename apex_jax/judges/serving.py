@@ -20,17 +20,17 @@ Requests queued together with the same temperature and top_p are merged into one
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import queue
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from apex_jax.judges.chat import JudgeRequestError
 from apex_jax.judges.inprocess import Completion, InProcessChat
 from apex_jax.judges.protocol import ApiError, ChatRequest, parse_chat_request
+from apex_jax.tools.http import BodyError, JsonHandler
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20
@@ -168,25 +168,9 @@ class ChatServer(ThreadingHTTPServer):
                       "total_tokens": len(prompt) + used}}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
   server: ChatServer
   server_version = "morse-chat/1"
-
-  def log_message(self, format, *args):  # noqa: A002 -- the base class's signature
-    if self.server.verbose:
-      super().log_message(format, *args)
-
-  def _send(self, status: int, payload: dict) -> None:
-    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-    self.server.count(status)
-    try:
-      self.send_response(status)
-      self.send_header("Content-Type", "application/json")
-      self.send_header("Content-Length", str(len(body)))
-      self.end_headers()
-      self.wfile.write(body)
-    except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
-      pass
 
   def _error(self, e: ApiError) -> None:
     self._send(e.status, e.payload())
@@ -232,17 +216,10 @@ class _Handler(BaseHTTPRequestHandler):
     self._route("DELETE")
 
   def _read_body(self) -> bytes:
-    length = self.headers.get("Content-Length")
-    if length is None:
-      raise ApiError(411, "missing Content-Length header", "Content-Length")
     try:
-      n = int(length)
-    except ValueError:
-      raise ApiError(400, f"Content-Length {length!r} is not an integer", "Content-Length") \
-          from None
-    if n < 0 or n > MAX_BODY_BYTES:
-      raise ApiError(413, f"body of {n} bytes; at most {MAX_BODY_BYTES}", "Content-Length")
-    return self.rfile.read(n)
+      return self._body(MAX_BODY_BYTES)
+    except BodyError as e:
+      raise ApiError(e.status, str(e), "Content-Length") from None
 
 
 def make_server(chat: InProcessChat, model_name: str, host: str = "127.0.0.1", port: int = 8000,

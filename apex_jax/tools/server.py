@@ -26,9 +26,10 @@ import json
 import logging
 import queue
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Sequence
 
+from apex_jax.tools.http import BodyError, JsonHandler
 from apex_jax.tools.index import Retriever
 
 log = logging.getLogger(__name__)
@@ -177,25 +178,9 @@ class SearchServer(ThreadingHTTPServer):
     self.batcher.close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
   server: SearchServer
   server_version = "apex-search/1"
-
-  def log_message(self, format, *args):  # noqa: A002 -- the base class's signature
-    if self.server.verbose:
-      super().log_message(format, *args)
-
-  def _send(self, status: int, payload: dict) -> None:
-    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-    self.server.count(status)
-    try:
-      self.send_response(status)
-      self.send_header("Content-Type", "application/json")
-      self.send_header("Content-Length", str(len(body)))
-      self.end_headers()
-      self.wfile.write(body)
-    except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
-      pass
 
   def _error(self, e: RequestError) -> None:
     self._send(e.status, {"error": str(e), "field": e.field})
@@ -229,17 +214,10 @@ class _Handler(BaseHTTPRequestHandler):
     self._send(200, {"result": result})
 
   def _read_body(self) -> bytes:
-    length = self.headers.get("Content-Length")
-    if length is None:
-      raise RequestError("Content-Length", "missing Content-Length header", 411)
     try:
-      n = int(length)
-    except ValueError:
-      raise RequestError("Content-Length", f"Content-Length {length!r} is not an integer") \
-          from None
-    if n < 0 or n > MAX_BODY_BYTES:
-      raise RequestError("Content-Length", f"body of {n} bytes; at most {MAX_BODY_BYTES}", 413)
-    return self.rfile.read(n)
+      return self._body(MAX_BODY_BYTES)
+    except BodyError as e:
+      raise RequestError("Content-Length", str(e), e.status) from None
 
 
 def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
