@@ -25,12 +25,11 @@ import queue
 import threading
 import time
 import uuid
-from http.server import ThreadingHTTPServer
 
 from apex_jax.judges.chat import JudgeRequestError
 from apex_jax.judges.inprocess import Completion, InProcessChat
 from apex_jax.judges.protocol import ApiError, ChatRequest, parse_chat_request
-from apex_jax.tools.http import BodyError, JsonHandler
+from apex_jax.tools.http import BodyError, JsonHandler, JsonServer
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20
@@ -116,36 +115,16 @@ class ChatBatcher:
       start += req.n
 
 
-class ChatServer(ThreadingHTTPServer):
-  daemon_threads = True
-  request_queue_size = 128
+class ChatServer(JsonServer):
+  label = "chat server"
 
   def __init__(self, address, chat: InProcessChat, model_name: str, default_max_tokens: int = 512,
                max_n: int = 16, max_batch: int = 64, verbose: bool = False):
-    super().__init__(address, _Handler)
-    self.chat, self.model_name, self.verbose = chat, model_name, verbose
+    super().__init__(address, _Handler, verbose)
+    self.chat, self.model_name = chat, model_name
     self.default_max_tokens, self.max_n = default_max_tokens, max_n
     self.created = int(time.time())
     self.batcher = ChatBatcher(chat, max_batch)
-    self.requests = self.errors = 0  # answered requests, and how many were 4xx/5xx
-    self._count_lock = threading.Lock()
-
-  @property
-  def url(self) -> str:
-    host, port = self.server_address[:2]
-    return f"http://{host}:{port}"
-
-  def count(self, status: int) -> None:
-    with self._count_lock:
-      self.requests += 1
-      self.errors += status >= 400
-
-  def handle_error(self, request, client_address):
-    log.exception("chat server: error while handling a request from %s", client_address)
-
-  def server_close(self):
-    super().server_close()
-    self.batcher.close()
 
   def complete(self, req: ChatRequest) -> dict:
     """The response body of a parsed request (raises ApiError on a bad prompt)."""

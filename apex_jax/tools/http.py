@@ -5,7 +5,11 @@ bodies bounded by Content-Length."""
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = logging.getLogger(__name__)
 
 
 class BodyError(ValueError):
@@ -17,7 +21,7 @@ class BodyError(ValueError):
 
 
 class JsonHandler(BaseHTTPRequestHandler):
-  """The server must have `verbose` (bool) and `count(status)`."""
+  """The handler of a `JsonServer`."""
 
   def log_message(self, format, *args):  # noqa: A002 -- the base class's signature
     if self.server.verbose:
@@ -48,3 +52,38 @@ class JsonHandler(BaseHTTPRequestHandler):
     if n < 0 or n > max_bytes:
       raise BodyError(413, f"body of {n} bytes; at most {max_bytes}")
     return self.rfile.read(n)
+
+
+class JsonServer(ThreadingHTTPServer):
+  """A threaded server that counts its answers and closes its `batcher` (set by the subclass
+  after binding) when it closes."""
+
+  daemon_threads = True
+  request_queue_size = 128  # listen backlog; the default 5 refuses bursts of clients
+  url_path = ""  # `url` is http://host:port + this
+  label = "server"  # in logged errors
+
+  def __init__(self, address, handler, verbose: bool = False):
+    super().__init__(address, handler)
+    self.verbose = verbose
+    self.batcher = None
+    self.requests = self.errors = 0  # answered requests, and how many of them were 4xx/5xx
+    self._count_lock = threading.Lock()
+
+  @property
+  def url(self) -> str:
+    host, port = self.server_address[:2]
+    return f"http://{host}:{port}{self.url_path}"
+
+  def count(self, status: int) -> None:
+    with self._count_lock:
+      self.requests += 1
+      self.errors += status >= 400
+
+  def handle_error(self, request, client_address):
+    log.exception("%s: error while handling a request from %s", self.label, client_address)
+
+  def server_close(self):
+    super().server_close()
+    if self.batcher is not None:
+      self.batcher.close()

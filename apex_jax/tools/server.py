@@ -26,10 +26,9 @@ import json
 import logging
 import queue
 import threading
-from http.server import ThreadingHTTPServer
 from typing import Sequence
 
-from apex_jax.tools.http import BodyError, JsonHandler
+from apex_jax.tools.http import BodyError, JsonHandler, JsonServer
 from apex_jax.tools.index import Retriever
 
 log = logging.getLogger(__name__)
@@ -147,35 +146,16 @@ class Batcher:
       start += len(qs)
 
 
-class SearchServer(ThreadingHTTPServer):
-  daemon_threads = True
-  request_queue_size = 128  # listen backlog; the default 5 refuses bursts of clients
+class SearchServer(JsonServer):
+  url_path = "/retrieve"
+  label = "search server"
 
   def __init__(self, address, retriever: Retriever, topk: int = 3, max_topk: int = 100,
                max_queries: int = 1024, verbose: bool = False):
-    super().__init__(address, _Handler)
+    super().__init__(address, _Handler, verbose)
     self.retriever, self.topk, self.max_topk = retriever, topk, max_topk
-    self.max_queries, self.verbose = max_queries, verbose
+    self.max_queries = max_queries
     self.batcher = Batcher(retriever)
-    self.requests = self.errors = 0  # answered requests, and how many of them were 4xx/5xx
-    self._count_lock = threading.Lock()
-
-  @property
-  def url(self) -> str:
-    host, port = self.server_address[:2]
-    return f"http://{host}:{port}/retrieve"
-
-  def count(self, status: int) -> None:
-    with self._count_lock:
-      self.requests += 1
-      self.errors += status >= 400
-
-  def handle_error(self, request, client_address):
-    log.exception("search server: error while handling a request from %s", client_address)
-
-  def server_close(self):
-    super().server_close()
-    self.batcher.close()
 
 
 class _Handler(JsonHandler):
