@@ -19,70 +19,45 @@ Requests queued together with the same temperature and top_p are merged into one
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import queue
-import threading
 import time
 import uuid
 
 from apex_jax.judges.chat import JudgeRequestError
 from apex_jax.judges.inprocess import Completion, InProcessChat
 from apex_jax.judges.protocol import ApiError, ChatRequest, parse_chat_request
-from apex_jax.tools.http import BodyError, JsonHandler, JsonServer
+from apex_jax.tools.http import BodyError, JsonHandler, JsonServer, QueueWorker
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20
 _ROUTES = {"/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
 
 
-class ChatBatcher:
+class ChatBatcher(QueueWorker):
   """Runs `chat.generate` on one thread, merging queued requests that share sampling settings."""
+
+  thread_name = "chat-batcher"
 
   def __init__(self, chat: InProcessChat, max_batch: int = 64):
     if max_batch < 1:
       raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     self.chat, self.max_batch = chat, max_batch
     self.calls = self.rows = 0  # sampler calls, rows generated (calls < requests: merging)
-    self._queue: queue.Queue = queue.Queue()
-    self._thread = threading.Thread(target=self._loop, name="chat-batcher", daemon=True)
-    self._thread.start()
+    super().__init__()
 
   def submit(self, prompt: list[int], req: ChatRequest) -> list[Completion]:
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    self._queue.put((prompt, req, future))
-    return future.result()
+    return self._submit(prompt, req)
 
-  def close(self) -> None:
-    self._queue.put(None)
-    self._thread.join(timeout=10)
-
-  def _loop(self) -> None:
-    while True:
-      item = self._queue.get()
-      if item is None:
-        return
-      items, stop = [item], False
-      while True:  # whatever else is already waiting joins this round, with no added wait
+  def _round(self, items) -> None:
+    groups: dict[tuple[float, float], list] = {}
+    for it in items:
+      groups.setdefault((it[1].temperature, it[1].top_p), []).append(it)
+    for key, group in groups.items():
+      for chunk in self._chunks(group):
         try:
-          nxt = self._queue.get_nowait()
-        except queue.Empty:
-          break
-        if nxt is None:
-          stop = True
-          break
-        items.append(nxt)
-      groups: dict[tuple[float, float], list] = {}
-      for it in items:
-        groups.setdefault((it[1].temperature, it[1].top_p), []).append(it)
-      for key, group in groups.items():
-        for chunk in self._chunks(group):
-          try:
-            self._run(chunk, *key)
-          except Exception:  # noqa: BLE001 -- a dead worker would hang every later request
-            log.exception("chat batcher: unexpected error")
-      if stop:
-        return
+          self._run(chunk, *key)
+        except Exception:  # noqa: BLE001 -- later chunks still get their answers
+          log.exception("chat batcher: unexpected error")
 
   def _chunks(self, group):
     chunk, rows = [], 0
@@ -106,9 +81,7 @@ class ChatBatcher:
                                 stops=stops)
       self.calls, self.rows = self.calls + 1, self.rows + len(prompts)
     except Exception as e:  # noqa: BLE001 -- handed to every waiting request as a 500
-      for _, _, future in items:
-        future.set_exception(e)
-      return
+      return self._fail(items, e)
     start = 0
     for _, req, future in items:
       future.set_result(done[start:start + req.n])

@@ -1,11 +1,14 @@
 """What our small JSON-over-HTTP servers share (the search server, the chat server): quiet
-logging unless the server is verbose, JSON replies that survive a client hanging up, and request
-bodies bounded by Content-Length."""
+logging unless the server is verbose, JSON replies that survive a client hanging up, request
+bodies bounded by Content-Length, answer counts, and one worker thread that merges queued
+requests into one model or encoder call."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
+import queue
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -87,3 +90,58 @@ class JsonServer(ThreadingHTTPServer):
     super().server_close()
     if self.batcher is not None:
       self.batcher.close()
+
+
+class QueueWorker:
+  """One thread that serves queued requests in rounds, so that concurrent HTTP handlers share
+  one model or encoder call: a round is the first waiting item plus whatever else is already
+  queued (no added wait) while `_room(items)` says so. Items are tuples ending in a Future."""
+
+  thread_name = "batcher"
+
+  def __init__(self):
+    self._queue: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+    self._thread.start()
+
+  def _submit(self, *payload):
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._queue.put((*payload, future))
+    return future.result()
+
+  def close(self) -> None:
+    self._queue.put(None)
+    self._thread.join(timeout=10)
+
+  def _room(self, items: list) -> bool:
+    return True
+
+  def _round(self, items: list) -> None:
+    raise NotImplementedError
+
+  @staticmethod
+  def _fail(items: list, error: Exception) -> None:
+    for item in items:
+      item[-1].set_exception(error)
+
+  def _loop(self) -> None:
+    while True:
+      item = self._queue.get()
+      if item is None:
+        return
+      items, stop = [item], False
+      while self._room(items):
+        try:
+          nxt = self._queue.get_nowait()
+        except queue.Empty:
+          break
+        if nxt is None:
+          stop = True
+          break
+        items.append(nxt)
+      try:
+        self._round(items)
+      except Exception:  # noqa: BLE001 -- a dead worker would hang every later request
+        log.exception("%s: unexpected error", self.thread_name)
+      if stop:
+        return

@@ -20,15 +20,13 @@ that moment in one encoder call and one faiss search (no added wait when a reque
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import logging
-import queue
 import threading
 from typing import Sequence
 
-from apex_jax.tools.http import BodyError, JsonHandler, JsonServer
+from apex_jax.tools.http import BodyError, JsonHandler, JsonServer, QueueWorker
 from apex_jax.tools.index import Retriever
 
 log = logging.getLogger(__name__)
@@ -88,48 +86,24 @@ def parse_request(body: bytes, default_topk: int, max_topk: int = 100,
   return queries, topk, scores
 
 
-class Batcher:
+class Batcher(QueueWorker):
   """Runs `retriever.retrieve` on one thread, merging whatever requests are queued together."""
+
+  thread_name = "search-batcher"
 
   def __init__(self, retriever: Retriever, max_batch: int = 256):
     self.retriever, self.max_batch = retriever, max_batch
     self.calls = self.queries = 0  # retrieve calls, queries embedded (calls < requests: batching)
-    self._queue: queue.Queue = queue.Queue()
-    self._thread = threading.Thread(target=self._loop, name="search-batcher", daemon=True)
-    self._thread.start()
+    super().__init__()
 
   def submit(self, queries: Sequence[str], topk: int):
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    self._queue.put((list(queries), topk, future))
-    return future.result()
+    return self._submit(list(queries), topk)
 
-  def close(self) -> None:
-    self._queue.put(None)
-    self._thread.join(timeout=10)
+  def _room(self, items) -> bool:
+    return sum(len(qs) for qs, _, _ in items) < self.max_batch
 
-  def _loop(self) -> None:
-    while True:
-      item = self._queue.get()
-      if item is None:
-        return
-      items, stop = [item], False
-      size = len(item[0])
-      while size < self.max_batch:
-        try:
-          nxt = self._queue.get_nowait()
-        except queue.Empty:
-          break
-        if nxt is None:
-          stop = True
-          break
-        items.append(nxt)
-        size += len(nxt[0])
-      try:
-        self._run(items)
-      except Exception:  # noqa: BLE001 -- a dead worker would hang every later request
-        log.exception("search batcher: unexpected error")
-      if stop:
-        return
+  def _round(self, items) -> None:
+    self._run(items)
 
   def _run(self, items) -> None:
     queries = [q for qs, _, _ in items for q in qs]
@@ -137,9 +111,7 @@ class Batcher:
       results = self.retriever.retrieve(queries, max(k for _, k, _ in items))
       self.calls, self.queries = self.calls + 1, self.queries + len(queries)
     except Exception as e:  # noqa: BLE001 -- handed to every waiting request as a 500
-      for _, _, future in items:
-        future.set_exception(e)
-      return
+      return self._fail(items, e)
     start = 0
     for qs, k, future in items:
       future.set_result([r[:k] for r in results[start:start + len(qs)]])
