@@ -30,7 +30,7 @@ from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.mixture import Adapter, uniform_routes
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import train_step as ts
-from morse_jax.rl.rollout import Segment, pack
+from morse_jax.rl.rollout import Segment, pack, sequence_logprobs
 from morse_jax.rl.train_step import PolicyBatch
 
 from apex_jax.agents.trajectory import MODULES, Trajectory
@@ -78,11 +78,6 @@ def keep_only_expert(new, old, expert: int):
     mask = (jnp.arange(n.shape[1]) == expert).reshape((1, -1) + (1,) * (n.ndim - 2))
     return jnp.where(mask, n, o)
   return jax.tree.map(pick, new, old)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "temperature"))
-def _logprobs(backbone, config, adapter, tokens, attention_mask, temperature):
-  return ts.token_logprobs(backbone, config, adapter, tokens, attention_mask, temperature)[0]
 
 
 def group_has_signal(rewards: Sequence[float], min_std: float) -> bool:
@@ -149,11 +144,12 @@ class ModuleUpdater:
                         kernel=self.kernel)
       temp = self.step.temperature
       if self.recompute_logp_old:
-        logp = _logprobs(self.backbone, self.model, adapter, batch.tokens, batch.attention_mask,
-                         temp)
+        logp = sequence_logprobs(self.backbone, self.model, adapter, batch.tokens,
+                                 batch.attention_mask, temp)
         batch = dataclasses.replace(batch, logp_old=logp * batch.loss_mask)
       if self.step.kl_coef > 0:
-        ref = _logprobs(self.backbone, self.model, None, batch.tokens, batch.attention_mask, temp)
+        ref = sequence_logprobs(self.backbone, self.model, None, batch.tokens,
+                                batch.attention_mask, temp)
         batch = dataclasses.replace(batch, logp_ref=ref * batch.loss_mask)
     new, _, (new_state, _), step_metrics = ts.train_step(
         self.backbone, experts, None, (opt_state[0], None), batch, None, config=self.model,

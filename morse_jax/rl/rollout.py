@@ -105,7 +105,8 @@ class GroupRollout:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "temperature"))
-def _logprobs(params, config, adapter, tokens, attention_mask, temperature):
+def sequence_logprobs(params, config, adapter, tokens, attention_mask, temperature):
+  """[n, T] log p(tokens[:, t]) under the adapted model (jitted `token_logprobs`)."""
   return token_logprobs(params, config, adapter, tokens, attention_mask, temperature)[0]
 
 
@@ -161,13 +162,13 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
   temperature = 1.0 if greedy else sampling.temperature
   if not greedy and (sampling.top_p < 1.0 or sampling.top_k):
     padded = dataclasses.replace(adapter, routes=routes)  # the same mixtures, padded rows too
-    logp = np.asarray(_logprobs(backbone, config, padded, packed.tokens, packed.attention_mask,
-                                temperature))
+    logp = np.asarray(sequence_logprobs(backbone, config, padded, packed.tokens,
+                                        packed.attention_mask, temperature))
     packed.logp_old = logp * packed.loss_mask
   logp_ref = None
   if kl:
-    logp_ref = np.asarray(_logprobs(backbone, config, None, packed.tokens, packed.attention_mask,
-                                    temperature)) * packed.loss_mask
+    logp_ref = np.asarray(sequence_logprobs(backbone, config, None, packed.tokens,
+                                            packed.attention_mask, temperature)) * packed.loss_mask
   return GroupRollout(requests=list(requests), routes_per_node=b, group_size=group_size,
                       num_nodes=bucket(len(requests), minimum=1), completions=completions,
                       expert_sets=sets, packed=packed, route=route, valid=valid, routes=routes,

@@ -85,13 +85,17 @@ def test_inference_waves_merges_and_blocking(agents, monkeypatch):
   assert len(out[0].step_rewards()) == 4
 
 
-def test_training_waves_update_and_pick_the_best(agents):
-  trainer = trainer_lib.Trainer(
+def make_trainer(agents):
+  return trainer_lib.Trainer(
       agents.model.params, agents.model.config, LORA, RCFG,
       ts.StepConfig(expert_lr=1e-2, router_lr=1e-2),
       trainer_lib.RolloutConfig(routes_per_node=2, group_size=2, max_new_tokens=6,
                                 kernel="gather"), embed_dim=agents.embed.dim,
       eos_ids=agents.model.stop_ids, pad_id=agents.model.tokenizer.pad_id)
+
+
+def test_training_waves_update_and_pick_the_best(agents):
+  trainer = make_trainer(agents)
   state = trainer.init_state(jax.random.key(3))
   family = WordFamily()
   # Two chains: every wave has two nodes, so the two updates share their compiled shapes.
@@ -110,12 +114,7 @@ def test_training_waves_update_and_pick_the_best(agents):
 
 
 def test_training_skips_nodes_behind_a_blocked_parent(agents):
-  trainer = trainer_lib.Trainer(
-      agents.model.params, agents.model.config, LORA, RCFG,
-      ts.StepConfig(expert_lr=1e-2, router_lr=1e-2),
-      trainer_lib.RolloutConfig(routes_per_node=2, group_size=2, max_new_tokens=6,
-                                kernel="gather"), embed_dim=agents.embed.dim,
-      eos_ids=agents.model.stop_ids, pad_id=agents.model.tokenizer.pad_id)
+  trainer = make_trainer(agents)
   state = trainer.init_state(jax.random.key(3))
   family = WordFamily()  # node "b" never passes
   blocked = [{"id": "b", "title": "w20", "description": "w21", "depends_on": []},

@@ -78,10 +78,10 @@ def test_rollout_layout_and_logprobs(setup):
                                   out.completions[r])
     assert p.loss_mask[r].sum() == len(out.completions[r]) and p.loss_mask[r, :len(prompt)].sum() == 0
   # The sampler's log-probs (left-padded, incremental decode) equal the update's (packed, one pass).
-  logp = rl_rollout._logprobs(backbone, CONFIG, adapter_of(experts, out), p.tokens,
+  logp = rl_rollout.sequence_logprobs(backbone, CONFIG, adapter_of(experts, out), p.tokens,
                               p.attention_mask, 1.0)
   np.testing.assert_allclose(np.asarray(logp) * p.loss_mask, p.logp_old, atol=1e-5)
-  ref = rl_rollout._logprobs(backbone, CONFIG, None, p.tokens, p.attention_mask, 1.0)
+  ref = rl_rollout.sequence_logprobs(backbone, CONFIG, None, p.tokens, p.attention_mask, 1.0)
   np.testing.assert_allclose(np.asarray(ref) * p.loss_mask, out.logp_ref, atol=1e-6)
   assert np.abs(out.logp_ref - p.logp_old).max() > 1e-3  # the adapters do change the model
 
@@ -112,9 +112,9 @@ def test_hgrpo_steps_move_experts_and_router_the_right_way(setup):
   rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
   new_experts, rparams, _, history = run_steps(backbone, experts, batch, rb, 5)
   p = out.packed
-  before = rl_rollout._logprobs(backbone, CONFIG, adapter_of(experts, out), p.tokens,
+  before = rl_rollout.sequence_logprobs(backbone, CONFIG, adapter_of(experts, out), p.tokens,
                                 p.attention_mask, 1.0)
-  after = rl_rollout._logprobs(backbone, CONFIG, adapter_of(new_experts, out), p.tokens,
+  after = rl_rollout.sequence_logprobs(backbone, CONFIG, adapter_of(new_experts, out), p.tokens,
                                p.attention_mask, 1.0)
   gain = np.asarray(((after - before) * p.loss_mask).sum(1))
   assert gain[0] > 0 and gain[1] < 0  # A_within = +1 row more likely, A_within = -1 row less
