@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import random
 import socket
 import threading
 import time
@@ -26,13 +25,11 @@ from http.client import HTTPException
 from typing import Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
+from apex_jax.tools.http import RemoteError, backoff_delay, with_retries
 
-class JudgeError(RuntimeError):
+
+class JudgeError(RemoteError):
   """A chat completion that produced no reply."""
-
-  def __init__(self, message: str, status: int | None = None, attempts: int = 0):
-    super().__init__(message)
-    self.status, self.attempts = status, attempts
 
 
 class JudgeRequestError(JudgeError):
@@ -138,31 +135,24 @@ class ChatClient:
         self._stats[key] += n
 
   def backoff(self, attempt: int) -> float:
-    """Seconds before retry `attempt` (1, 2, ...): backoff_s * 2^(attempt-1), capped, +-jitter."""
-    delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-    return delay * random.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else delay
+    return backoff_delay(attempt, self.backoff_s, self.max_backoff_s, self.jitter)
 
   def complete(self, messages: list[dict], *, max_tokens: int, temperature: float) -> str:
     self._add(calls=1)
     body = json.dumps({**self.extra_body, "model": self.model, "messages": messages,
                        "max_tokens": max_tokens, "temperature": temperature}).encode("utf-8")
-    last: JudgeUnavailable | None = None
-    for attempt in range(self.retries + 1):
-      if attempt:
-        self._add(retries=1)
-        self.sleep(self.backoff(attempt))
-      try:
-        return reply_content(self._post(body))
-      except JudgeUnavailable as e:
-        last = e
-      except JudgeError as e:  # a 4xx or a malformed reply: sending it again cannot help
-        e.attempts = attempt + 1
-        self._add(failures=1)
-        raise
-    self._add(failures=1)
-    cls = JudgeTimeout if isinstance(last, JudgeTimeout) else JudgeUnavailable
-    raise cls(f"{self.url}: no reply after {self.retries + 1} attempts; last: {last}",
-              last.status, self.retries + 1)
+    try:
+      return with_retries(lambda: reply_content(self._post(body)), retries=self.retries,
+                          retryable=JudgeUnavailable, delay=self.backoff, sleep=self.sleep,
+                          on_retry=lambda: self._add(retries=1))
+    except JudgeUnavailable as last:
+      self._add(failures=1)
+      cls = JudgeTimeout if isinstance(last, JudgeTimeout) else JudgeUnavailable
+      raise cls(f"{self.url}: no reply after {self.retries + 1} attempts; last: {last}",
+                last.status, self.retries + 1) from None
+    except JudgeError:
+      self._add(failures=1)
+      raise
 
   def complete_many(self, conversations: Sequence[list[dict]], *, max_tokens: int,
                     temperature: float) -> list[str | JudgeError]:

@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 import logging
 import queue
+import random
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -145,3 +146,37 @@ class QueueWorker:
         log.exception("%s: unexpected error", self.thread_name)
       if stop:
         return
+
+
+class RemoteError(RuntimeError):
+  """A remote call that gave no result: the HTTP `status` if any, and the attempts it took."""
+
+  def __init__(self, message: str, status: int | None = None, attempts: int = 0):
+    super().__init__(message)
+    self.status, self.attempts = status, attempts
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float, jitter: float) -> float:
+  """Seconds before retry `attempt` (1, 2, ...): base_s * 2^(attempt-1), capped, +-jitter."""
+  delay = min(max_s, base_s * 2 ** (attempt - 1))
+  return delay * random.uniform(1 - jitter, 1 + jitter) if jitter else delay
+
+
+def with_retries(call, *, retries: int, retryable: type, delay, sleep, on_retry=None):
+  """call() up to retries + 1 times, sleeping delay(attempt) before each retry; only
+  `retryable` RemoteErrors are retried. Any RemoteError leaves with `.attempts` set; after the
+  last attempt the last retryable one is raised."""
+  last = None
+  for attempt in range(retries + 1):
+    if attempt:
+      if on_retry is not None:
+        on_retry()
+      sleep(delay(attempt))
+    try:
+      return call()
+    except retryable as e:
+      e.attempts, last = attempt + 1, e
+    except RemoteError as e:  # a 4xx or a malformed reply: sending it again cannot help
+      e.attempts = attempt + 1
+      raise
+  raise last

@@ -10,7 +10,6 @@ client. Counts of requests, retries and failures are in `stats()`.
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 import urllib.error
@@ -19,6 +18,7 @@ from http.client import HTTPException
 from typing import Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
+from apex_jax.tools.http import RemoteError, backoff_delay, with_retries
 from apex_jax.tools.passages import Passage, format_passages, format_results  # noqa: F401
 
 __all__ = ["Passage", "format_passages", "format_results", "Searcher", "SearchClient",
@@ -26,12 +26,8 @@ __all__ = ["Passage", "format_passages", "format_results", "Searcher", "SearchCl
            "SearchUnavailable", "SearchTimeout"]
 
 
-class SearchError(RuntimeError):
+class SearchError(RemoteError):
   """A search that did not return results."""
-
-  def __init__(self, message: str, status: int | None = None, attempts: int = 0):
-    super().__init__(message)
-    self.status, self.attempts = status, attempts
 
 
 class SearchRequestError(SearchError):
@@ -123,9 +119,7 @@ class SearchClient:
       self._stats["max_in_flight"] = max(self._stats["max_in_flight"], self._stats["in_flight"])
 
   def backoff(self, attempt: int) -> float:
-    """Seconds before retry `attempt` (1, 2, ...): backoff_s * 2^(attempt-1), capped, +-jitter."""
-    delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-    return delay * random.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else delay
+    return backoff_delay(attempt, self.backoff_s, self.max_backoff_s, self.jitter)
 
   def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
     queries = _check_queries(queries)
@@ -134,23 +128,13 @@ class SearchClient:
       return []
     body = json.dumps({"queries": queries, "topk": topk or self.topk,
                        "return_scores": True}).encode("utf-8")
-    last: SearchError | None = None
-    for attempt in range(self.retries + 1):
-      if attempt:
-        self._add(retries=1)
-        self.sleep(self.backoff(attempt))
-      try:
-        return _parse_response(self._post(body), len(queries))
-      except SearchUnavailable as e:
-        last = e
-      except SearchError as e:  # a 4xx or a malformed response: sending it again cannot help
-        e.attempts = attempt + 1
-        self._add(failures=1)
-        raise
-    self._add(failures=1)
-    assert last is not None
-    last.attempts = self.retries + 1
-    raise last
+    try:
+      return with_retries(lambda: _parse_response(self._post(body), len(queries)),
+                          retries=self.retries, retryable=SearchUnavailable, delay=self.backoff,
+                          sleep=self.sleep, on_retry=lambda: self._add(retries=1))
+    except SearchError:
+      self._add(failures=1)
+      raise
 
   def _post(self, body: bytes) -> bytes:
     """One HTTP attempt -> the response body; SearchUnavailable when worth retrying."""
