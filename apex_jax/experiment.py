@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from morse_jax import llm
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
 
+from apex_jax import plots
 from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
 from apex_jax.datasets import World, evaluate as score_predictions, read_examples
@@ -263,16 +265,30 @@ def judges(exp: Experiment) -> JudgeBackends:
 
 def run(config) -> dict:
   """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
-  ablation table; everything in <workdir>/results.json, curves under <workdir>/logs."""
+  ablation table, with the untrained system (initial experts, the built memories) as the first
+  row; everything in <workdir>/results.json, curves under <workdir>/logs and in
+  <workdir>/rewards.png, seconds per phase in results["seconds"]."""
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
   logdir = os.path.join(config.workdir, "logs")
-  results = {"memory_build": memory_build(exp, rng=k_mem)}
+  seconds, clock = {}, time.time()
+
+  def lap(name):
+    nonlocal clock
+    seconds[name] = round(time.time() - clock, 1)
+    clock = time.time()
+    print(f"[apex] {name}: {seconds[name]:.0f}s", flush=True)
+
+  results = {"memory_build": memory_build(exp, rng=k_mem), "seconds": seconds}
+  lap("memory_build")
+  untrained = evaluate(exp, exp.experts, rng=k_eval)
+  lap("eval_untrained")
   staged = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=k_stages,
                       logdir=logdir)
   results["stages"] = staged.history
   experts = staged.experts
+  lap("stages")
   t = config.ttrl
   if t.steps:
     queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
@@ -285,14 +301,21 @@ def run(config) -> dict:
     results["ttrl"] = ttrl.history
     results["judge_failures"] = dict(ttrl.judge_failures)
     experts_ttrl = ttrl.experts
+    lap("ttrl")
   else:
     experts_ttrl = experts
   results["eval"] = {
+      "untrained": untrained,
       "full": evaluate(exp, experts_ttrl, rng=k_eval),
       "without_memories": evaluate(exp, experts_ttrl, use_memories=False, rng=k_eval),
       "without_skills": evaluate(exp, experts_ttrl, use_skills=False, rng=k_eval),
       "without_ttrl": evaluate(exp, experts, rng=k_eval)}
+  lap("eval")
   results["distiller_errors"] = dict(exp.bank.distiller_errors)
+  try:
+    results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"))
+  except ValueError as e:  # no stage logged a reward: nothing to draw, say so in the results
+    results["plot"] = f"not drawn: {e}"
   with open(os.path.join(config.workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2, sort_keys=True)
   exp.bank.close()

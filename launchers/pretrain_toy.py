@@ -60,6 +60,8 @@ _CORPUS = flags.DEFINE_enum("corpus", "morse", ["morse", "apex", "both"], "Train
 _WORLDS = flags.DEFINE_integer("worlds", 4, "With --corpus=apex|both: synthetic worlds.")
 _WORLD_ENTITIES = flags.DEFINE_integer("world_entities", 120, "Entities per world.")
 _WORLD_QUESTIONS = flags.DEFINE_integer("world_questions", 400, "Questions per world.")
+_BUCKETS = flags.DEFINE_list("buckets", ["512", "1024"], "Row lengths (one compiled shape each); "
+                            "the largest is the longest example kept.")
 _APEX_TOPK = flags.DEFINE_integer("apex_topk", 3, "Passages per search in the APEx turns "
                                   "(AgentConfig.topk at run time must match).")
 
@@ -92,8 +94,15 @@ def main(argv):
   from morse_jax.toy import corpus, sft, tokenizer
 
   heads = max(1, _HIDDEN.value // 64)
+  try:
+    buckets = tuple(sorted(int(b) for b in _BUCKETS.value))
+  except ValueError:
+    raise app.UsageError(f"--buckets must be integers, got {_BUCKETS.value}") from None
+  if not buckets or buckets[0] < 8:
+    raise app.UsageError(f"--buckets must be row lengths >= 8, got {_BUCKETS.value}")
   cfg = sft.ToyConfig(vocab_size=_VOCAB.value, hidden=_HIDDEN.value, layers=_LAYERS.value,
                       heads=heads, kv_heads=max(1, heads // 2), intermediate=3 * _HIDDEN.value,
+                      max_len=max(buckets), buckets=buckets,
                       batch=_BATCH.value, lr=_LR.value, steps=_STEPS.value, seed=_SEED.value,
                       warmup=_WARMUP.value if _WARMUP.value >= 0
                       else min(50, max(1, _STEPS.value // 10)))

@@ -6,8 +6,13 @@
 
 Any folder `morse_jax.llm.load` reads works (safetensors + config.json + a tokenizer with a chat
 template). Requests queued together are merged into one sampler call. Judges connect with
-`apex_jax.judges.ChatClient("http://127.0.0.1:8000", model=...)`. LoRA routes are served by
-`apex_jax.judges.InProcessChat(adapter_route=...)` in process only, not by this server.
+`apex_jax.judges.ChatClient("http://127.0.0.1:8000", model=...)`.
+
+LoRA adapters (PEFT folders: what `morse_jax.lora.export.export_peft` writes for a trained route,
+or peft's save_pretrained) are served next to the base model, as vLLM's --lora-modules are:
+
+  python -m launchers.serve --model=assets/toy_qwen3 --lora_modules=executor=/tmp/executor_lora
+  # a request with "model": "executor" runs through that adapter; any other name: the base model
 Stop with Ctrl-C or SIGTERM.
 """
 
@@ -29,8 +34,28 @@ _MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows merged into one sa
 _MAX_TOKENS = flags.DEFINE_integer("default_max_tokens", 512, "max_tokens when a request has none.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
                            "Weight dtype (default: the checkpoint's).")
+_LORA = flags.DEFINE_list("lora_modules", [], "name=PEFT_DIR pairs: adapters served under their "
+                          "names on the same backbone.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Log every request.")
+
+
+def adapter_chats(model, specs, seed: int) -> dict:
+  """{name: InProcessChat through the PEFT adapter} of `name=DIR` specs."""
+  from apex_jax.judges import InProcessChat
+  from apex_jax.judges.inprocess import AdapterRoute
+  from morse_jax.lora.export import import_peft
+
+  out = {}
+  for spec in specs:
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+      raise app.UsageError(f"--lora_modules entry {spec!r} must be name=PEFT_DIR")
+    if name in out:
+      raise app.UsageError(f"--lora_modules names {name!r} twice")
+    experts, lora = import_peft(path, model.config)
+    out[name] = InProcessChat(model, AdapterRoute(experts, lora, (0,)), seed=seed)
+  return out
 
 
 def main(argv):
@@ -44,8 +69,12 @@ def main(argv):
   name = _NAME.value or os.path.basename(os.path.normpath(_MODEL.value))
   print(f"{_MODEL.value}: {model.config.num_layers} layers, vocab {model.config.vocab_size}")
   chat = InProcessChat(model, seed=_SEED.value)
+  adapters = adapter_chats(model, _LORA.value, _SEED.value)
   srv = serving.make_server(chat, name, _HOST.value, _PORT.value, max_batch=_MAX_BATCH.value,
-                            default_max_tokens=_MAX_TOKENS.value, verbose=_VERBOSE.value)
+                            default_max_tokens=_MAX_TOKENS.value, verbose=_VERBOSE.value,
+                            adapters=adapters)
+  for adapter in adapters:
+    print(f"adapter {adapter}: {adapters[adapter].route.lora}")
   banner(f"serving {name} at {srv.url}/v1")
 
   def stop(signum, frame):  # SIGTERM (kill, cluster schedulers) ends the server as Ctrl-C does

@@ -21,3 +21,20 @@ def test_plots_are_written(tmp_path):
     pass
   with pytest.raises(ValueError, match="has no metrics"):
     plots.training_plots(str(tmp_path / "empty.jsonl"), str(tmp_path))
+
+
+def test_apex_reward_curves_one_panel_per_stage_in_training_order(tmp_path):
+  from apex_jax import plots as apex_plots
+
+  logdir = tmp_path / "logs"
+  for name in ("stage0_executor", "stage2_planner", "stage10_extra", "ttrl", "stage1_distiller"):
+    with metrics.MetricsWriter(str(logdir / name), tensorboard=False, progress=False) as w:
+      for step in range(1, 4):
+        w.write(step, {"reward_mean": 0.2 * step})
+  os.makedirs(logdir / "stage3_empty")  # a stage that wrote nothing is left out
+  assert [n for n, _ in apex_plots.stage_logs(str(logdir))] == [
+      "stage0_executor", "stage1_distiller", "stage2_planner", "stage10_extra", "ttrl"]
+  path = apex_plots.reward_curves(str(logdir), str(tmp_path / "rewards.png"))
+  assert os.path.getsize(path) > 1000
+  with pytest.raises(ValueError, match="no 'reward_mean'"):
+    apex_plots.reward_curves(str(tmp_path / "nothing"), str(tmp_path / "x.png"))

@@ -15,6 +15,10 @@ send "qwen"); replies carry the served name. `stream` is refused (400).
 
 Requests queued together with the same temperature and top_p are merged into one sampler call
 (as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows.
+
+Adapter routes (vLLM's `--lora-modules`): `adapters={name: InProcessChat with an AdapterRoute}`
+on the same backbone. A request whose `model` names one is generated through that route and
+answered under that name; any other name gets the base model. /v1/models lists them all.
 """
 
 from __future__ import annotations
@@ -45,14 +49,16 @@ class ChatBatcher(QueueWorker):
     self.calls = self.rows = 0  # sampler calls, rows generated (calls < requests: merging)
     super().__init__()
 
-  def submit(self, prompt: list[int], req: ChatRequest) -> list[Completion]:
-    return self._submit(prompt, req)
+  def submit(self, prompt: list[int], req: ChatRequest,
+             chat: InProcessChat | None = None) -> list[Completion]:
+    """chat: the route that generates (default: the batcher's own)."""
+    return self._submit(prompt, req, chat or self.chat)
 
   def _round(self, items) -> None:
-    groups: dict[tuple[float, float], list] = {}
-    for it in items:
-      groups.setdefault((it[1].temperature, it[1].top_p), []).append(it)
-    for key, group in groups.items():
+    groups: dict[tuple[int, float, float], list] = {}
+    for it in items:  # one sampler call per route and sampling setting
+      groups.setdefault((id(it[2]), it[1].temperature, it[1].top_p), []).append(it)
+    for (_, *key), group in groups.items():
       for chunk in self._chunks(group):
         try:
           self._run(chunk, *key)
@@ -72,18 +78,19 @@ class ChatBatcher(QueueWorker):
 
   def _run(self, items, temperature: float, top_p: float) -> None:
     prompts, limits, stops = [], [], []
-    for prompt, req, _ in items:
+    chat = items[0][2]
+    for prompt, req, _, _ in items:
       prompts += [prompt] * req.n
       limits += [req.max_tokens] * req.n
       stops += [req.stop] * req.n
     try:
-      done = self.chat.generate(prompts, limits, temperature=temperature, top_p=top_p,
+      done = chat.generate(prompts, limits, temperature=temperature, top_p=top_p,
                                 stops=stops)
       self.calls, self.rows = self.calls + 1, self.rows + len(prompts)
     except Exception as e:  # noqa: BLE001 -- handed to every waiting request as a 500
       return self._fail(items, e)
     start = 0
-    for _, req, future in items:
+    for _, req, _, future in items:
       future.set_result(done[start:start + req.n])
       start += req.n
 
@@ -92,28 +99,38 @@ class ChatServer(JsonServer):
   label = "chat server"
 
   def __init__(self, address, chat: InProcessChat, model_name: str, default_max_tokens: int = 512,
-               max_n: int = 16, max_batch: int = 64, verbose: bool = False):
+               max_n: int = 16, max_batch: int = 64, verbose: bool = False,
+               adapters: dict[str, InProcessChat] | None = None):
     super().__init__(address, _Handler, verbose)
     self.chat, self.model_name = chat, model_name
+    self.adapters = dict(adapters or {})
+    if model_name in self.adapters:
+      raise ValueError(f"adapter name {model_name!r} is the base model's served name")
+    for name, route in self.adapters.items():
+      if route.route is None or route.model is not chat.model:
+        raise ValueError(f"adapter {name!r} must be an InProcessChat with an adapter_route on "
+                         f"the served model")
     self.default_max_tokens, self.max_n = default_max_tokens, max_n
     self.created = int(time.time())
     self.batcher = ChatBatcher(chat, max_batch)
 
   def complete(self, req: ChatRequest) -> dict:
     """The response body of a parsed request (raises ApiError on a bad prompt)."""
+    name = req.model if req.model in self.adapters else self.model_name
+    chat = self.adapters.get(name, self.chat)
     try:
-      prompt = self.chat.prompt_tokens(req.messages, req.chat_template_kwargs)
+      prompt = chat.prompt_tokens(req.messages, req.chat_template_kwargs)
     except JudgeRequestError as e:
       raise ApiError(400, str(e), "messages") from None
     try:
-      self.chat.check_length(prompt, req.max_tokens)
+      chat.check_length(prompt, req.max_tokens)
     except JudgeRequestError as e:  # blame the prompt when it alone fills the context
-      too_long = len(prompt) >= self.chat.max_context
+      too_long = len(prompt) >= chat.max_context
       raise ApiError(400, str(e), "messages" if too_long else "max_tokens") from None
-    done = self.batcher.submit(prompt, req)
+    done = self.batcher.submit(prompt, req, chat)
     used = sum(c.completion_tokens for c in done)
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": self.model_name,
+            "created": int(time.time()), "model": name,
             "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
                          "finish_reason": c.finish_reason} for i, c in enumerate(done)],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": used,
@@ -144,8 +161,10 @@ class _Handler(JsonHandler):
     srv = self.server
     if self.path.split("?")[0] == "/health":
       return self._send(200, {"status": "ok", "model": srv.model_name})
-    self._send(200, {"object": "list", "data": [{"id": srv.model_name, "object": "model",
-                                                 "created": srv.created, "owned_by": "morse_jax"}]})
+    base = {"id": srv.model_name, "object": "model", "created": srv.created,
+            "owned_by": "morse_jax"}
+    self._send(200, {"object": "list", "data": [base] + [
+        {**base, "id": name, "parent": srv.model_name} for name in srv.adapters]})
 
   def do_POST(self):
     if not self._route("POST"):

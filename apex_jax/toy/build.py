@@ -47,7 +47,14 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       if trace is None:
         stats["corrupt_missed"] += 1
         continue
-    turns.append(C.planner_conversation(ex, trace, searched, kind is None, config))
+    if rng.random() < corpus_config.summary_share:
+      turns.append(C.summary_conversation(ex, trace, config))
+      stats["summary"] += 1
+    context = None
+    if rng.random() < corpus_config.context_share:
+      earlier = [m for m, _ in memories[ex.category]]
+      context = C.planner_context(ex.category, earlier, with_skill=rng.random() < 0.5)
+    turns.append(C.planner_conversation(ex, trace, searched, kind is None, config, context))
     stats["plan_replan" if kind else "plan_accept"] += 1
     memories[ex.category].append((Memory(sum(map(len, memories.values())) + 1, ex.category,
                                          C.MODALITY, ex.question, C.workflow(trace),

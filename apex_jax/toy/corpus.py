@@ -18,6 +18,9 @@ A conversation is a dict in the shape of `morse_jax.toy.corpus` turns plus round
   search), then the replan prompt -> the remaining steps.
 - distiller: a skill JSON reply (synthesize, then refine) per category for a batch of memories
   whose workflows are the gold or corrupted traces; valid for MemoryBank.apply_distiller_reply.
+  A quarter of the runs also get a summary turn (their workflow), as Distiller.remember asks.
+- half of the plan prompts show earlier memories (and half of those a skill) of the question's
+  category, laid out as the bank shows them, with the same plan as reply.
 """
 
 from __future__ import annotations
@@ -46,9 +49,12 @@ class CorpusConfig:
   plan_share: float = 0.5  # executor runs whose prompt carries the gold plan
   negative_share: float = 0.5  # planner conversations judging a corrupted trace
   distill_batch: int = 4  # memories per distiller prompt
+  summary_share: float = 0.25  # runs (gold or corrupted) whose workflow summary is a turn
+  context_share: float = 0.5  # planner prompts showing earlier memories (and a skill) of the
+  # question's category, as the bank shows them at run time: the plan must not depend on them
 
   def __post_init__(self):
-    for name in ("plan_share", "negative_share"):
+    for name in ("plan_share", "negative_share", "summary_share", "context_share"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
@@ -166,9 +172,29 @@ def corrupt(example: QAExample, searcher, config: AgentConfig, kind: str,
   return executor_rounds(example, searcher, config, 0, wrong), 0
 
 
+def planner_context(category: str, earlier: Sequence[Memory], with_skill: bool,
+                    ) -> tuple[str, str]:
+  """(skill text, memory text) of a plan prompt as `planner.context_slots` gives them, from
+  earlier memories of the question's category: the last two correct and the last incorrect one,
+  and (with_skill) the skill a distiller reply built from all of them."""
+  from apex_jax.memory.records import ProcedureStep, Skill
+
+  good = [m for m in earlier if m.correct][-2:]
+  bad = [m for m in earlier if not m.correct][-1:]
+  memory = skills_lib.render_memories(good, bad).strip()
+  if not with_skill or not earlier:
+    return prompts.NO_SKILL, memory
+  doc = skill_reply(category, earlier, None, [])["skill"]
+  skill = Skill(category, MODALITY, doc["skill_name"], doc["description"],
+                tuple(ProcedureStep(**s) for s in doc["procedure"]), tuple(doc["pitfalls"]),
+                doc["version"], sum(m.correct for m in earlier), len(earlier), "synthesize")
+  return skills_lib.render_skill(skill, skill.win_rate).strip(), memory
+
+
 def planner_conversation(example: QAExample, trace: list[dict], searched: int, correct: bool,
-                         config: AgentConfig) -> dict:
-  skill, memory = prompts.NO_SKILL, skills_lib.render_memories([], []).strip()
+                         config: AgentConfig, context: tuple[str, str] | None = None) -> dict:
+  """context: (skill text, memory text) shown in the plan prompt (None: no skill, no memory)."""
+  skill, memory = context or (prompts.NO_SKILL, skills_lib.render_memories([], []).strip())
   opening = prompts.plan_messages(skill, memory, example.question, config.plan_word_limit,
                                   config.prompts)
   n = example.hops
@@ -198,6 +224,16 @@ def workflow(trace: list[dict]) -> str:
     elif answer:
       steps.append(f"answer '{answer.group(1)}'")
   return numbered(steps)
+
+
+def summary_conversation(example: QAExample, trace: list[dict], config: AgentConfig) -> dict:
+  """The Distiller's summary turn of a run (Distiller.summarize on prompts.render_trace), whose
+  reply is the run's `workflow`: what the memories of later plan prompts show."""
+  from apex_jax.agents.distiller import summary_messages
+
+  opening = summary_messages(prompts.render_trace(example.question, trace), config.prompts)
+  return conversation("apex_distill", opening, [workflow(trace)], [], f"summary:{example.id}",
+                      summary=True)
 
 
 PITFALLS = {"early": "Answering before every search is done.",

@@ -14,6 +14,7 @@ import re
 import threading
 
 import jax
+import numpy as np
 import pytest
 
 from apex_jax.judges import (Candidate, ChatClient, InProcessChat, LlmJudge, NoGtConfig,
@@ -35,9 +36,21 @@ def model():
   return llm.Model(config, params, fakes.tokenizer(), stop_ids=(fakes.EOS,))
 
 
+def random_route(model, seed=1):
+  """A one-expert route whose B is random (at init B = 0 would equal the base model)."""
+  lora = lora_lib.LoraConfig(roles=("adapter",), num_subtask_experts=0, last_n_layers=1, rank=2)
+  experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(seed))
+  experts = {t: lora_lib.ExpertWeights(e.a * 20, jax.random.normal(jax.random.PRNGKey(seed + 1),
+                                                                   e.b.shape))
+             for t, e in experts.items()}
+  return AdapterRoute(experts, lora, (0,))
+
+
 @pytest.fixture(scope="module")
 def server(model):
-  srv = serving.make_server(InProcessChat(model, max_context=64), "tiny", port=0, max_n=4)
+  adapters = {"exec": InProcessChat(model, random_route(model), max_context=64)}
+  srv = serving.make_server(InProcessChat(model, max_context=64), "tiny", port=0, max_n=4,
+                            adapters=adapters)
   with running(srv):
     yield srv
 
@@ -144,6 +157,31 @@ def test_protocol_errors_and_info_endpoints(server):
   assert post(server, None, "/health", "GET") == (200, {"status": "ok", "model": "tiny"})
   status, out = post(server, None, "/v1/models", "GET")
   assert status == 200 and out["data"][0]["id"] == "tiny" and out["object"] == "list"
+  assert [(m["id"], m.get("parent")) for m in out["data"]] == [("tiny", None), ("exec", "tiny")]
+
+
+def test_adapter_route_serves_its_own_generation(server):
+  """"model": "exec" generates through the adapter (what InProcessChat with that route gives),
+  other names through the base model; a batch of both makes one sampler call per route."""
+  body = {"messages": MSG, "max_tokens": 8, "temperature": 0.0, "n": 4}
+  calls = server.batcher.calls
+  results = [None, None]
+  threads = [threading.Thread(target=lambda i=i, m=m: results.__setitem__(
+      i, post(server, {**body, "model": m}))) for i, m in enumerate(("exec", "qwen"))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  (s1, adapted), (s2, base) = results
+  assert s1 == s2 == 200 and adapted["model"] == "exec" and base["model"] == "tiny"
+  prompt = server.chat.prompt_tokens(MSG)
+  direct = server.adapters["exec"].generate([prompt] * 4, [8] * 4, temperature=0.0)
+  plain = server.chat.generate([prompt] * 4, [8] * 4, temperature=0.0)
+  assert adapted["choices"][0]["message"]["content"] == direct[0].text
+  assert base["choices"][0]["message"]["content"] == plain[0].text != direct[0].text
+  assert server.batcher.calls - calls == 2
+  with pytest.raises(ValueError, match="adapter 'x' must be an InProcessChat with an adapter_route"):
+    serving.make_server(server.chat, "tiny", port=0, adapters={"x": server.chat})
 
 
 def test_internal_error_is_500_and_the_server_keeps_serving(server):
@@ -193,3 +231,22 @@ def test_judges_generate_in_process(model):
                                       for e in j.evaluators.values()) == 9
   judge = LlmJudge(chat)
   assert judge.judge("q w1", "w2", "w3").score in (0.0, 1.0)
+
+
+def test_serve_launcher_reads_lora_modules(model, tmp_path):
+  from absl import app
+
+  from launchers import serve
+  from morse_jax.lora import export
+
+  route = random_route(model, seed=5)
+  export.export_peft(route.experts, route.lora, model.config, [0], str(tmp_path / "ex"))
+  chats = serve.adapter_chats(model, [f"ex={tmp_path / 'ex'}"], seed=0)
+  assert list(chats) == ["ex"] and chats["ex"].route.lora.adapted_layers(model.config) == (1,)
+  for t, e in route.experts.items():
+    np.testing.assert_allclose(chats["ex"].route.experts[t].b, e.b, atol=1e-6)
+  for bad, match in (("ex", "must be name=PEFT_DIR"), ("=x", "must be name=PEFT_DIR")):
+    with pytest.raises(app.UsageError, match=match):
+      serve.adapter_chats(model, [bad], seed=0)
+  with pytest.raises(app.UsageError, match="names 'ex' twice"):
+    serve.adapter_chats(model, [f"ex={tmp_path / 'ex'}"] * 2, seed=0)

@@ -30,7 +30,8 @@ def test_counts_and_roles(compact, world):
   assert stats["plan_accept"] > 0 and stats["plan_replan"] > 0 and stats["distill"] > 0
   assert {t["role"] for t in turns} == set(corpus.ROLES)
   # a small share: at most MAX_DISTILL_BATCHES per category (2.7% of a 400-question world)
-  assert len(_of(turns, "apex_distill")) <= build.MAX_DISTILL_BATCHES * 10
+  skills = [t for t in _of(turns, "apex_distill") if not t.get("summary")]
+  assert len(skills) == stats["distill"] <= build.MAX_DISTILL_BATCHES * 10
 
 
 def test_executor_turns_parse_and_answer_gold(compact, world):
@@ -59,7 +60,7 @@ def test_planner_turns_parse(compact):
 
 
 def test_distiller_replies_apply_to_a_bank(compact, tmp_path):
-  distills = _of(compact[0], "apex_distill")
+  distills = [t for t in _of(compact[0], "apex_distill") if not t.get("summary")]
   assert {t["has_skill"] for t in distills} == {False, True}
   with MemoryBank(str(tmp_path / "m.db"), HashEmbedder()) as bank:
     for turn in distills:  # in order: a bucket's synthesis comes before its refinement
@@ -90,3 +91,48 @@ def test_config_checks_fields():
     corpus.CorpusConfig(plan_share=1.5)
   with pytest.raises(ValueError, match="CorpusConfig.distill_batch"):
     corpus.CorpusConfig(distill_batch=0)
+
+
+def test_planner_context_renders_as_the_bank_shows_it(compact, world):
+  """A plan prompt's memories and skill are laid out as the run-time planner splits a bank's
+  context (planner.context_slots), and the plan reply does not depend on them."""
+  from apex_jax.agents.planner import context_slots
+  from apex_jax.memory.records import PlannerContext
+
+  plans, by_id = _of(compact[0], "apex_plan"), {e.id: e for e in world.examples}
+  shown = [t for t in plans if "#### Positive Examples" in t["messages"][1]["content"]
+           or "#### Negative Examples" in t["messages"][1]["content"]]
+  skilled = [t for t in plans if "[Matched Skill Guidance]" in t["messages"][1]["content"]]
+  assert 0.2 * len(plans) < len(shown) < 0.8 * len(plans) and skilled, (len(shown), len(plans))
+  memories = [Memory(i, "comparison", corpus.MODALITY, f"q{i}", "1. search('a')", outcome)
+              for i, outcome in enumerate(("correct", "incorrect", "correct", "correct"), 1)]
+  skill_text, memory_text = corpus.planner_context("comparison", memories, with_skill=True)
+  assert memory_text.count("\n#### ") == 2 and "q1" not in memory_text  # last two correct
+  assert "q2" in memory_text and "q3" in memory_text and "q4" in memory_text
+  skill = corpus.skill_reply("comparison", memories, None, [])["skill"]
+  from apex_jax.memory.records import ProcedureStep, Skill
+  doc = Skill("comparison", corpus.MODALITY, skill["skill_name"], skill["description"],
+              tuple(ProcedureStep(**s) for s in skill["procedure"]), tuple(skill["pitfalls"]),
+              1, 3, 4, "synthesize")
+  ctx = PlannerContext(f"{skill_text}\n{memory_text}", Bucket("comparison", corpus.MODALITY),
+                       (1, 2), doc, 0.75)
+  assert context_slots(ctx) == (skill_text, memory_text)
+  assert corpus.planner_context("comparison", memories, with_skill=False)[0] == prompts.NO_SKILL
+  assert all(t["target"] == corpus.plan_reply(by_id[t["example_id"]]) for t in shown)
+
+
+def test_summary_turns_are_the_workflow_of_a_run(compact, world):
+  from apex_jax.agents.distiller import summary_messages
+
+  summaries = [t for t in compact[0] if t.get("summary")]
+  assert compact[1]["summary"] == len(summaries) > 0.1 * len(world.examples)
+  by_id = {e.id: e for e in world.examples}
+  for t in summaries:
+    assert t["role"] == "apex_distill" and not t["rounds"]
+    ex = by_id[t["example_id"].split(":", 1)[1]]
+    body = t["messages"][0]["content"]
+    assert body.startswith(summary_messages("", "compact")[0]["content"][:40])
+    assert f"### Question: {ex.question}" in body
+    lines = t["target"].splitlines()
+    assert lines[-1].split(". ", 1)[1].startswith("answer '") and all(
+        ln.split(". ", 1)[1].startswith("search(") for ln in lines[:-1])
