@@ -312,6 +312,7 @@ def run(config) -> dict:
       "without_ttrl": evaluate(exp, experts, rng=k_eval)}
   lap("eval")
   results["distiller_errors"] = dict(exp.bank.distiller_errors)
+  results["adapters"] = export_adapters(exp, experts_ttrl, os.path.join(config.workdir, "adapters"))
   try:
     results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"))
   except ValueError as e:  # no stage logged a reward: nothing to draw, say so in the results
@@ -320,3 +321,42 @@ def run(config) -> dict:
     json.dump(results, f, indent=2, sort_keys=True)
   exp.bank.close()
   return results
+
+
+def export_adapters(exp: Experiment, experts, directory: str) -> dict[str, str]:
+  """Each module's role expert as a PEFT LoRA folder `<directory>/<module>`, which
+  `launchers.serve --lora_modules=<module>=<folder>` (or vLLM, or peft) serves."""
+  from morse_jax.lora.export import export_peft
+
+  lora, out = exp.updater.lora, {}
+  for role in lora.roles:
+    out[role] = os.path.join(directory, role)
+    export_peft(experts, lora, exp.model.config, [lora.role_index(role)], out[role],
+                base_model=exp.config.model.path)
+  return out
+
+
+def print_summary(results: dict, workdir: str) -> None:
+  """The run as a user reads it: memory building, each stage's reward (first and last updates,
+  skipped updates), TTRL, the ablation table, the plot and the time per phase."""
+  print(f"\nmemory build: {results['memory_build']}")
+  rows = results["stages"] + [{"module": "ttrl", **r} for r in results.get("ttrl", [])]
+  for module in dict.fromkeys(r["module"] for r in rows):
+    rewards = [r.get("reward_mean", float("nan")) for r in rows if r["module"] == module]
+    skipped = sum(r.get("skipped", 0) for r in rows if r["module"] == module)
+    line = f"{module:<10} {len(rewards)} updates ({skipped:.0f} skipped: flat rewards); "
+    if len(rewards) < 2:
+      print(line + f"mean reward {rewards[0]:.3f}")
+      continue
+    half = len(rewards) // 2
+    print(line + f"mean reward first half {sum(rewards[:half]) / half:.3f}, last half "
+          f"{sum(rewards[half:]) / (len(rewards) - half):.3f}")
+  if results.get("judge_failures"):
+    print(f"judge failures (counted, scored as failures): {results['judge_failures']}")
+  print("\nablations (held-out questions)")
+  print(f"{'system':<18} {'EM':>6} {'F1':>6} {'answered':>9}")
+  for name, row in results["eval"].items():
+    print(f"{name:<18} {row['em']:>6.3f} {row['f1']:>6.3f} {row.get('answered', 0):>9.3f}")
+  print(f"\nreward curves: {results.get('plot')}\nresults: {workdir}/results.json; seconds: "
+        f"{results.get('seconds')}\ntrained experts as PEFT adapters (launchers.serve "
+        f"--lora_modules=NAME=DIR): {results.get('adapters')}")

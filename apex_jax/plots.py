@@ -32,6 +32,7 @@ def reward_curves(logdir: str, path: str, key: str = "reward_mean", window: int 
 
   matplotlib.use("Agg")  # files only, no display
   import matplotlib.pyplot as plt
+  from matplotlib.ticker import MaxNLocator
 
   logs = [(n, [r for r in read_jsonl(p) if r.get(key) is not None]) for n, p in stage_logs(logdir)]
   logs = [(n, rows) for n, rows in logs if rows]
@@ -45,6 +46,7 @@ def reward_curves(logdir: str, path: str, key: str = "reward_mean", window: int 
     ax.plot(x, _rolling(y, window), lw=2, label=f"mean of last {window}")
     ax.set_title(name.split("_", 1)[-1] if name.startswith("stage") else name)
     ax.set_xlabel("update")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.05, 1.05)
   axes[0][0].set_ylabel("mean rollout reward")
   axes[0][0].legend(fontsize=7)

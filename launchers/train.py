@@ -28,9 +28,7 @@ def main(argv):
     from apex_jax import experiment as apex_experiment
 
     results = apex_experiment.run(config)
-    pipeline.banner("ablations (held-out EM / F1)")
-    for name, row in results["eval"].items():
-      print(f"{name:<20} em {row['em']:.3f}  f1 {row['f1']:.3f}")
+    apex_experiment.print_summary(results, config.workdir)
     return
   if config.demo:  # before/after evaluation, table and plots
     pipeline.demo(config)

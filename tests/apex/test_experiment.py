@@ -39,6 +39,10 @@ def reply(module, prompt, call):
 def small_config(workdir, **eval_overrides):
   c = demo_cpu.get_config("unused")
   c.workdir = str(workdir)
+  c.data.update(entities=40, questions=24)
+  for module in STAGE_ORDER:
+    c.stages[module].update(batch_size=2, group_size=2)
+  c.ttrl.update(batch_size=2, group_size=2)
   c.memory_build.update(questions=4, batch_size=2)
   c.eval.update(questions=3, batch_size=2, **eval_overrides)
   return c
@@ -140,10 +144,17 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   assert [(h["module"], h["step"]) for h in results["stages"]] == [
       ("executor", 1), ("distiller", 1), ("planner", 1)]
   assert len(results["ttrl"]) == 1
-  assert set(results["eval"]) == {"full", "without_memories", "without_skills", "without_ttrl"}
+  assert set(results["eval"]) == {"untrained", "full", "without_memories", "without_skills",
+                                  "without_ttrl"}
   assert all(0 <= r["em"] <= 1 and r["n"] == 2 for r in results["eval"].values())
   for name in ("stage0_executor", "stage1_distiller", "stage2_planner", "ttrl"):
     assert os.path.exists(os.path.join(c.workdir, "logs", name, "metrics.jsonl"))
+  assert results["plot"] == os.path.join(c.workdir, "rewards.png") and os.path.exists(
+      results["plot"])
+  for role, path in results["adapters"].items():  # each module's expert, servable by peft/vLLM
+    assert os.path.exists(os.path.join(path, "adapter_model.safetensors")), role
+  assert set(results["adapters"]) == {"planner", "executor", "distiller"}
+  assert set(results["seconds"]) == {"memory_build", "eval_untrained", "stages", "ttrl", "eval"}
 
 
 @pytest.mark.slow  # minutes of CPU: one update compile per stage on a tiny random model
@@ -176,3 +187,20 @@ def test_each_stage_trains_only_its_own_expert_on_real_rollouts(tmp_path):
     assert result.history[0]["skipped"] == 0.0
     assert changed(experts, result.experts) == {stage.config.module}
     experts = result.experts
+
+
+def test_print_summary_reads_a_results_dict(capsys):
+  results = {"memory_build": {"episodes": 2}, "seconds": {"stages": 1.0}, "plot": "p.png",
+             "stages": [{"module": "executor", "reward_mean": r, "skipped": float(r == 0.5)}
+                        for r in (0.2, 0.4, 0.5, 0.9)] + [{"module": "planner",
+                                                           "reward_mean": 0.3}],
+             "ttrl": [{"reward_mean": 0.1}],
+             "eval": {"untrained": {"em": 0.25, "f1": 0.5, "answered": 1.0},
+                      "full": {"em": 0.5, "f1": 0.75, "answered": 1.0}}}
+  experiment.print_summary(results, "/w")
+  out = capsys.readouterr().out
+  assert "executor   4 updates (1 skipped: flat rewards); mean reward first half 0.300, last " \
+         "half 0.700" in out
+  assert "planner    1 updates (0 skipped: flat rewards); mean reward 0.300" in out
+  assert "ttrl       1 updates" in out
+  assert "untrained           0.250  0.500     1.000" in out and "/w/results.json" in out

@@ -1,0 +1,50 @@
+"""The committed APEx toy (assets/toy_apex): a Hugging Face folder transformers reads with our
+logits, and on a world it never saw (new names) the real Executor, greedy, searches with a
+well-formed call and answers in the protocol."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from apex_jax.agents import AgentConfig, Executor, SeparateGenerator
+from apex_jax.datasets.world import World
+from apex_jax.toy.search import WordSearch
+from morse_jax import llm
+from tests.apex.toy.conftest import REPO
+
+PATH = os.path.join(REPO, "assets", "toy_apex")
+
+
+@pytest.fixture(scope="module")
+def toy():
+  return llm.load(PATH)
+
+
+def test_transformers_reads_the_same_model(toy):
+  import torch
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
+  ids = toy.tokenizer.apply_chat_template([{"role": "user", "content": "Who directed Funlol?"}],
+                                          add_generation_prompt=True)
+  hf_tok = AutoTokenizer.from_pretrained(PATH)
+  assert hf_tok.apply_chat_template([{"role": "user", "content": "Who directed Funlol?"}],
+                                    add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) == ids
+  ours, _ = llm.forward(toy.params, toy.config, np.asarray([ids]))
+  theirs = AutoModelForCausalLM.from_pretrained(PATH).eval()(torch.tensor([ids])).logits
+  np.testing.assert_allclose(np.asarray(ours), theirs.detach().numpy(), atol=2e-4)
+
+
+def test_executor_follows_the_protocol_on_a_new_world(toy):
+  world = World.generate(4242, 120, 8)
+  config = AgentConfig(prompts="compact", temperature=0.0, topk=2, max_turns=5,
+                       max_llm_calls=10, executor_max_new_tokens=80,
+                       max_context_tokens=toy.config.max_position_embeddings)
+  generator = SeparateGenerator({"executor": (toy, None, None)})
+  runs = Executor(generator, WordSearch(world.passages, 2), config).run(
+      [e.question for e in world.examples], rng=jax.random.key(0))
+  assert all(r.stats.get("tool_calls", 0) >= 1 for r in runs), [r.stats for r in runs]
+  assert sum(r.answer is not None for r in runs) >= 6, [r.info["turns"] for r in runs]
+  assert all(r.stats.get("format_errors", 0) == 0 for r in runs), [r.stats for r in runs]
