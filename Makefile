@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-all bench clean
+.PHONY: venv demo demo-apex test test-all bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ venv: $(STAMP)
 
 demo: venv
 	$(BIN)/python -m launchers.train --config=configs/morse/demo_cpu.py
+
+demo-apex: venv
+	$(BIN)/python -m launchers.train --config=configs/apex/demo_cpu.py
 
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile

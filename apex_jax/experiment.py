@@ -292,14 +292,19 @@ def run(config) -> dict:
   t = config.ttrl
   if t.steps:
     queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
+    panel = judges(exp)
     ttrl = run_ttrl(exp.updater, experts, queries, exp.bank, exp.generator,
                     rollouts.TtrlEpisodes(exp.searcher, exp.bank, exp.agents, t.summarize),
-                    judges(exp), None, evolve_fn=rollouts.evolve_with(exp.agents),
+                    panel, None, evolve_fn=rollouts.evolve_with(exp.agents),
                     config=TtrlConfig(t.steps, t.batch_size, t.group_size, t.learning_rate,
                                       t.temperature, t.max_new_tokens),
                     rng=k_ttrl, logdir=logdir)
     results["ttrl"] = ttrl.history
-    results["judge_failures"] = dict(ttrl.judge_failures)
+    # replies the judges could not parse (scored by their fallbacks), then calls that failed
+    results["judge_failures"] = {"evaluator": panel.nogt.evaluator_failures.snapshot(),
+                                 "arbiter": panel.nogt.arbiter_failures.snapshot(),
+                                 "align": panel.align.failures.snapshot(),
+                                 "calls": dict(ttrl.judge_failures)}
     experts_ttrl = ttrl.experts
     lap("ttrl")
   else:
@@ -352,7 +357,8 @@ def print_summary(results: dict, workdir: str) -> None:
     print(line + f"mean reward first half {sum(rewards[:half]) / half:.3f}, last half "
           f"{sum(rewards[half:]) / (len(rewards) - half):.3f}")
   if results.get("judge_failures"):
-    print(f"judge failures (counted, scored as failures): {results['judge_failures']}")
+    print(f"TTRL judge failures (counted; scored by the judges' fallbacks): "
+          f"{results['judge_failures']}")
   print("\nablations (held-out questions)")
   print(f"{'system':<18} {'EM':>6} {'F1':>6} {'answered':>9}")
   for name, row in results["eval"].items():

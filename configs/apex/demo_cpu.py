@@ -41,9 +41,9 @@ def get_config(arg=None):
                   topk=2, planner_max_new_tokens=96, executor_max_new_tokens=80,
                   distiller_max_new_tokens=320, temperature=1.0, top_p=1.0,
                   prompts="compact", replan_memories=False)
-  c.memory_build = dict(questions=16, batch_size=8, force_evolve=True)
+  c.memory_build = dict(questions=12, batch_size=6, force_evolve=True)
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),
-                  planner=_stage(4, 1e-3, 96))
+                  planner=_stage(3, 1e-3, 96))
   c.ttrl = dict(steps=2, batch_size=4, group_size=4, learning_rate=1e-4, temperature=1.0,
                 max_new_tokens=96, summarize=False)
   c.judges = dict(kind="inprocess", url="", model="", max_tokens=32)

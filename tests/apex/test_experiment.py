@@ -134,8 +134,8 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   c.agents.update(max_turns=2, max_llm_calls=3, planner_max_new_tokens=8,
                   executor_max_new_tokens=8, distiller_max_new_tokens=8, prompts="compact")
   for m in STAGE_ORDER:
-    c.stages[m].update(batch_size=1, max_new_tokens=8)
-  c.ttrl.update(batch_size=1, max_new_tokens=8)
+    c.stages[m].update(steps=1, batch_size=1, max_new_tokens=8)
+  c.ttrl.update(steps=1, batch_size=1, max_new_tokens=8)
   c.judges.max_tokens = 4
   c.eval.update(questions=2, batch_size=2)
   results = experiment.run(c)
@@ -144,6 +144,9 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   assert [(h["module"], h["step"]) for h in results["stages"]] == [
       ("executor", 1), ("distiller", 1), ("planner", 1)]
   assert len(results["ttrl"]) == 1
+  failures = results["judge_failures"]  # a random model cannot write the judges' formats
+  assert set(failures) == {"evaluator", "arbiter", "align", "calls"}
+  assert sum(failures["evaluator"].values()) + sum(failures["arbiter"].values()) > 0
   assert set(results["eval"]) == {"untrained", "full", "without_memories", "without_skills",
                                   "without_ttrl"}
   assert all(0 <= r["em"] <= 1 and r["n"] == 2 for r in results["eval"].values())
