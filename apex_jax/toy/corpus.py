@@ -177,17 +177,14 @@ def planner_context(category: str, earlier: Sequence[Memory], with_skill: bool,
   """(skill text, memory text) of a plan prompt as `planner.context_slots` gives them, from
   earlier memories of the question's category: the last two correct and the last incorrect one,
   and (with_skill) the skill a distiller reply built from all of them."""
-  from apex_jax.memory.records import ProcedureStep, Skill
-
   good = [m for m in earlier if m.correct][-2:]
   bad = [m for m in earlier if not m.correct][-1:]
   memory = skills_lib.render_memories(good, bad).strip()
   if not with_skill or not earlier:
     return prompts.NO_SKILL, memory
   doc = skill_reply(category, earlier, None, [])["skill"]
-  skill = Skill(category, MODALITY, doc["skill_name"], doc["description"],
-                tuple(ProcedureStep(**s) for s in doc["procedure"]), tuple(doc["pitfalls"]),
-                doc["version"], sum(m.correct for m in earlier), len(earlier), "synthesize")
+  skill = skills_lib.skill_from_doc(json.dumps({
+      **doc, "correct_count": sum(m.correct for m in earlier), "operation": "synthesize"}))
   return skills_lib.render_skill(skill, skill.win_rate).strip(), memory
 
 

@@ -140,7 +140,7 @@ def import_peft(path: str, model: LlmConfig) -> tuple[dict, LoraConfig]:
   lora.adapted_layers(model)  # raises on a layer the model does not have
   experts = {}
   for t in targets:
-    field, d_in, d_out = TARGETS[t]
+    _, d_in, d_out = TARGETS[t]
     a = np.stack([found[(t, i)]["A"].T for i in layers])[:, None].astype(np.float32)
     b = np.stack([found[(t, i)]["B"].T for i in layers])[:, None].astype(np.float32)
     if a.shape[1:] != (1, d_in(model), rank) or b.shape[1:] != (1, rank, d_out(model)):
