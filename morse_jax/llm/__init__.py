@@ -7,4 +7,4 @@ from morse_jax.llm.params import LayerParams, Params, init_random, param_shapes
 from morse_jax.llm import tokenizer
 from morse_jax.llm.tokenizer import Tokenizer, TokenizerError
 from morse_jax.llm.sampling import (GREEDY, SampleOutput, SamplingConfig, bucket, generate_padded,
-                                    sample)
+                                    length_bucket, sample)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax import llm
-from morse_jax.llm.sampling import bucket
+from morse_jax.llm.sampling import bucket, length_bucket
 from morse_jax.lora.experts import LoraConfig, make_adapter
 from morse_jax.lora.mixture import Routes, uniform_routes
 from morse_jax.rl.train_step import PolicyBatch, RouterBatch, token_logprobs
@@ -50,9 +50,9 @@ class Packed:
 
 
 def pack(rows: Sequence[Sequence[Segment]], pad_id: int = 0, length: int | None = None) -> Packed:
-  """Concatenates each row's segments; T = `length` or the longest row bucketed to a power of 2."""
+  """Concatenates each row's segments; T = `length` or the longest row's `length_bucket`."""
   lengths = [sum(len(s.tokens) for s in row) for row in rows]
-  t = length or bucket(max(lengths))
+  t = length or length_bucket(max(lengths))
   if max(lengths) > t:
     raise ValueError(f"pack: a row has {max(lengths)} tokens, more than length={t}")
   out = Packed(np.full((len(rows), t), pad_id, np.int32), np.zeros((len(rows), t), np.int32),
@@ -153,7 +153,9 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
   segments = [[Segment(prompts[r]), Segment(completions[r], out.logprobs[r, :out.lengths[r]])]
               for r in range(n)]
   segments += [[Segment([pad_id])]] * (rows - n)
-  packed = pack(segments, pad_id, length=bucket(max(map(len, prompts))) + bucket(max_new_tokens))
+  # T fits the longest real row, not the longest prompt plus max_new_tokens: completions are
+  # mostly far shorter than the cap, and the update's cost grows with T squared.
+  packed = pack(segments, pad_id)
   routes = uniform_routes(sets + [sets[0]] * (rows - n), adapter.routes.idx.shape[1])
   route = np.zeros(rows, np.int32)
   route[:n] = np.arange(n) // group_size

@@ -47,14 +47,18 @@ class CompileCounter:
 def test_bucket():
   assert [llm.bucket(n) for n in (1, 16, 17, 64, 65)] == [16, 16, 32, 64, 128]
   assert llm.bucket(3, minimum=1) == 4
+  # 2^k or 3 * 2^(k-1): the smallest that holds n, never below the minimum.
+  got = [llm.length_bucket(n) for n in (1, 16, 17, 25, 33, 405, 581, 771, 1025)]
+  assert got == [16, 16, 24, 32, 48, 512, 768, 1024, 1536]
+  assert llm.length_bucket(5, minimum=1) == 6 and llm.length_bucket(2, minimum=1) == 2
 
 
 def test_similar_sizes_do_not_recompile(params):
   sampling = llm.SamplingConfig(temperature=0.8, top_p=0.9, top_k=20)
   llm.sample(params, CONFIG, prompts_of([5, 9, 20]), max_new_tokens=10, rng=jax.random.key(0),
              sampling=sampling)
-  with CompileCounter() as counter:  # 4 rows, prompt <= 32, new <= 16: the same buckets
-    llm.sample(params, CONFIG, prompts_of([17, 3, 30, 8], seed=5), max_new_tokens=13,
+  with CompileCounter() as counter:  # 4 rows, prompt <= 24, new <= 16: the same buckets
+    llm.sample(params, CONFIG, prompts_of([17, 3, 23, 8], seed=5), max_new_tokens=13,
                rng=jax.random.key(1), sampling=sampling)
   assert counter.count == 0
   with CompileCounter() as counter:  # a longer prompt bucket must compile: the counter works

@@ -86,6 +86,24 @@ def test_rollout_layout_and_logprobs(setup):
   assert np.abs(out.logp_ref - p.logp_old).max() > 1e-3  # the adapters do change the model
 
 
+def test_rollout_pads_to_the_longest_row_and_padding_changes_nothing(setup):
+  """T is the longest real row's length bucket, not prompt bucket + max_new_tokens; a step on
+  the same rows padded further gives the same loss and experts."""
+  backbone, experts, out = setup
+  longest = max(len(out.requests[out.node_of_row(r)].prompt) + len(out.completions[r])
+                for r in range(out.num_rows))
+  assert out.packed.tokens.shape[1] == llm.length_bucket(longest) == 16  # was 16 + 16
+  batch = rl_rollout.policy_batch(out, REWARDS)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  wide = lambda x: jnp.pad(x, ((0, 0), (0, 40)))
+  padded = dataclasses.replace(batch, **{k: wide(getattr(batch, k)) for k in (
+      "tokens", "attention_mask", "loss_mask", "logp_old", "logp_ref")})
+  ref, got = (run_steps(backbone, experts, b, rb, 1, BASE) for b in (batch, padded))
+  np.testing.assert_allclose(got[3][0]["expert_loss"], ref[3][0]["expert_loss"], atol=1e-7)
+  for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(ref[0])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_pack_masks_tool_output():
   packed = rl_rollout.pack([[rl_rollout.Segment([5, 6]), rl_rollout.Segment([7], [-0.5]),
                              rl_rollout.Segment([8, 9]), rl_rollout.Segment([10], [-1.0])]],
