@@ -85,6 +85,10 @@ class PolicyBatch:
   valid: jax.Array  # [n] 1 for real rows, 0 for padding
   routes: Routes  # [n, e] each row's experts
   logp_ref: jax.Array | None = None  # [n, T] adapters-off log-probs; needed when kl_coef > 0
+  # [] the loss denominator and generated-token count of the batch these rows were taken from,
+  # when rows with no signal were left out (compaction.without_flat_nodes); None: these rows'.
+  denominator: jax.Array | None = None
+  token_count: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -124,7 +128,11 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
   divides by the whole batch's denominators, so the sum equals the one-pass loss exactly."""
   _, denominator = aggregate_parts(jnp.zeros(policy.loss_mask.shape), policy.loss_mask,
                                    step_config.aggregation)
-  token_count = jnp.sum(policy.loss_mask.astype(jnp.float32))
+  trained_tokens = jnp.sum(policy.loss_mask.astype(jnp.float32))
+  token_count = trained_tokens
+  if policy.denominator is not None:  # rows without signal were left out: the whole batch's
+    denominator, token_count = policy.denominator, policy.token_count
+  policy = dataclasses.replace(policy, denominator=None, token_count=None)  # not per-row
   kl = step_config.kl_coef > 0
   if kl and policy.logp_ref is None:
     raise ValueError("train_step: StepConfig.kl_coef > 0 needs PolicyBatch.logp_ref")
@@ -141,7 +149,8 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
         kl_coef=step_config.kl_coef, logp_ref=batch.logp_ref if kl else None,
         denominator=denominator, token_count=token_count)
     mask = batch.loss_mask.astype(jnp.float32)
-    metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(token_count, 1.0)
+    # Over the tokens this update trains on (all of the batch's unless rows were left out).
+    metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(trained_tokens, 1.0)
     return loss, metrics
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

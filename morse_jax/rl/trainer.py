@@ -23,6 +23,7 @@ from morse_jax import llm
 from morse_jax.llm import sharding
 from morse_jax.lora import router as router_lib
 from morse_jax.lora.experts import LoraConfig, init_experts
+from morse_jax.rl import compaction
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import rollout as rollout_lib
 from morse_jax.rl import train_step as ts
@@ -143,6 +144,12 @@ class Trainer:
     batch = rollout_lib.policy_batch(out, rewards)
     rbatch = None if self.router is None else rollout_lib.router_batch(out, self.router.top_k,
                                                                         self.embed_dim)
+    dropped, full_valid = 0, float(np.sum(batch.valid))
+    if self.step_config.kl_coef == 0:  # flat nodes add nothing: update on the others' rows only
+      batch, dropped = compaction.without_flat_nodes(
+          batch, routes_per_node=out.routes_per_node, aggregation=self.step_config.aggregation,
+          min_std=self.step_config.min_reward_std, rows_multiple=self.rows_multiple)
+    kept_valid, update_shape = float(np.sum(batch.valid)), batch.tokens.shape
     if self.mesh is not None:
       place = sharding.shard_rows(self.mesh)
       batch = jax.tree.map(lambda x: place(x)[0], batch)
@@ -157,6 +164,10 @@ class Trainer:
       if epoch == 0:  # losses, entropy and norms of the rollout policy
         step_metrics = epoch_metrics
     step_metrics = sharding.to_host(step_metrics)
+    if dropped:  # as the whole batch's: left-out nodes were skipped, their rows had advantage 0
+      step_metrics["skipped_nodes"] = step_metrics["skipped_nodes"] + dropped
+      step_metrics["advantage_abs_mean"] = (step_metrics["advantage_abs_mean"]
+                                            * kept_valid / full_valid)
     if self.step_config.epochs > 1:  # clipping can only happen after the first epoch
       step_metrics["clip_frac"] = sharding.to_host(epoch_metrics["clip_frac"])
     t3 = time.perf_counter()
@@ -168,6 +179,7 @@ class Trainer:
     metrics["tokens_per_s"] = metrics_lib.tokens_per_second(out.generated_tokens(), t1 - t0)
     metrics["time_rollout_s"], metrics["time_reward_s"] = t1 - t0, t2 - t1
     metrics["time_update_s"] = t3 - t2
+    metrics["update_rows"], metrics["update_tokens"] = kept_valid, float(np.prod(update_shape))
     state = dataclasses.replace(state, step=state.step + 1, experts=experts, router=router,
                                 opt_states=opt_states, rng=rng)
     return state, metrics, out

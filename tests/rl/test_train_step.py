@@ -10,6 +10,7 @@ import pytest
 
 from morse_jax import llm, lora
 from morse_jax.lora import mixture, router
+from morse_jax.rl import compaction
 from morse_jax.rl import rollout as rl_rollout
 from morse_jax.rl import train_step as ts
 from tests import tiny_models
@@ -102,6 +103,37 @@ def test_rollout_pads_to_the_longest_row_and_padding_changes_nothing(setup):
   np.testing.assert_allclose(got[3][0]["expert_loss"], ref[3][0]["expert_loss"], atol=1e-7)
   for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(ref[0])):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_leaving_out_a_flat_node_changes_nothing(setup, aggregation):
+  """Node 1's rewards are flat: its rows are left out, and two PPO epochs on the other node's rows
+  move the experts, the router and the optimiser states exactly as on the whole batch."""
+  backbone, experts, out = setup
+  rewards = REWARDS[:4] + [0.5] * 4
+  step = dataclasses.replace(STEP, aggregation=aggregation)
+  batch = dataclasses.replace(rl_rollout.policy_batch(out, rewards), logp_ref=None)
+  small, dropped = compaction.without_flat_nodes(batch, routes_per_node=2,
+                                                 aggregation=aggregation)
+  assert dropped == 1 and small.tokens.shape[0] == 4 and small.valid.sum() == 4
+  np.testing.assert_array_equal(small.route, [0, 0, 1, 1])
+  assert float(small.token_count) == float(np.sum(batch.loss_mask))
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  ref, got = (run_steps(backbone, experts, b, rb, 2, step) for b in (batch, small))
+  for a, b in zip(jax.tree.leaves(got[:3]), jax.tree.leaves(ref[:3])):  # Adam: float noise
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  # Adam hides a gradient's scale, so the loss and gradient norm check the denominators.
+  for epoch in (0, 1):
+    for key in ("expert_loss", "expert_grad_norm", "clip_frac", "router_loss", "skipped"):
+      np.testing.assert_allclose(got[3][epoch][key], ref[3][epoch][key], rtol=1e-5, atol=1e-7)
+  assert ref[3][0]["skipped_nodes"] == 1 and got[3][0]["skipped_nodes"] == 0  # trainer adds it
+  same, none = compaction.without_flat_nodes(
+      dataclasses.replace(rl_rollout.policy_batch(out, REWARDS), logp_ref=None),
+      routes_per_node=2, aggregation=aggregation)
+  assert none == 0 and same.denominator is None
+  with pytest.raises(ValueError, match="logp_ref"):
+    compaction.without_flat_nodes(rl_rollout.policy_batch(out, rewards), routes_per_node=2,
+                                  aggregation=aggregation)
 
 
 def test_pack_masks_tool_output():
