@@ -9,6 +9,8 @@ backbone for every module (SeparateGenerator without experts), AgentConfig(promp
     runs with >= 1 search and an answer / runs; EM / F1 (datasets.metrics.evaluate)
   planner -> executor (with the plan) -> planner evaluate: plan non-empty rate, decision parse
     rate (parse_decision found yes / no), exact rate (exactly yes / no), replan rate, EM / F1.
+  distiller: greedy replies to the world's skill prompts (synthesis, then refinement, built as
+    the corpus builds them), each checked by `skills.parse_reply`: valid rate and error kinds.
 MoRSE: greedy executor turns of fresh synthetic problems (seed 12345, train categories) with gold
 contexts, scored by `Synthetic.score_node` with the gold ancestors upstream: node pass rate.
 """
@@ -25,6 +27,9 @@ _MODEL = flags.DEFINE_string("model", "", "Hugging Face folder of the toy backbo
 _WORLD_SEED = flags.DEFINE_integer("world_seed", 12345, "Seed of the held-out world.")
 _QUESTIONS = flags.DEFINE_integer("questions", 32, "Held-out questions.")
 _MORSE_PROBLEMS = flags.DEFINE_integer("morse_problems", 6, "Synthetic problems (0: skip).")
+_DISTILL_QUESTIONS = flags.DEFINE_integer(
+    "distill_questions", 400, "Questions of the world whose memories fill the distiller's "
+    "prompts (at most 2 prompts per category, as in the corpus).")
 _TOPK = flags.DEFINE_integer("topk", 3, "Passages per search (as in the training corpus).")
 _OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here as JSON.")
 
@@ -79,6 +84,44 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int) -> dict:
                       "plan": runs[0].conv.messages[2:]}}
 
 
+def distiller_metrics(model, world_seed: int, questions: int, topk: int,
+                      max_new_tokens: int = 400) -> dict:
+  import jax
+
+  from apex_jax.agents import AgentConfig
+  from apex_jax.datasets.world import World
+  from apex_jax.memory import skills
+  from apex_jax.memory.schema import Bucket
+  from apex_jax.toy import build
+  from morse_jax import llm
+
+  config = AgentConfig(prompts="compact", topk=topk)
+  turns, _ = build.world_turns(World.generate(world_seed, 120, questions), config)
+  turns = [t for t in turns if t["role"] == "apex_distill" and "memory_ids" in t]
+  if not turns:
+    return {"prompts": 0}
+  prompts = [model.tokenizer.apply_chat_template(t["messages"], add_generation_prompt=True)
+             for t in turns]
+  out = llm.sample(model.params, model.config, prompts, max_new_tokens=max_new_tokens,
+                   rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
+                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  kinds, texts = collections.Counter(), []
+  for i, t in enumerate(turns):
+    text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
+    texts.append(text)
+    try:
+      skills.parse_reply(text, Bucket(*t["bucket"]), {str(m): m for m in t["memory_ids"]},
+                         t["has_skill"])
+      kinds["valid"] += 1
+    except skills.DistillerError as e:
+      kinds[e.kind] += 1
+  n = len(turns)
+  return {"prompts": n, "synthesis": sum(not t["has_skill"] for t in turns),
+          "reply_tokens_max": int(out.lengths[:n].max()),
+          "valid": kinds.pop("valid", 0) / n, "errors": dict(kinds),
+          "reply_tokens_mean": float(out.lengths[:n].mean()), "sample": texts[0]}
+
+
 def morse_metrics(model, problems: int) -> dict:
   import jax
 
@@ -114,6 +157,9 @@ def main(argv):
   result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value}
   result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value)
   print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)
+  result["distiller"] = distiller_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
+                                          _TOPK.value)
+  print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}), flush=True)
   if _MORSE_PROBLEMS.value:
     result["morse"] = morse_metrics(model, _MORSE_PROBLEMS.value)
     print(json.dumps(result["morse"]), flush=True)
