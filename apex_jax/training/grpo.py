@@ -30,7 +30,7 @@ from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.mixture import Adapter, uniform_routes
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import train_step as ts
-from morse_jax.rl.rollout import Segment, pack, sequence_logprobs
+from morse_jax.rl.rollout import Segment, pack, padded_rows, sequence_logprobs
 from morse_jax.rl.train_step import PolicyBatch
 
 from apex_jax.agents.trajectory import MODULES, Trajectory
@@ -58,8 +58,7 @@ def packed_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Seque
   if not all(math.isfinite(r) for r in flat):
     raise ValueError(f"packed_batch: non-finite reward in {flat}")
   n = len(rows)
-  total = bucket(n, minimum=1)
-  total = math.lcm(total, rows_multiple) if total % rows_multiple else total
+  total = padded_rows(n, rows_multiple)
   packed = pack(rows + [[Segment([pad_id])]] * (total - n), pad_id)
   pad = lambda values, dtype: np.asarray(list(values) + [0] * (total - n), dtype)
   batch = PolicyBatch(

@@ -11,27 +11,15 @@ clip fraction are those of the whole batch exactly (tested), for less compute.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import numpy as np
 
-from morse_jax.llm.sampling import bucket, length_bucket
-from morse_jax.rl.advantages import MIN_REWARD_STD
+from morse_jax.llm.sampling import length_bucket
+from morse_jax.rl.advantages import MIN_REWARD_STD, row_advantages
 from morse_jax.rl.losses import aggregate_parts
+from morse_jax.rl.rollout import padded_rows
 from morse_jax.rl.train_step import PolicyBatch
-
-
-def flat_nodes(rewards, route, valid, routes_per_node: int, min_std: float = MIN_REWARD_STD):
-  """Bool [num nodes] (node = route // routes_per_node): rows present and reward std < min_std,
-  the same population std and threshold as `row_advantages`."""
-  node = np.asarray(route) // routes_per_node
-  w = np.asarray(valid, np.float64)
-  u = np.asarray(rewards, np.float64)
-  count = np.bincount(node, weights=w, minlength=node.max() + 1)
-  mean = np.bincount(node, weights=u * w, minlength=count.size) / np.maximum(count, 1)
-  var = np.bincount(node, weights=w * (u - mean[node]) ** 2, minlength=count.size)
-  return (count > 0) & (np.sqrt(var / np.maximum(count, 1)) < min_std)
 
 
 def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation: str,
@@ -48,30 +36,27 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
     raise ValueError("without_flat_nodes: the batch has logp_ref (kl_coef > 0), and the KL term "
                      "trains rows whose advantage is 0")
   host = jax.tree.map(np.asarray, batch)
-  valid = host.valid > 0
-  node = host.route // routes_per_node
-  flat = flat_nodes(host.rewards, host.route, host.valid, routes_per_node, min_std)
-  keep = np.flatnonzero(valid & ~flat[node])
+  num_nodes = int(host.route.max()) // routes_per_node + 1
+  # The step's own rule (float32, same threshold), so no row with an advantage is ever dropped.
+  flat = np.asarray(row_advantages(host.rewards, host.route, host.valid, num_nodes=num_nodes,
+                                   routes_per_node=routes_per_node, min_std=min_std).node_skipped)
+  keep = np.flatnonzero((host.valid > 0) & ~flat[host.route // routes_per_node])
   dropped = int(flat.sum())
   if keep.size == 0 or dropped == 0:
     return batch, 0
-  denominator, token_count = _denominators(host.loss_mask, aggregation)
-  rows = bucket(keep.size, minimum=1)
-  rows = math.lcm(rows, rows_multiple) if rows % rows_multiple else rows
-  index = np.concatenate([keep, np.full(rows - keep.size, keep[0])])
+  _, denominator = aggregate_parts(np.zeros(host.loss_mask.shape, np.float32), host.loss_mask,
+                                   aggregation)
+  rows = padded_rows(keep.size, rows_multiple)
+  index = np.concatenate([keep, np.full(rows - keep.size, keep[0])])  # pads: copies of a row
   real = (np.arange(rows) < keep.size).astype(np.float32)
   length = min(host.tokens.shape[1],
                length_bucket(int(host.attention_mask[keep].sum(axis=1).max())))
-  tokens = {k: getattr(host, k)[index, :length] * (real[:, None] if k in ("loss_mask", "logp_old")
-                                                     else 1)
-            for k in ("tokens", "attention_mask", "loss_mask", "logp_old")}
+  cut = lambda x: x[index, :length]
   out = dataclasses.replace(
-      host, **tokens, rewards=host.rewards[index] * real, route=host.route[index],
-      valid=host.valid[index] * real, routes=jax.tree.map(lambda x: x[index], host.routes),
-      denominator=np.float32(denominator), token_count=np.float32(token_count))
+      host, tokens=cut(host.tokens), attention_mask=cut(host.attention_mask),
+      loss_mask=cut(host.loss_mask) * real[:, None], logp_old=cut(host.logp_old) * real[:, None],
+      rewards=host.rewards[index] * real, route=host.route[index], valid=host.valid[index] * real,
+      routes=jax.tree.map(lambda x: x[index], host.routes),
+      denominator=np.float32(denominator), token_count=np.float32(host.loss_mask.sum()))
   return out, dropped
 
-
-def _denominators(loss_mask, aggregation: str) -> tuple[float, float]:
-  _, denominator = aggregate_parts(np.zeros(loss_mask.shape, np.float32), loss_mask, aggregation)
-  return float(denominator), float(np.sum(loss_mask))

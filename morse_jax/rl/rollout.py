@@ -49,6 +49,13 @@ class Packed:
   logp_old: np.ndarray  # [n, T] sampling log-probs on generated tokens, else 0
 
 
+def padded_rows(n: int, multiple: int = 1) -> int:
+  """Rows of an update batch for n real rows: a power of two, then a multiple of `multiple`
+  (mesh data axis x micro-batches), so that the jitted step sees few shapes."""
+  rows = bucket(n, minimum=1)
+  return math.lcm(rows, multiple) if rows % multiple else rows
+
+
 def pack(rows: Sequence[Sequence[Segment]], pad_id: int = 0, length: int | None = None) -> Packed:
   """Concatenates each row's segments; T = `length` or the longest row's `length_bucket`."""
   lengths = [sum(len(s.tokens) for s in row) for row in rows]
@@ -147,8 +154,7 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
   out = llm.sample(backbone, config, prompts, max_new_tokens=max_new_tokens, rng=rng,
                    sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter)
   n = len(prompts)
-  rows = bucket(n, minimum=1)
-  rows = math.lcm(rows, rows_multiple) if rows % rows_multiple else rows
+  rows = padded_rows(n, rows_multiple)
   completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]
   segments = [[Segment(prompts[r]), Segment(completions[r], out.logprobs[r, :out.lengths[r]])]
               for r in range(n)]
