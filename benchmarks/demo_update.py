@@ -3,6 +3,8 @@
   prompt+max_new   T = bucket(longest prompt) + bucket(max_new_tokens), every row (before 2026-11-30)
   longest_row      T = length_bucket(longest real row), every row
   signal_rows      longest_row, and the rows of nodes with flat rewards left out (compaction)
+  shared_prompts   signal_rows, and each route's prompt run once for its M candidates
+                   (compaction.share_prefixes; what the trainer does since 2026-11-30)
 
   python -m benchmarks.demo_update [--out FILE] [--repeats N]
 
@@ -61,7 +63,9 @@ def batches():
       rewards.append(0.5 if n in FLAT else float(rng.integers(0, 2)))
     if n not in FLAT:  # at least one right and one wrong candidate: the node is not flat
       rewards[-B * M:-B * M + 2] = [1.0, 0.0]
-  sets = [[0] + [2 + int(j) for j in rng.choice(4, 2, replace=False)] for _ in rows]
+  per_route = [[0] + [2 + int(j) for j in rng.choice(4, 2, replace=False)]
+               for _ in range(NODES * B)]
+  sets = [s for s in per_route for _ in range(M)]  # a route's M candidates share experts
   rb = ts.RouterBatch(embeddings=rng.normal(size=(NODES * B, config.hidden_size)).astype(np.float32),
                       subtask_routes=np.asarray([rng.choice(4, 2, replace=False)
                                                  for _ in range(NODES * B)]),
@@ -79,7 +83,8 @@ def batches():
   new = policy(None)
   small, dropped = compaction.without_flat_nodes(new, routes_per_node=B, aggregation="token-mean")
   assert dropped == len(FLAT), dropped
-  layouts = {"prompt+max_new": old, "longest_row": new, "signal_rows": small}
+  layouts = {"prompt+max_new": old, "longest_row": new, "signal_rows": small,
+             "shared_prompts": compaction.share_prefixes(small)}
   return model, lcfg, rcfg, experts, rparams, {k: (v, rb) for k, v in layouts.items()}
 
 
@@ -105,7 +110,7 @@ def main(argv):
       start = time.perf_counter()
       run()
       times.append(time.perf_counter() - start)
-    rows, length = batch.tokens.shape
+    rows, length = (batch.tokens if batch.shared is None else batch.shared.tokens).shape
     results.append({"layout": name, "rows": rows, "tokens_per_row": length,
                     "step_s": statistics.median(times),
                     "expert_loss": float(metrics[name]["expert_loss"]),

@@ -60,6 +60,9 @@ def base() -> ml_collections.ConfigDict:
       temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
       aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
       epochs=1,  # PPO epochs per rollout (experts; the router takes one step)
+      # The update runs each route's prompt once, not once per candidate (same numbers, about
+      # M times fewer prompt tokens); with micro_batches > 1 it runs rows as they are.
+      share_prompts=True,
       # True: no rollout for a node whose parent was blocked; only where such a node cannot
       # pass (the synthetic family's program calls its parents' functions).
       skip_blocked=False,

@@ -185,7 +185,7 @@ def default_positions(attention_mask, cache: KVCache | None):
 @functools.partial(jax.jit, static_argnames=("config", "last_only"))
 def forward(params: Params, config: LlmConfig, tokens, positions=None, attention_mask=None,
             cache: KVCache | None = None, *, last_only: bool = False,
-            adapter: Adapter | None = None):
+            adapter: Adapter | None = None, segments=None):
   """Runs the decoder.
 
   Args:
@@ -195,6 +195,9 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     cache: a KVCache; the t tokens are written at slots [cache.length, cache.length + t).
     last_only: return logits for the last slot only ([b, 1, v]), as prefill needs.
     adapter: LoRA experts and per-row routes (morse_jax.lora.Adapter); None for the bare backbone.
+    segments: [b, t] int, no cache: several sequences in one row that share a prefix. Segment 0
+      (the prefix) is seen by every later token; a token of segment k >= 1 sees only segment 0
+      and earlier tokens of segment k (rl.shared_prefix). None: one sequence per row.
 
   Returns:
     (logits [b, t, v] float32, updated cache or None).
@@ -208,8 +211,12 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
   if cache is None:
     slots = jnp.arange(t)
     attn_mask = mask[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
+    if segments is not None:
+      attn_mask &= (segments[:, None, :] == 0) | (segments[:, :, None] == segments[:, None, :])
     start = 0
   else:
+    if segments is not None:
+      raise ValueError("forward: segments are for cache-free passes (the update), not decoding")
     start = cache.length
     valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start))
     q_slots = start + jnp.arange(t)

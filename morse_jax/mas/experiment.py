@@ -163,7 +163,8 @@ class Experiment:
         step_config(self.config),
         trainer_lib.RolloutConfig(routes_per_node=routes, group_size=group,
                                   max_new_tokens=c.max_new_tokens,
-                                  sampling=llm.SamplingConfig(temperature=c.temperature)),
+                                  sampling=llm.SamplingConfig(temperature=c.temperature),
+                                  share_prompts=c.get("share_prompts", True)),
         embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0,
         mesh=self.mesh, eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id)
 

@@ -1,11 +1,16 @@
-"""Leave out of the update the rows that cannot move it: those of nodes whose rewards are flat.
+"""The same update for less compute: rows that cannot move it are left out, and each group's
+common prompt is run once.
 
-A node whose reward spread is below `min_std` gets advantage 0 on every row and route
+`without_flat_nodes`: a node whose reward spread is below `min_std` gets advantage 0 on every row and route
 (`advantages.row_advantages`), so without a KL term its rows add 0 to the policy loss, to its
 gradient and to the router's. They still cost a forward and backward pass each PPO epoch, and on
 the demo about half the nodes are flat. `without_flat_nodes` keeps the other nodes' rows and
 records the whole batch's loss denominators on the batch, so the step's loss, gradients and
 clip fraction are those of the whole batch exactly (tested), for less compute.
+
+`share_prefixes`: the M candidates of a route share their prompt and experts; the forward pass
+runs the prompt once per route rather than once per row (rl.shared_prefix). Same log-probs up to
+float summation order (tested).
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import jax
 import numpy as np
 
 from morse_jax.llm.sampling import length_bucket
+from morse_jax.lora.mixture import Routes
 from morse_jax.rl.advantages import MIN_REWARD_STD, row_advantages
 from morse_jax.rl.losses import aggregate_parts
 from morse_jax.rl.rollout import padded_rows
+from morse_jax.rl.shared_prefix import SharedPrefix
 from morse_jax.rl.train_step import PolicyBatch
 
 
@@ -32,6 +39,9 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
   whole batch's `denominator` and `token_count`. Nothing is left out when every node is flat
   (the step then skips itself) or none is. Refused with a KL term: it trains every row.
   """
+  if batch.shared is not None:
+    raise ValueError("without_flat_nodes: the batch already has a shared-prefix layout; leave "
+                     "rows out first, then share_prefixes")
   if batch.logp_ref is not None:
     raise ValueError("without_flat_nodes: the batch has logp_ref (kl_coef > 0), and the KL term "
                      "trains rows whose advantage is 0")
@@ -60,3 +70,77 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
       denominator=np.float32(denominator), token_count=np.float32(host.loss_mask.sum()))
   return out, dropped
 
+
+
+def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1) -> PolicyBatch:
+  """The batch with `shared` set: one packed row per group of valid rows with the same `route`.
+
+  A group's prefix is its rows' longest common prefix of real tokens; each row's remaining tokens
+  follow as its own segment. Rows of a group must have the same experts (they do in a rollout:
+  a route's candidates); the packed rows are padded to a power of two (a multiple of
+  rows_multiple) and S is the longest packed row's `length_bucket`. Invalid rows map to slot 0
+  (they have no trained tokens).
+  """
+  host = jax.tree.map(np.asarray, batch)
+  n, t = host.tokens.shape
+  lengths = host.attention_mask.sum(axis=1).astype(int)
+  groups: dict[int, list[int]] = {}
+  for r in np.flatnonzero(host.valid > 0):
+    if not host.attention_mask[r, :lengths[r]].all():
+      raise ValueError(f"share_prefixes: row {r} is not right-padded (attention_mask "
+                       f"{host.attention_mask[r].tolist()})")
+    groups.setdefault(int(host.route[r]), []).append(int(r))
+  if not groups:
+    raise ValueError("share_prefixes: the batch has no valid row")
+  def mixture(r):  # (expert, weight) pairs in expert order: the same mixture in any slot order
+    order = np.argsort(host.routes.idx[r], kind="stable")
+    return np.stack([host.routes.idx[r][order], host.routes.w[r][order]])
+
+  layouts = []  # per group: (rows, prefix length, packed length)
+  for g, rows in groups.items():
+    first = rows[0]
+    for r in rows[1:]:
+      if not np.array_equal(mixture(r), mixture(first)):
+        raise ValueError(f"share_prefixes: rows {first} and {r} of route {g} have different "
+                         f"experts ({host.routes.idx[first].tolist()} vs "
+                         f"{host.routes.idx[r].tolist()}); a group shares one route")
+    prefix = int(lengths[rows].min())
+    for r in rows[1:]:
+      differ = np.flatnonzero(host.tokens[r, :prefix] != host.tokens[first, :prefix])
+      prefix = int(differ[0]) if differ.size else prefix
+    layouts.append((rows, prefix, prefix + int(sum(lengths[r] - prefix for r in rows))))
+  s = length_bucket(max(size for *_, size in layouts))
+  packed_rows = padded_rows(len(layouts), rows_multiple)
+  tokens = np.zeros((packed_rows, s), np.int32)
+  positions = np.zeros((packed_rows, s), np.int32)
+  segments = np.full((packed_rows, s), -1, np.int32)
+  prev = np.full((packed_rows, s), -1, np.int32)
+  row, col = np.zeros(n, np.int32), np.zeros((n, t), np.int32)
+  route_of = np.zeros(packed_rows, np.int32)  # an original row whose experts the packed row uses
+  for p, (rows, prefix, _) in enumerate(layouts):
+    first = rows[0]
+    route_of[p] = first
+    tokens[p, :prefix] = host.tokens[first, :prefix]
+    positions[p, :prefix] = np.arange(prefix)
+    segments[p, :prefix] = 0
+    prev[p, 1:prefix] = np.arange(prefix - 1)
+    start = prefix
+    for k, r in enumerate(rows, start=1):
+      size = lengths[r] - prefix
+      end = start + size
+      tokens[p, start:end] = host.tokens[r, prefix:lengths[r]]
+      positions[p, start:end] = np.arange(prefix, lengths[r])
+      segments[p, start:end] = k
+      prev[p, start:end] = np.arange(start - 1, end - 1)
+      if size and prefix == 0:  # no prefix: the suffix is a whole row and starts afresh
+        prev[p, start] = -1
+      elif size:
+        prev[p, start] = prefix - 1
+      row[r] = p
+      col[r, :prefix] = np.arange(prefix)
+      col[r, prefix:lengths[r]] = np.arange(start, end)
+      start = end
+  routes = Routes(idx=host.routes.idx[route_of], w=host.routes.w[route_of])
+  shared = SharedPrefix(tokens=tokens, positions=positions, segments=segments, prev=prev,
+                        row=row, col=col, routes=routes)
+  return dataclasses.replace(batch, shared=shared)

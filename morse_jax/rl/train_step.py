@@ -22,6 +22,7 @@ from morse_jax.lora import router as router_lib
 from morse_jax.lora.mixture import Adapter, Routes
 from morse_jax.rl.advantages import ESTIMATORS, MIN_REWARD_STD, row_advantages
 from morse_jax.rl.losses import AGGREGATIONS, aggregate_parts, policy_loss, router_loss
+from morse_jax.rl.shared_prefix import SharedPrefix, shared_token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,9 @@ class PolicyBatch:
   # when rows with no signal were left out (compaction.without_flat_nodes); None: these rows'.
   denominator: jax.Array | None = None
   token_count: jax.Array | None = None
+  # The rows laid out so that each group's common prompt is run once (compaction.share_prefixes);
+  # None: the forward pass runs on tokens / attention_mask as they are.
+  shared: SharedPrefix | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -141,8 +145,12 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
     batch, adv = rows
     adapter = Adapter(experts=experts, routes=batch.routes, layers=layers, scale=scale,
                       kernel=kernel)
-    logp, entropy = token_logprobs(backbone, config, adapter, batch.tokens, batch.attention_mask,
-                                   step_config.temperature)
+    if batch.shared is None:
+      logp, entropy = token_logprobs(backbone, config, adapter, batch.tokens,
+                                     batch.attention_mask, step_config.temperature)
+    else:
+      logp, entropy = shared_token_logprobs(backbone, config, adapter, batch.shared,
+                                            step_config.temperature)
     loss, metrics = policy_loss(
         logp, batch.logp_old, adv, batch.loss_mask, epsilon=step_config.epsilon,
         epsilon_high=step_config.epsilon_high, aggregation=step_config.aggregation,
@@ -155,6 +163,9 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   k = step_config.micro_batches
+  if k > 1 and policy.shared is not None:
+    raise ValueError(f"train_step: StepConfig.micro_batches={k} with PolicyBatch.shared: a "
+                     "micro-batch would split a packed group; use one or the other")
   if k == 1:
     return grad_fn(experts, (policy, advantages))
   rows = _micro((policy, advantages), k)

@@ -38,6 +38,9 @@ class RolloutConfig:
   sampling: llm.SamplingConfig = llm.SamplingConfig(temperature=1.0)
   kernel: str = "auto"  # mixture kernel while sampling
   train_kernel: str = "gather"  # mixture kernel in the update (differentiated)
+  # The update runs each route's common prompt once (compaction.share_prefixes); only with
+  # StepConfig.micro_batches == 1, else rows run as they are.
+  share_prompts: bool = True
 
   def __post_init__(self):
     for name in ("routes_per_node", "group_size", "max_new_tokens"):
@@ -149,7 +152,10 @@ class Trainer:
       batch, dropped = compaction.without_flat_nodes(
           batch, routes_per_node=out.routes_per_node, aggregation=self.step_config.aggregation,
           min_std=self.step_config.min_reward_std, rows_multiple=self.rows_multiple)
-    kept_valid, update_shape = float(np.sum(batch.valid)), batch.tokens.shape
+    if rc.share_prompts and self.step_config.micro_batches == 1:
+      batch = compaction.share_prefixes(batch, rows_multiple=self.rows_multiple)
+    kept_valid = float(np.sum(batch.valid))
+    update_shape = (batch.tokens if batch.shared is None else batch.shared.tokens).shape
     if self.mesh is not None:
       place = sharding.shard_rows(self.mesh)
       batch = jax.tree.map(lambda x: place(x)[0], batch)
