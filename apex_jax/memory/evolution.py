@@ -35,11 +35,12 @@ class DistillerResult:
   operation: str | None
   skill: Skill | None              # the bucket's stored skill afterwards
   error: skills.DistillerError | None = None
+  unknown_absorbed_ids: int = 0    # absorbed ids outside the batch, dropped from an applied reply
 
 
 class SkillOps:
   """Skill and evolution methods of MemoryBank; they use its `_conn`, `_lock`, `_txn`,
-  `config`, `counters`, `distiller_errors`, `count` and `memories`."""
+  `config`, `counters`, `distiller_errors`, `unknown_absorbed_ids`, `count` and `memories`."""
 
   def get_skill(self, bucket) -> Skill | None:
     with self._lock:
@@ -103,6 +104,9 @@ class SkillOps:
     skip: the document unchanged, evidence += the new memories.
     Any of them marks the bucket evolved. A bad reply changes nothing; it is counted in
     `distiller_errors[kind]`, logged, and returned as `error` (raised when strict).
+    absorbed_ids that are not memories of `batch` are dropped and the reply is still applied
+    (skills.py's module docstring says why); their number is added to `unknown_absorbed_ids`,
+    logged, and returned as the result's `unknown_absorbed_ids`.
     """
     bucket = as_bucket(bucket)
     batch = list(self.evolution_batch(bucket) if batch is None else batch)
@@ -111,7 +115,8 @@ class SkillOps:
     try:
       with self._txn(write=True) as conn:
         current = skills.load_skill(conn, bucket)
-        op, fields, absorbed = skills.parse_reply(reply, bucket, ids, current is not None)
+        op, fields, absorbed, dropped = skills.parse_reply(reply, bucket, ids,
+                                                           current is not None)
         new_n, new_good = self._new_evidence(bucket)
         if op in ("synthesize", "create"):
           good, n = sum(m.correct for m in batch), len(batch)
@@ -136,4 +141,8 @@ class SkillOps:
         raise
       return DistillerResult(False, None, self.get_skill(bucket), err)
     self.counters[f"distiller_{op}"] += 1
-    return DistillerResult(True, op, skill)
+    if dropped:
+      self.unknown_absorbed_ids += len(dropped)
+      log.info("distiller reply for %s: dropped %d absorbed_ids not in the batch shown: %s",
+               bucket, len(dropped), ", ".join(repr(d) for d in dropped))
+    return DistillerResult(True, op, skill, unknown_absorbed_ids=len(dropped))
