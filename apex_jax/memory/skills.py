@@ -25,6 +25,14 @@ Writer's reward in writer_dataset.py does not score it), so a miscopied id there
 rejecting the whole skill document for one would throw away a reply the authors apply. The
 dropped ids are returned by parse_reply so the bank can count them
 (`MemoryBank.unknown_absorbed_ids`).
+
+skill.category / skill.modality: the bucket the Distiller was asked about is the truth. A value
+that differs from the bucket's (after strip / lower-case) is overwritten with the bucket's and the
+skill is stored under that bucket, as the reference code does
+(TTRL/TTRL-nogt/local_search/skill_repository.py `SkillRepository.evolve_skills_with_writer`:
+`new_skill_data["category"] = cat`, `new_skill_data["modality"] = modality`, whatever the reply
+said). The overwritten field names are returned by parse_reply so the bank can count them
+(`MemoryBank.bucket_overwrites`). A value that is not a string is still 'wrong_type'.
 """
 
 from __future__ import annotations
@@ -32,13 +40,13 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import Any
+from typing import Any, NamedTuple
 
 from apex_jax.memory.records import ProcedureStep, Skill
 from apex_jax.memory.schema import Bucket, MemoryBankError
 
 OPERATIONS = ("synthesize", "refine", "create", "skip")
-ERROR_KINDS = ("not_json", "missing_field", "wrong_type", "bad_value", "bucket_mismatch")
+ERROR_KINDS = ("not_json", "missing_field", "wrong_type", "bad_value")
 
 
 class DistillerError(MemoryBankError):
@@ -123,20 +131,32 @@ def _procedure(raw: list, where: str) -> tuple[ProcedureStep, ...]:
   return tuple(steps)
 
 
-def _matches(reported: str | None, actual: str, name: str) -> None:
-  if reported is not None and reported.strip().lower() != actual:
-    raise DistillerError("bucket_mismatch", f"skill: field {name!r} is {reported!r} but the "
-                                            f"bucket's {name} is {actual!r}")
+def _overwritten(reported: str | None, actual: str) -> bool:
+  """True when the reply names another value than the bucket's (then the bucket's is kept)."""
+  return reported is not None and reported.strip().lower() != actual
+
+
+class ParsedReply(NamedTuple):
+  """A validated Distiller reply. `fields` is None for skip; `absorbed` are batch memory ids;
+  `dropped` the absorbed ids outside the batch, as the reply spelled them, once per distinct id;
+  `overwritten` the skill fields ('category', 'modality') that named another bucket's value and
+  were replaced by the asked bucket's (the skill is stored under that bucket)."""
+  operation: str
+  fields: dict | None
+  absorbed: tuple[int, ...]
+  dropped: tuple[int | str, ...]
+  overwritten: tuple[str, ...] = ()
 
 
 def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int], has_skill: bool
-                ) -> tuple[str, dict | None, tuple[int, ...], tuple[int | str, ...]]:
-  """(operation, validated skill fields or None for skip, absorbed memory ids, dropped ids).
+                ) -> ParsedReply:
+  """The reply for `bucket`, validated (see the module docstring).
 
   batch_ids maps every accepted spelling of a batch memory's id (its number, its data_id) to the
-  id. An absorbed id outside the batch the Distiller was shown is dropped (see the module
-  docstring): it is left out of the absorbed ids and returned, as the reply spelled it, once per
-  distinct id, in the last element. An absorbed id that is not an int or a string is an error.
+  id. An absorbed id outside the batch the Distiller was shown is dropped: it is left out of
+  `absorbed` and listed in `dropped`. An absorbed id that is not an int or a string is an error.
+  A skill category / modality other than the bucket's is overwritten with the bucket's (as the
+  reference code does) and listed in `overwritten`; one that is not a string is an error.
   """
   reply = extract_json_object(text)
   op = _field(reply, "operation", str, "reply")
@@ -159,10 +179,13 @@ def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int], has_skill:
       dropped.setdefault(key, raw)
   absorbed, dropped = tuple(dict.fromkeys(absorbed)), tuple(dropped.values())
   if op == "skip":
-    return op, None, absorbed, dropped
+    return ParsedReply(op, None, absorbed, dropped)
   skill = _field(reply, "skill", dict, "reply")
-  _matches(_field(skill, "category", str, "skill", False), bucket.category, "category")
-  _matches(_field(skill, "modality", str, "skill", False), bucket.modality, "modality")
+  # The asked bucket is the truth: another bucket's category / modality is overwritten with its
+  # own (reference skill_repository.py evolve_skills_with_writer), the overwrite counted.
+  overwritten = tuple(name for name in ("category", "modality")
+                      if _overwritten(_field(skill, name, str, "skill", False),
+                                      getattr(bucket, name)))
   name = _field(skill, "skill_name", str, "skill", False) or f"{bucket.category}_" \
                                                              f"{bucket.modality}_strategy"
   fields = {"name": name.strip(),
@@ -181,7 +204,7 @@ def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int], has_skill:
     value = _field(skill, name, int, "skill", False)
     if value is not None and value < 0:
       raise DistillerError("bad_value", f"skill: field {name!r} must be >= 0; got {value!r}")
-  return op, fields, absorbed, dropped
+  return ParsedReply(op, fields, absorbed, dropped, overwritten)
 
 
 # ------------------------------------------------------------------------------------- storage

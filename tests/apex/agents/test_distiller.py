@@ -75,7 +75,7 @@ def test_bad_replies_are_counted_and_change_nothing(tmp_path):
   assert b.trajectory.stats["error_wrong_type"] == 1
   assert bank.get_skill(BUCKET) is None and bank.due_for_evolution(BUCKET)
   assert bank.distiller_errors == {"not_json": 1, "wrong_type": 1}
-  assert bank.unknown_absorbed_ids == 0
+  assert bank.unknown_absorbed_ids == 0 and bank.bucket_overwrites == 0
 
 
 def test_unknown_absorbed_id_is_dropped_and_the_reply_applied(tmp_path):
@@ -89,6 +89,19 @@ def test_unknown_absorbed_id_is_dropped_and_the_reply_applied(tmp_path):
   assert ev.trajectory.stats["unknown_absorbed_ids"] == 1
   assert bank.unknown_absorbed_ids == 1 and not bank.distiller_errors
   assert not bank.due_for_evolution(BUCKET)
+
+
+def test_reply_with_another_buckets_category_is_stored_under_the_asked_bucket(tmp_path):
+  bank = _bank(tmp_path)
+  ids = [m.id for m in bank.evolution_batch(BUCKET)]
+  gen = fakes.ScriptedGenerator(lambda *_: _reply("synthesize", ids[:1], category="human"))
+  [ev] = Distiller(gen, AgentConfig()).evolve(bank, [BUCKET], rng=RNG)
+  assert ev.result.applied and ev.result.error is None and ev.result.bucket_overwrites == 1
+  assert bank.get_skill(BUCKET).category == "location"
+  assert bank.get_skill(("human", "text-only")) is None
+  assert ev.trajectory.stats["bucket_overwrites"] == 1
+  assert ev.trajectory.stats["format_errors"] == 0
+  assert bank.bucket_overwrites == 1 and not bank.distiller_errors
 
 
 def test_workflow_summaries_are_stored_as_memories(tmp_path):

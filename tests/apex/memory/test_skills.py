@@ -151,8 +151,8 @@ BAD_REPLIES = [
     ("wrong_type", _reply(absorbed=["x", 1.5]), r"absorbed_ids\[1\] must be an id; got 1.5"),
     ("wrong_type", _reply(absorbed=[{"id": 1}]), r"absorbed_ids\[0\] must be an id; got \{"),
     ("wrong_type", _reply("skip", absorbed=[None]), r"absorbed_ids\[0\] must be an id; got None"),
-    ("bucket_mismatch", _reply(category="human"),
-     "field 'category' is 'human' but the bucket's category is 'location'"),
+    ("wrong_type", _reply(category=7), "field 'category' must be str; got 7"),
+    ("wrong_type", _reply(modality=["text-only"]), "field 'modality' must be str; got"),
 ]
 
 
@@ -198,6 +198,36 @@ def test_unknown_absorbed_ids_are_dropped_and_counted(tmp_path):
   res = bank.apply_distiller_reply(B, _reply(absorbed=[99999], procedure=[]))
   assert not res.applied and res.error.kind == "bad_value" and res.unknown_absorbed_ids == 0
   assert bank.unknown_absorbed_ids == 3 and bank.distiller_errors == {"bad_value": 1}
+
+
+def test_another_buckets_category_is_overwritten_and_counted(tmp_path):
+  # The bucket asked about is the truth: the authors' skill_repository.py
+  # (evolve_skills_with_writer) sets new_skill_data["category"] / ["modality"] to the bucket's
+  # whatever the Writer said, so such a reply is applied and stored under the asked bucket.
+  bank = _bank(tmp_path)
+  human = ("human", "text-only")
+  ids = [bank.add(f"who founded company {i} xq{i}", f"1. search {i}", True,
+                  category="human").id for i in range(3)]
+  res = bank.apply_distiller_reply(human, _reply(absorbed=ids[:1]))  # says category 'location'
+  assert res.applied and res.error is None and res.bucket_overwrites == 1
+  skill = bank.get_skill(human)
+  assert res.skill == skill and (skill.category, skill.modality) == human
+  assert skill.absorbed_ids == (ids[0],) and skill.evidence_count == 3
+  assert bank.get_skill(B) is None                       # nothing stored under 'location'
+  assert bank.bucket_overwrites == 1 and not bank.distiller_errors
+  assert not bank.due_for_evolution(human)
+  # both fields wrong: two overwrites; case / spaces alone are not one
+  _fill(bank, 3)
+  res = bank.apply_distiller_reply(B, _reply(category=" Human", modality="text-image"))
+  assert res.applied and res.bucket_overwrites == 2
+  assert (bank.get_skill(B).category, bank.get_skill(B).modality) == B
+  res = bank.apply_distiller_reply(B, _reply("refine", category=" LOCATION ", modality="Text-Only"))
+  assert res.applied and res.bucket_overwrites == 0 and bank.get_skill(B).version == 2
+  assert bank.bucket_overwrites == 3 and not bank.distiller_errors
+  # a reply rejected for another reason counts its error, not its overwrite
+  res = bank.apply_distiller_reply(B, _reply(category="human", procedure=[]))
+  assert not res.applied and res.error.kind == "bad_value" and res.bucket_overwrites == 0
+  assert bank.bucket_overwrites == 3 and bank.distiller_errors == {"bad_value": 1}
 
 
 def test_every_error_kind_is_tested():
