@@ -142,7 +142,7 @@ def memory_build(exp: Experiment, *, rng: jax.Array) -> dict:
   planner, executor = Planner(exp.generator, exp.agents), exp.executor()
   distiller = Distiller(exp.generator, exp.agents)
   stats = dict(episodes=0, correct=0, memories_stored=0, evolutions_applied=0,
-               evolutions_failed=0)
+               evolutions_failed=0, unknown_absorbed_ids=0, bucket_overwrites=0)
   touched = []
   rng, k_evolve = jax.random.split(rng)
   for i, batch in enumerate(_batches(exp.train[:c.questions], c.batch_size)):
@@ -162,6 +162,8 @@ def memory_build(exp: Experiment, *, rng: jax.Array) -> dict:
   for e in distiller.evolve(exp.bank, touched, rng=k_evolve,
                             force=c.force_evolve):
     stats["evolutions_applied" if e.result.applied else "evolutions_failed"] += 1
+    stats["unknown_absorbed_ids"] += e.result.unknown_absorbed_ids  # dropped (memory/skills.py)
+    stats["bucket_overwrites"] += e.result.bucket_overwrites  # set to the bucket's (skills.py)
   stats["skills"] = sum(exp.bank.get_skill(b) is not None for b in memory_buckets(exp.bank))
   return stats
 
@@ -317,6 +319,8 @@ def run(config) -> dict:
       "without_ttrl": evaluate(exp, experts, rng=k_eval)}
   lap("eval")
   results["distiller_errors"] = dict(exp.bank.distiller_errors)
+  results["unknown_absorbed_ids"] = exp.bank.unknown_absorbed_ids  # dropped, replies applied
+  results["bucket_overwrites"] = exp.bank.bucket_overwrites  # category / modality, replies applied
   results["adapters"] = export_adapters(exp, experts_ttrl, os.path.join(config.workdir, "adapters"))
   try:
     results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"))

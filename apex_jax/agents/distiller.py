@@ -7,7 +7,12 @@ system prompt, SKILL_OUTPUT_SCHEMA, SKILL_SYNTHESIS_PROMPT when the bucket has n
 SKILL_EVOLUTION_PROMPT with the current skill as JSON) and Memory-Serve/memory_serve.py
 (`get_trace_prompt` for the workflow summary; an empty summary falls back to the raw trace, the
 authors' other `llm_get_trace`). Memories are listed by `apex_jax.memory.format_batch`, labelled
-with the bank's ids, which is what the bank accepts in absorbed_ids.
+with the bank's ids, which is what the bank accepts in absorbed_ids. An absorbed id that is not
+one of the batch's is dropped and the rest of the reply still applied (the authors' code never
+reads absorbed_ids; see apex_jax/memory/skills.py); each reply's trajectory stats say how many
+were dropped (`unknown_absorbed_ids`), and the bank keeps the total. A skill whose category or
+modality names another bucket is stored under the bucket asked about, as the authors'
+skill_repository.py does (`bucket_overwrites` in the stats and the bank).
 """
 
 from __future__ import annotations
@@ -167,7 +172,11 @@ class Distiller:
   def evolve(self, bank, buckets: Sequence, *, rng: jax.Array,
              force: bool = False) -> list[Evolution]:
     """One reply per bucket that is due for evolution (every given bucket when force), applied
-    to the bank; a bad reply changes nothing and is counted in bank.distiller_errors."""
+    to the bank; a bad reply changes nothing and is counted in bank.distiller_errors. absorbed
+    ids outside the batch are dropped from an applied reply, counted in
+    bank.unknown_absorbed_ids and in the trajectory's stats; a skill category / modality naming
+    another bucket is overwritten with the asked bucket's, counted in bank.bucket_overwrites and
+    in the trajectory's stats."""
     pending = []
     for b in dict.fromkeys(as_bucket(x) for x in buckets):
       if force or bank.due_for_evolution(b):
@@ -179,7 +188,9 @@ class Distiller:
     for (b, batch, prev), (conv, gen) in zip(pending, self._generate(chats, rng)):
       result = bank.apply_distiller_reply(b, gen.text, batch=batch)
       stats = {"llm_calls": 1.0, "truncated": float(not gen.finished),
-               "applied": float(result.applied), "format_errors": float(not result.applied)}
+               "applied": float(result.applied), "format_errors": float(not result.applied),
+               "unknown_absorbed_ids": float(result.unknown_absorbed_ids),
+               "bucket_overwrites": float(result.bucket_overwrites)}
       if result.error is not None:
         stats[f"error_{result.error.kind}"] = 1.0
       traj = Trajectory("distiller", conv.segments, gen.text, gen.text, stats,

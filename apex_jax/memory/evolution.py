@@ -35,11 +35,15 @@ class DistillerResult:
   operation: str | None
   skill: Skill | None              # the bucket's stored skill afterwards
   error: skills.DistillerError | None = None
+  unknown_absorbed_ids: int = 0    # absorbed ids outside the batch, dropped from an applied reply
+  bucket_overwrites: int = 0       # skill category / modality fields naming another bucket,
+                                   # overwritten with this bucket's in an applied reply
 
 
 class SkillOps:
   """Skill and evolution methods of MemoryBank; they use its `_conn`, `_lock`, `_txn`,
-  `config`, `counters`, `distiller_errors`, `count` and `memories`."""
+  `config`, `counters`, `distiller_errors`, `unknown_absorbed_ids`, `bucket_overwrites`, `count`
+  and `memories`."""
 
   def get_skill(self, bucket) -> Skill | None:
     with self._lock:
@@ -103,6 +107,13 @@ class SkillOps:
     skip: the document unchanged, evidence += the new memories.
     Any of them marks the bucket evolved. A bad reply changes nothing; it is counted in
     `distiller_errors[kind]`, logged, and returned as `error` (raised when strict).
+    absorbed_ids that are not memories of `batch` are dropped and the reply is still applied
+    (skills.py's module docstring says why); their number is added to `unknown_absorbed_ids`,
+    logged, and returned as the result's `unknown_absorbed_ids`.
+    A skill category / modality other than the bucket's is overwritten with the bucket's and the
+    skill stored under `bucket`, as the authors' skill_repository.py does (skills.py's module
+    docstring); the number of overwritten fields is added to `bucket_overwrites`, logged, and
+    returned as the result's `bucket_overwrites`.
     """
     bucket = as_bucket(bucket)
     batch = list(self.evolution_batch(bucket) if batch is None else batch)
@@ -111,7 +122,8 @@ class SkillOps:
     try:
       with self._txn(write=True) as conn:
         current = skills.load_skill(conn, bucket)
-        op, fields, absorbed = skills.parse_reply(reply, bucket, ids, current is not None)
+        op, fields, absorbed, dropped, overwritten = skills.parse_reply(reply, bucket, ids,
+                                                                        current is not None)
         new_n, new_good = self._new_evidence(bucket)
         if op in ("synthesize", "create"):
           good, n = sum(m.correct for m in batch), len(batch)
@@ -136,4 +148,13 @@ class SkillOps:
         raise
       return DistillerResult(False, None, self.get_skill(bucket), err)
     self.counters[f"distiller_{op}"] += 1
-    return DistillerResult(True, op, skill)
+    if dropped:
+      self.unknown_absorbed_ids += len(dropped)
+      log.info("distiller reply for %s: dropped %d absorbed_ids not in the batch shown: %s",
+               bucket, len(dropped), ", ".join(repr(d) for d in dropped))
+    if overwritten:
+      self.bucket_overwrites += len(overwritten)
+      log.info("distiller reply for %s: skill %s named another bucket; stored under %s",
+               bucket, " and ".join(overwritten), bucket)
+    return DistillerResult(True, op, skill, unknown_absorbed_ids=len(dropped),
+                           bucket_overwrites=len(overwritten))

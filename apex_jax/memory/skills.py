@@ -14,6 +14,25 @@ Nothing in it is trusted: every field the bank uses is type-checked, and a failu
 `DistillerError` whose `kind` is one of ERROR_KINDS and whose message names the field and value.
 The reply's win_rate / version / evidence_count are checked but not used: the bank keeps those
 from its own records (a model asked to count often miscounts).
+
+absorbed_ids: each must be an id (an int or a string, not a bool; else 'wrong_type'). An id that
+is not one of the batch memories the Distiller was shown is dropped, not an error: it is not
+stored on the skill and never touches a real memory, and the rest of the reply is applied. The
+reference code never reads absorbed_ids at all (TTRL/TTRL-nogt/local_search/skill_repository.py
+`SkillRepository.evolve_skills_with_writer`, Memory-Serve/memory_serve.py `evolve_skill` and
+Writer-Train/Train/writer_skill/generate_skill_repo.py use only `operation` and `skill`, and the
+Writer's reward in writer_dataset.py does not score it), so a miscopied id there costs nothing;
+rejecting the whole skill document for one would throw away a reply the authors apply. The
+dropped ids are returned by parse_reply so the bank can count them
+(`MemoryBank.unknown_absorbed_ids`).
+
+skill.category / skill.modality: the bucket the Distiller was asked about is the truth. A value
+that differs from the bucket's (after strip / lower-case) is overwritten with the bucket's and the
+skill is stored under that bucket, as the reference code does
+(TTRL/TTRL-nogt/local_search/skill_repository.py `SkillRepository.evolve_skills_with_writer`:
+`new_skill_data["category"] = cat`, `new_skill_data["modality"] = modality`, whatever the reply
+said). The overwritten field names are returned by parse_reply so the bank can count them
+(`MemoryBank.bucket_overwrites`). A value that is not a string is still 'wrong_type'.
 """
 
 from __future__ import annotations
@@ -21,14 +40,13 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import Any
+from typing import Any, NamedTuple
 
 from apex_jax.memory.records import ProcedureStep, Skill
 from apex_jax.memory.schema import Bucket, MemoryBankError
 
 OPERATIONS = ("synthesize", "refine", "create", "skip")
-ERROR_KINDS = ("not_json", "missing_field", "wrong_type", "bad_value", "unknown_memory_id",
-               "bucket_mismatch")
+ERROR_KINDS = ("not_json", "missing_field", "wrong_type", "bad_value")
 
 
 class DistillerError(MemoryBankError):
@@ -113,18 +131,32 @@ def _procedure(raw: list, where: str) -> tuple[ProcedureStep, ...]:
   return tuple(steps)
 
 
-def _matches(reported: str | None, actual: str, name: str) -> None:
-  if reported is not None and reported.strip().lower() != actual:
-    raise DistillerError("bucket_mismatch", f"skill: field {name!r} is {reported!r} but the "
-                                            f"bucket's {name} is {actual!r}")
+def _overwritten(reported: str | None, actual: str) -> bool:
+  """True when the reply names another value than the bucket's (then the bucket's is kept)."""
+  return reported is not None and reported.strip().lower() != actual
 
 
-def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int],
-                has_skill: bool) -> tuple[str, dict | None, tuple[int, ...]]:
-  """(operation, validated skill fields or None for skip, absorbed memory ids).
+class ParsedReply(NamedTuple):
+  """A validated Distiller reply. `fields` is None for skip; `absorbed` are batch memory ids;
+  `dropped` the absorbed ids outside the batch, as the reply spelled them, once per distinct id;
+  `overwritten` the skill fields ('category', 'modality') that named another bucket's value and
+  were replaced by the asked bucket's (the skill is stored under that bucket)."""
+  operation: str
+  fields: dict | None
+  absorbed: tuple[int, ...]
+  dropped: tuple[int | str, ...]
+  overwritten: tuple[str, ...] = ()
+
+
+def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int], has_skill: bool
+                ) -> ParsedReply:
+  """The reply for `bucket`, validated (see the module docstring).
 
   batch_ids maps every accepted spelling of a batch memory's id (its number, its data_id) to the
-  id; an absorbed id outside the batch the Distiller was shown is an error.
+  id. An absorbed id outside the batch the Distiller was shown is dropped: it is left out of
+  `absorbed` and listed in `dropped`. An absorbed id that is not an int or a string is an error.
+  A skill category / modality other than the bucket's is overwritten with the bucket's (as the
+  reference code does) and listed in `overwritten`; one that is not a string is an error.
   """
   reply = extract_json_object(text)
   op = _field(reply, "operation", str, "reply")
@@ -136,21 +168,24 @@ def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int],
     raise DistillerError("bad_value", f"reply: operation 'refine' needs a current skill, and "
                                       f"bucket {bucket} has none")
   raw_ids = _field(reply, "absorbed_ids", list, "reply", required=op != "skip") or []
-  absorbed = []
+  absorbed, dropped = [], {}
   for i, raw in enumerate(raw_ids):
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
       raise DistillerError("wrong_type", f"reply: absorbed_ids[{i}] must be an id; got {raw!r}")
     key = str(raw).strip()
-    if key not in batch_ids:
-      raise DistillerError("unknown_memory_id", f"reply: absorbed_ids[{i}] = {raw!r} is not a "
-                                                f"memory of the batch shown for {bucket}")
-    absorbed.append(batch_ids[key])
-  absorbed = tuple(dict.fromkeys(absorbed))
+    if key in batch_ids:
+      absorbed.append(batch_ids[key])
+    else:  # not a memory of the batch shown: dropped, counted by the caller
+      dropped.setdefault(key, raw)
+  absorbed, dropped = tuple(dict.fromkeys(absorbed)), tuple(dropped.values())
   if op == "skip":
-    return op, None, absorbed
+    return ParsedReply(op, None, absorbed, dropped)
   skill = _field(reply, "skill", dict, "reply")
-  _matches(_field(skill, "category", str, "skill", False), bucket.category, "category")
-  _matches(_field(skill, "modality", str, "skill", False), bucket.modality, "modality")
+  # The asked bucket is the truth: another bucket's category / modality is overwritten with its
+  # own (reference skill_repository.py evolve_skills_with_writer), the overwrite counted.
+  overwritten = tuple(name for name in ("category", "modality")
+                      if _overwritten(_field(skill, name, str, "skill", False),
+                                      getattr(bucket, name)))
   name = _field(skill, "skill_name", str, "skill", False) or f"{bucket.category}_" \
                                                              f"{bucket.modality}_strategy"
   fields = {"name": name.strip(),
@@ -169,7 +204,7 @@ def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int],
     value = _field(skill, name, int, "skill", False)
     if value is not None and value < 0:
       raise DistillerError("bad_value", f"skill: field {name!r} must be >= 0; got {value!r}")
-  return op, fields, absorbed
+  return ParsedReply(op, fields, absorbed, dropped, overwritten)
 
 
 # ------------------------------------------------------------------------------------- storage

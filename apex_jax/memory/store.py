@@ -72,6 +72,8 @@ class MemoryBank(SkillOps):
     self._classifier = classifier
     self.counters: collections.Counter[str] = collections.Counter()
     self.distiller_errors: collections.Counter[str] = collections.Counter()
+    self.unknown_absorbed_ids = 0  # absorbed ids outside the batch, dropped from applied replies
+    self.bucket_overwrites = 0  # skill category / modality fields overwritten with the bucket's
     self.after_insert: Callable[[int], None] | None = None  # called per row inside a batch
     self._lock = threading.RLock()
     self._caches: dict[Bucket, BucketCache] = {}

@@ -10,7 +10,11 @@ backbone for every module (SeparateGenerator without experts), AgentConfig(promp
   planner -> executor (with the plan) -> planner evaluate: plan non-empty rate, decision parse
     rate (parse_decision found yes / no), exact rate (exactly yes / no), replan rate, EM / F1.
   distiller: greedy replies to the world's skill prompts (synthesis, then refinement, built as
-    the corpus builds them), each checked by `skills.parse_reply`: valid rate and error kinds.
+    the corpus builds them), each checked by `skills.parse_reply` as the bank would: applied
+    count and valid rate, error kinds, and the absorbed ids the bank would drop (not in the
+    batch shown: unknown_absorbed_ids, and the applied replies that had any) and the skill
+    category / modality fields it would overwrite with the bucket's (bucket_overwrites, and the
+    applied replies that had any).
 MoRSE: greedy executor turns of fresh synthetic problems (seed 12345, train categories) with gold
 contexts, scored by `Synthetic.score_node` with the gold ancestors upstream: node pass rate.
 """
@@ -105,20 +109,26 @@ def distiller_metrics(model, world_seed: int, questions: int, topk: int,
   out = llm.sample(model.params, model.config, prompts, max_new_tokens=max_new_tokens,
                    rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
                    eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
-  kinds, texts = collections.Counter(), []
+  kinds, texts, dropped, with_dropped = collections.Counter(), [], 0, 0
+  overwrites, with_overwrites = 0, 0
   for i, t in enumerate(turns):
     text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
     texts.append(text)
     try:
-      skills.parse_reply(text, Bucket(*t["bucket"]), {str(m): m for m in t["memory_ids"]},
-                         t["has_skill"])
+      parsed = skills.parse_reply(text, Bucket(*t["bucket"]),
+                                  {str(m): m for m in t["memory_ids"]}, t["has_skill"])
       kinds["valid"] += 1
+      dropped, with_dropped = dropped + len(parsed.dropped), with_dropped + bool(parsed.dropped)
+      overwrites += len(parsed.overwritten)
+      with_overwrites += bool(parsed.overwritten)
     except skills.DistillerError as e:
       kinds[e.kind] += 1
-  n = len(turns)
+  n, applied = len(turns), kinds.pop("valid", 0)
   return {"prompts": n, "synthesis": sum(not t["has_skill"] for t in turns),
           "reply_tokens_max": int(out.lengths[:n].max()),
-          "valid": kinds.pop("valid", 0) / n, "errors": dict(kinds),
+          "applied": applied, "valid": applied / n, "errors": dict(kinds),
+          "unknown_absorbed_ids": dropped, "applied_with_unknown_absorbed_ids": with_dropped,
+          "bucket_overwrites": overwrites, "applied_with_bucket_overwrites": with_overwrites,
           "reply_tokens_mean": float(out.lengths[:n].mean()), "sample": texts[0]}
 
 

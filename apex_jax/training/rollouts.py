@@ -251,7 +251,8 @@ class TtrlEpisodes:
 
 def evolve_with(agent_config: AgentConfig):
   """evolve_fn of `run_ttrl`: `Distiller.evolve` on the touched buckets (it applies its replies
-  to the bank itself and counts bad ones in bank.distiller_errors)."""
+  to the bank itself, counts bad ones in bank.distiller_errors and dropped absorbed ids in
+  bank.unknown_absorbed_ids, overwritten categories / modalities in bank.bucket_overwrites)."""
   def evolve(bank, buckets, generator, rng):
     return [e.result for e in Distiller(generator, agent_config).evolve(bank, buckets, rng=rng)]
   return evolve

@@ -247,6 +247,10 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
             results.append(bank.apply_distiller_reply(bucket, reply, batch=batch_memories))
       for result in results:
         stats["evolutions_applied" if result.applied else "evolutions_failed"] += 1
+        if result.unknown_absorbed_ids:  # dropped from an applied reply (memory/skills.py)
+          stats["unknown_absorbed_ids"] += result.unknown_absorbed_ids
+        if result.bucket_overwrites:  # category / modality set to the bucket's (memory/skills.py)
+          stats["bucket_overwrites"] += result.bucket_overwrites
       judged = max(stats.pop("judged", 0), 1)
       for name in ("arbiter", "align", "lambda"):
         metrics[f"{name}_mean"] = stats.pop(f"{name}_sum", 0.0) / judged

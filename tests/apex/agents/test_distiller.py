@@ -63,16 +63,45 @@ def test_synthesis_then_evolution_prompts_and_replies_applied(tmp_path):
 
 def test_bad_replies_are_counted_and_change_nothing(tmp_path):
   bank = _bank(tmp_path)
-  replies = iter(["w1 w2 not json", _reply("synthesize", [999])])
+  replies = iter(["w1 w2 not json", _reply("synthesize", [False])])
   gen = fakes.ScriptedGenerator(lambda *_: next(replies))
   distiller = Distiller(gen, AgentConfig())
   [a] = distiller.evolve(bank, [BUCKET], rng=RNG)
   [b] = distiller.evolve(bank, [BUCKET], rng=RNG)
   assert not a.result.applied and a.result.error.kind == "not_json"
-  assert b.result.error.kind == "unknown_memory_id"
+  assert not b.result.applied and b.result.error.kind == "wrong_type"  # a bool is not an id
+  assert "absorbed_ids[0] must be an id; got False" in b.trajectory.info["error"]
   assert a.trajectory.stats["format_errors"] == 1 and a.trajectory.stats["error_not_json"] == 1
+  assert b.trajectory.stats["error_wrong_type"] == 1
   assert bank.get_skill(BUCKET) is None and bank.due_for_evolution(BUCKET)
-  assert bank.distiller_errors == {"not_json": 1, "unknown_memory_id": 1}
+  assert bank.distiller_errors == {"not_json": 1, "wrong_type": 1}
+  assert bank.unknown_absorbed_ids == 0 and bank.bucket_overwrites == 0
+
+
+def test_unknown_absorbed_id_is_dropped_and_the_reply_applied(tmp_path):
+  bank = _bank(tmp_path)
+  ids = [m.id for m in bank.evolution_batch(BUCKET)]
+  gen = fakes.ScriptedGenerator(lambda *_: _reply("synthesize", [ids[1], 999]))
+  [ev] = Distiller(gen, AgentConfig()).evolve(bank, [BUCKET], rng=RNG)
+  assert ev.result.applied and ev.result.error is None and ev.result.unknown_absorbed_ids == 1
+  assert bank.get_skill(BUCKET).absorbed_ids == (ids[1],)
+  assert ev.trajectory.stats["applied"] == 1 and ev.trajectory.stats["format_errors"] == 0
+  assert ev.trajectory.stats["unknown_absorbed_ids"] == 1
+  assert bank.unknown_absorbed_ids == 1 and not bank.distiller_errors
+  assert not bank.due_for_evolution(BUCKET)
+
+
+def test_reply_with_another_buckets_category_is_stored_under_the_asked_bucket(tmp_path):
+  bank = _bank(tmp_path)
+  ids = [m.id for m in bank.evolution_batch(BUCKET)]
+  gen = fakes.ScriptedGenerator(lambda *_: _reply("synthesize", ids[:1], category="human"))
+  [ev] = Distiller(gen, AgentConfig()).evolve(bank, [BUCKET], rng=RNG)
+  assert ev.result.applied and ev.result.error is None and ev.result.bucket_overwrites == 1
+  assert bank.get_skill(BUCKET).category == "location"
+  assert bank.get_skill(("human", "text-only")) is None
+  assert ev.trajectory.stats["bucket_overwrites"] == 1
+  assert ev.trajectory.stats["format_errors"] == 0
+  assert bank.bucket_overwrites == 1 and not bank.distiller_errors
 
 
 def test_workflow_summaries_are_stored_as_memories(tmp_path):

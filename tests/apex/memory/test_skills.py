@@ -147,9 +147,12 @@ BAD_REPLIES = [
     ("bad_value", _reply(op="delete"), "field 'operation' must be one of .*got 'delete'"),
     ("bad_value", _reply(win_rate=1.5), r"field 'win_rate' must be in \[0, 1\]; got 1.5"),
     ("bad_value", _reply(procedure=[]), "field 'procedure' must not be empty"),
-    ("unknown_memory_id", _reply(absorbed=[99999]), r"absorbed_ids\[0\] = 99999 is not a memory"),
-    ("bucket_mismatch", _reply(category="human"),
-     "field 'category' is 'human' but the bucket's category is 'location'"),
+    ("wrong_type", _reply(absorbed=[True]), r"absorbed_ids\[0\] must be an id; got True"),
+    ("wrong_type", _reply(absorbed=["x", 1.5]), r"absorbed_ids\[1\] must be an id; got 1.5"),
+    ("wrong_type", _reply(absorbed=[{"id": 1}]), r"absorbed_ids\[0\] must be an id; got \{"),
+    ("wrong_type", _reply("skip", absorbed=[None]), r"absorbed_ids\[0\] must be an id; got None"),
+    ("wrong_type", _reply(category=7), "field 'category' must be str; got 7"),
+    ("wrong_type", _reply(modality=["text-only"]), "field 'modality' must be str; got"),
 ]
 
 
@@ -170,6 +173,61 @@ def test_bad_distiller_reply_changes_nothing(tmp_path, kind, reply, match):
     bank.apply_distiller_reply(B, reply, strict=True)
   assert err.value.kind == kind and bank.distiller_errors[kind] == 2
   assert bank.get_skill(B) == before
+
+
+def test_unknown_absorbed_ids_are_dropped_and_counted(tmp_path):
+  # The authors' code never reads absorbed_ids: an id outside the batch shown is dropped (never
+  # stored, never touching a real memory) and the rest of the reply is still applied.
+  bank = _bank(tmp_path)
+  ids = _fill(bank, 5)
+  outside = _fill(bank, 1, start=5, correct=lambda i: False)[0]  # a real memory, not shown
+  batch = bank.evolution_batch(B)[:4]
+  assert outside not in [m.id for m in batch]
+  res = bank.apply_distiller_reply(B, _reply(absorbed=[ids[0], 99999, str(outside), " 99999"]),
+                                   batch=batch)
+  assert res.applied and res.error is None and res.unknown_absorbed_ids == 2
+  assert bank.get_skill(B).absorbed_ids == (ids[0],)
+  assert bank.unknown_absorbed_ids == 2 and not bank.distiller_errors
+  assert [m.correct for m in bank.memories(B)][-1] is False       # the outside memory untouched
+  # skip with only unknown ids: applied (marks evolved), the ids counted
+  _fill(bank, 5, start=6)
+  res = bank.apply_distiller_reply(B, json.dumps({"operation": "skip", "absorbed_ids": ["m-7"]}))
+  assert res.applied and res.operation == "skip" and res.unknown_absorbed_ids == 1
+  assert bank.unknown_absorbed_ids == 3 and not bank.due_for_evolution(B)
+  # a reply rejected for another reason counts its error, not its unknown ids
+  res = bank.apply_distiller_reply(B, _reply(absorbed=[99999], procedure=[]))
+  assert not res.applied and res.error.kind == "bad_value" and res.unknown_absorbed_ids == 0
+  assert bank.unknown_absorbed_ids == 3 and bank.distiller_errors == {"bad_value": 1}
+
+
+def test_another_buckets_category_is_overwritten_and_counted(tmp_path):
+  # The bucket asked about is the truth: the authors' skill_repository.py
+  # (evolve_skills_with_writer) sets new_skill_data["category"] / ["modality"] to the bucket's
+  # whatever the Writer said, so such a reply is applied and stored under the asked bucket.
+  bank = _bank(tmp_path)
+  human = ("human", "text-only")
+  ids = [bank.add(f"who founded company {i} xq{i}", f"1. search {i}", True,
+                  category="human").id for i in range(3)]
+  res = bank.apply_distiller_reply(human, _reply(absorbed=ids[:1]))  # says category 'location'
+  assert res.applied and res.error is None and res.bucket_overwrites == 1
+  skill = bank.get_skill(human)
+  assert res.skill == skill and (skill.category, skill.modality) == human
+  assert skill.absorbed_ids == (ids[0],) and skill.evidence_count == 3
+  assert bank.get_skill(B) is None                       # nothing stored under 'location'
+  assert bank.bucket_overwrites == 1 and not bank.distiller_errors
+  assert not bank.due_for_evolution(human)
+  # both fields wrong: two overwrites; case / spaces alone are not one
+  _fill(bank, 3)
+  res = bank.apply_distiller_reply(B, _reply(category=" Human", modality="text-image"))
+  assert res.applied and res.bucket_overwrites == 2
+  assert (bank.get_skill(B).category, bank.get_skill(B).modality) == B
+  res = bank.apply_distiller_reply(B, _reply("refine", category=" LOCATION ", modality="Text-Only"))
+  assert res.applied and res.bucket_overwrites == 0 and bank.get_skill(B).version == 2
+  assert bank.bucket_overwrites == 3 and not bank.distiller_errors
+  # a reply rejected for another reason counts its error, not its overwrite
+  res = bank.apply_distiller_reply(B, _reply(category="human", procedure=[]))
+  assert not res.applied and res.error.kind == "bad_value" and res.bucket_overwrites == 0
+  assert bank.bucket_overwrites == 3 and bank.distiller_errors == {"bad_value": 1}
 
 
 def test_every_error_kind_is_tested():
