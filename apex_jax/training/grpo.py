@@ -28,6 +28,7 @@ from morse_jax import llm
 from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.mixture import Adapter, uniform_routes
+from morse_jax.rl import compaction
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import train_step as ts
 from morse_jax.rl.rollout import Segment, pack, padded_rows, sequence_logprobs
@@ -99,6 +100,9 @@ class ModuleUpdater:
   pad_id: int = 0
   kernel: str = "gather"  # the mixture kernel in the differentiated forward pass
   recompute_logp_old: bool = False
+  # The update leaves flat groups out and runs a group's common prompt once (rl.compaction):
+  # the same update for less compute.
+  share_prompts: bool = True
   skipped_updates: int = 0  # counted across calls
   updates: int = 0
 
@@ -150,12 +154,16 @@ class ModuleUpdater:
         ref = sequence_logprobs(self.backbone, self.model, None, batch.tokens,
                                 batch.attention_mask, temp)
         batch = dataclasses.replace(batch, logp_ref=ref * batch.loss_mask)
+    batch, compacted = compaction.for_update(batch, self.step, routes_per_node=1,
+                                             rows_multiple=self.step.micro_batches,
+                                             share_prompts=self.share_prompts)
     new, _, (new_state, _), step_metrics = ts.train_step(
         self.backbone, experts, None, (opt_state[0], None), batch, None, config=self.model,
         router_config=None, step_config=self.step, layers=layers, scale=scale,
         kernel=self.kernel, routes_per_node=1, num_routes=num_routes)
     new = keep_only_expert(new, experts, expert)
-    step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+    step_metrics = compacted.whole_batch(
+        {k: float(v) for k, v in jax.device_get(step_metrics).items()})
     if step_metrics["skipped"]:
       self.skipped_updates += 1
     metrics.update(step_metrics, skipped_total=float(self.skipped_updates))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Sequence
 
 import jax
@@ -17,7 +18,7 @@ import numpy as np
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm import sharding as sharding_lib
-from morse_jax.llm.model import forward, init_cache, unstack_layers
+from morse_jax.llm.model import KVCache, forward, init_cache, unstack_layers
 from morse_jax.llm.params import Params
 
 
@@ -130,11 +131,12 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "gen_len", "eos_ids", "pad_id",
-                                             "unstack", "mesh", "rules"))
+                                             "unstack", "mesh", "rules", "prompt_repeats"))
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
                     *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
                     pad_id: int = 0, unstack: bool = False, mesh=None,
-                    rules: sharding_lib.ShardingRules | None = None, adapter=None, active=None):
+                    rules: sharding_lib.ShardingRules | None = None, adapter=None, active=None,
+                    prompt_repeats: int = 1):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -149,17 +151,30 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
       kv heads over the model axis) instead of wherever propagation would put it.
     active: [b] bool, False for padding rows: they count as finished from the start, so the loop
       can stop as soon as every real row has emitted an EOS id.
+    prompt_repeats: r > 1 when rows come in runs of r with the same prompt and route (a group's
+      candidates): the prefill runs once per run and its cache and logits are repeated r times.
 
   Returns:
     tokens [b, gen_len], logprobs [b, gen_len], lengths [b].
   """
   b, p = tokens.shape
-  cache = init_cache(config, b, p + gen_len, params.embed.dtype)
-  if mesh is not None:
-    cache = jax.lax.with_sharding_constraint(
-        cache, sharding_lib.cache_shardings(cache, mesh, rules or sharding_lib.ShardingRules()))
-  logits, cache = forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
-                          last_only=True, adapter=adapter)
+  r = prompt_repeats
+  firsts = lambda x: x[::r]  # one row of each run
+  constrain = lambda cache: cache if mesh is None else jax.lax.with_sharding_constraint(
+      cache, sharding_lib.cache_shardings(cache, mesh, rules or sharding_lib.ShardingRules()))
+  cache = init_cache(config, b // r, p + gen_len, params.embed.dtype)
+  if r == 1:
+    cache = constrain(cache)
+  prefill_adapter = None if adapter is None else dataclasses.replace(
+      adapter, routes=jax.tree.map(firsts, adapter.routes))
+  logits, cache = forward(params, config, firsts(tokens), attention_mask=firsts(attention_mask),
+                          cache=cache, last_only=True, adapter=prefill_adapter)
+  if r > 1:
+    rep = lambda x, axis: jnp.repeat(x, r, axis=axis)
+    logits = rep(logits, 0)
+    cache = KVCache(k=rep(cache.k, 1), v=rep(cache.v, 1), valid=rep(cache.valid, 0),
+                    length=cache.length, next_pos=rep(cache.next_pos, 0))
+    cache = constrain(cache)
   if unstack:
     params = dataclasses.replace(params, layers=unstack_layers(params.layers))
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
@@ -210,11 +225,26 @@ def _pad_routes(adapter, n: int, rows: int):
   return dataclasses.replace(adapter, routes=jax.tree.map(pad, adapter.routes))
 
 
+def _check_runs(prompts, adapter, r: int) -> None:
+  """Prompts (and routes) must come in runs of r equal ones for `prompt_repeats=r`."""
+  if not isinstance(r, int) or r < 1 or len(prompts) % r:
+    raise ValueError(f"sample: prompt_repeats={r!r} must be an int >= 1 dividing the "
+                     f"{len(prompts)} prompts")
+  routes = None if adapter is None else jax.tree.map(np.asarray, adapter.routes)
+  for i in range(0, len(prompts), r):
+    for j in range(i + 1, i + r):
+      same_route = routes is None or all(np.array_equal(a[j], a[i]) for a in (routes.idx,
+                                                                               routes.w))
+      if list(prompts[j]) != list(prompts[i]) or not same_route:
+        raise ValueError(f"sample: prompt_repeats={r}: row {j} differs from row {i} of its run "
+                         f"({'prompt' if same_route else 'route'})")
+
+
 def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], *,
            max_new_tokens: int, rng: jax.Array, sampling: SamplingConfig = SamplingConfig(),
            eos_ids: Sequence[int] = (), pad_id: int = 0, mesh=None,
            rules: sharding_lib.ShardingRules | None = None,
-           unstack: bool | None = None, adapter=None) -> SampleOutput:
+           unstack: bool | None = None, adapter=None, prompt_repeats: int = 1) -> SampleOutput:
   """Samples continuations of token-id prompts of any lengths.
 
   rng: one PRNG key; row i uses fold_in(rng, i), so a row's tokens do not depend on batch size.
@@ -223,6 +253,8 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
     `sharding.shard_params` on the same mesh.
   unstack: see `generate_padded`; by default on for the CPU backend only.
   adapter: optional morse_jax.lora Adapter whose routes have one row per prompt.
+  prompt_repeats: r when the prompts come in runs of r equal prompts with equal routes (a B x M
+    rollout's candidates): each run's prompt is prefilled once (checked; same samples).
   """
   if not prompts:
     raise ValueError("sample: prompts is empty")
@@ -234,10 +266,13 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   if too_big:
     raise ValueError(f"sample: token id {too_big[0]} is outside the vocabulary "
                      f"[0, {config.vocab_size})")
+  _check_runs(prompts, adapter, prompt_repeats)
   rows = bucket(len(prompts), minimum=1)
   rules = rules or sharding_lib.ShardingRules()
+  multiple = prompt_repeats
   if mesh is not None and rules.batch is not None:
-    rows = -(-rows // mesh.shape[rules.batch]) * mesh.shape[rules.batch]
+    multiple = math.lcm(multiple, mesh.shape[rules.batch])
+  rows = -(-rows // multiple) * multiple
   prompt_len = length_bucket(max(len(p) for p in prompts))  # prefill and cache grow with it
   gen_len = bucket(max_new_tokens)
   tokens, mask = left_pad(prompts, prompt_len, rows, pad_id)
@@ -252,7 +287,8 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
       params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
       gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
       unstack=jax.default_backend() == "cpu" if unstack is None else unstack, mesh=mesh,
-      rules=None if mesh is None else rules, adapter=adapter, active=active)
+      rules=None if mesh is None else rules, adapter=adapter, active=active,
+      prompt_repeats=prompt_repeats)
   n = len(prompts)
   out_tokens, out_logp, lengths = sharding_lib.to_host((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],

@@ -72,17 +72,20 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
 
 
 
-def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1) -> PolicyBatch:
+def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1,
+                   width: int | None = None) -> PolicyBatch:
   """The batch with `shared` set: one packed row per group of valid rows with the same `route`.
 
-  A group's prefix is its rows' longest common prefix of real tokens; each row's remaining tokens
-  follow as its own segment. Rows of a group must have the same experts (they do in a rollout:
-  a route's candidates); the packed rows are padded to a power of two (a multiple of
-  rows_multiple) and S is the longest packed row's `length_bucket`. Invalid rows map to slot 0
-  (they have no trained tokens).
+  A group's prefix is its rows' longest common prefix up to the first generated token; each
+  row's rest (its suffix: everything it trains on) follows as its own segment. The rows' own
+  arrays (tokens, masks, log-probs) are cut to their suffixes, `width` slots (default: the
+  longest suffix's `length_bucket`): a fixed width (the trainer passes its generation budget)
+  keeps the step's compiled shapes few. Rows of a group must have the same experts (a route's
+  candidates do); packed rows are padded to a power of two (a multiple of rows_multiple) and
+  their length is the longest one's `length_bucket`. Invalid rows keep nothing.
   """
   host = jax.tree.map(np.asarray, batch)
-  n, t = host.tokens.shape
+  n = host.tokens.shape[0]
   lengths = host.attention_mask.sum(axis=1).astype(int)
   groups: dict[int, list[int]] = {}
   for r in np.flatnonzero(host.valid > 0):
@@ -92,9 +95,14 @@ def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1) -> PolicyBatch
     groups.setdefault(int(host.route[r]), []).append(int(r))
   if not groups:
     raise ValueError("share_prefixes: the batch has no valid row")
+
   def mixture(r):  # (expert, weight) pairs in expert order: the same mixture in any slot order
     order = np.argsort(host.routes.idx[r], kind="stable")
     return np.stack([host.routes.idx[r][order], host.routes.w[r][order]])
+
+  def first_trained(r):
+    trained = np.flatnonzero(host.loss_mask[r, :lengths[r]] > 0)
+    return int(trained[0]) if trained.size else int(lengths[r])
 
   layouts = []  # per group: (rows, prefix length, packed length)
   for g, rows in groups.items():
@@ -104,18 +112,26 @@ def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1) -> PolicyBatch
         raise ValueError(f"share_prefixes: rows {first} and {r} of route {g} have different "
                          f"experts ({host.routes.idx[first].tolist()} vs "
                          f"{host.routes.idx[r].tolist()}); a group shares one route")
-    prefix = int(lengths[rows].min())
+    prefix = min(first_trained(r) for r in rows)  # trained tokens stay in their own row's part
     for r in rows[1:]:
       differ = np.flatnonzero(host.tokens[r, :prefix] != host.tokens[first, :prefix])
       prefix = int(differ[0]) if differ.size else prefix
     layouts.append((rows, prefix, prefix + int(sum(lengths[r] - prefix for r in rows))))
+  longest_suffix = max(lengths[r] - prefix for rows, prefix, _ in layouts for r in rows)
+  width = width or length_bucket(int(longest_suffix))
+  if longest_suffix > width:
+    raise ValueError(f"share_prefixes: a row has {longest_suffix} tokens after its group's "
+                     f"prefix, more than width={width}")
   s = length_bucket(max(size for *_, size in layouts))
   packed_rows = padded_rows(len(layouts), rows_multiple)
   tokens = np.zeros((packed_rows, s), np.int32)
   positions = np.zeros((packed_rows, s), np.int32)
   segments = np.full((packed_rows, s), -1, np.int32)
   prev = np.full((packed_rows, s), -1, np.int32)
-  row, col = np.zeros(n, np.int32), np.zeros((n, t), np.int32)
+  row, col = np.zeros(n, np.int32), np.zeros((n, width), np.int32)
+  own = {k: np.zeros((n, width), getattr(host, k).dtype) for k in (
+      "tokens", "attention_mask", "loss_mask", "logp_old", "logp_ref")
+         if getattr(host, k) is not None}  # the rows' arrays, cut to their suffixes
   route_of = np.zeros(packed_rows, np.int32)  # an original row whose experts the packed row uses
   for p, (rows, prefix, _) in enumerate(layouts):
     first = rows[0]
@@ -132,15 +148,50 @@ def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1) -> PolicyBatch
       positions[p, start:end] = np.arange(prefix, lengths[r])
       segments[p, start:end] = k
       prev[p, start:end] = np.arange(start - 1, end - 1)
-      if size and prefix == 0:  # no prefix: the suffix is a whole row and starts afresh
-        prev[p, start] = -1
-      elif size:
+      if size:  # the suffix's first token is predicted by the prefix's last (none: a fresh row)
         prev[p, start] = prefix - 1
-      row[r] = p
-      col[r, :prefix] = np.arange(prefix)
-      col[r, prefix:lengths[r]] = np.arange(start, end)
+      row[r], col[r, :size] = p, np.arange(start, end)
+      for key, array in own.items():
+        array[r, :size] = getattr(host, key)[r, prefix:lengths[r]]
       start = end
   routes = Routes(idx=host.routes.idx[route_of], w=host.routes.w[route_of])
   shared = SharedPrefix(tokens=tokens, positions=positions, segments=segments, prev=prev,
                         row=row, col=col, routes=routes)
-  return dataclasses.replace(batch, shared=shared)
+  return dataclasses.replace(host, shared=shared, **own)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compaction:
+  """What `for_update` left out, to report the step's metrics as the whole batch's."""
+
+  dropped_nodes: int
+  full_rows: float  # valid rows before
+  kept_rows: float  # valid rows after
+
+  def whole_batch(self, metrics: dict) -> dict:
+    """The step's metrics as on the whole batch: left-out nodes were skipped (their rows had
+    advantage 0)."""
+    if not self.dropped_nodes:
+      return metrics
+    metrics = dict(metrics)
+    metrics["skipped_nodes"] = metrics["skipped_nodes"] + self.dropped_nodes
+    metrics["advantage_abs_mean"] = metrics["advantage_abs_mean"] * self.kept_rows / self.full_rows
+    return metrics
+
+
+def for_update(batch: PolicyBatch, step_config, *, routes_per_node: int, rows_multiple: int = 1,
+               share_prompts: bool = True,
+               width: int | None = None) -> tuple[PolicyBatch, Compaction]:
+  """The batch the step should run on: flat nodes left out (without a KL term), then each
+  route's common prompt shared (with one micro-batch; `width`: see share_prefixes). Same update
+  as on `batch` (tested)."""
+  full = float(np.sum(np.asarray(batch.valid)))
+  dropped = 0
+  if step_config.kl_coef == 0:
+    batch, dropped = without_flat_nodes(batch, routes_per_node=routes_per_node,
+                                        aggregation=step_config.aggregation,
+                                        min_std=step_config.min_reward_std,
+                                        rows_multiple=rows_multiple)
+  if share_prompts and step_config.micro_batches == 1:
+    batch = share_prefixes(batch, rows_multiple=rows_multiple, width=width)
+  return batch, Compaction(dropped, full, float(np.sum(np.asarray(batch.valid))))

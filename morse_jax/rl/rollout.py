@@ -152,7 +152,8 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
   prompts = [list(req.prompt) for req in requests for _ in range(b * group_size)]
   adapter = make_adapter(experts, lora, config, sets, kernel=kernel)
   out = llm.sample(backbone, config, prompts, max_new_tokens=max_new_tokens, rng=rng,
-                   sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter)
+                   sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter,
+                   prompt_repeats=group_size)  # a route's M candidates: one prefill
   n = len(prompts)
   rows = padded_rows(n, rows_multiple)
   completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]

@@ -34,6 +34,10 @@ class StepConfig:
   epsilon: float = 0.2
   epsilon_high: float | None = None
   aggregation: str = "token-mean"
+  # seq-mean-token-sum-norm's constant divisor (Dr. GRPO: the generation budget). It must not be
+  # the padded width, which changes with the batch's layout; the MoRSE trainer fills in its
+  # max_new_tokens when None.
+  norm_len: int | None = None
   alpha_pi: float = 0.15
   kl_coef: float = 0.0
   estimator: str = "hgrpo"  # or "grpo" (the paper's ablation)
@@ -131,13 +135,16 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
   """Gradient of the policy loss over all rows, accumulated over micro-batches. Each micro-batch
   divides by the whole batch's denominators, so the sum equals the one-pass loss exactly."""
   _, denominator = aggregate_parts(jnp.zeros(policy.loss_mask.shape), policy.loss_mask,
-                                   step_config.aggregation)
+                                   step_config.aggregation, step_config.norm_len)
   trained_tokens = jnp.sum(policy.loss_mask.astype(jnp.float32))
   token_count = trained_tokens
   if policy.denominator is not None:  # rows without signal were left out: the whole batch's
     denominator, token_count = policy.denominator, policy.token_count
   policy = dataclasses.replace(policy, denominator=None, token_count=None)  # not per-row
   kl = step_config.kl_coef > 0
+  if step_config.aggregation == "seq-mean-token-sum-norm" and step_config.norm_len is None:
+    raise ValueError("train_step: StepConfig.aggregation='seq-mean-token-sum-norm' needs "
+                     "StepConfig.norm_len (a constant, e.g. the generation budget); got None")
   if kl and policy.logp_ref is None:
     raise ValueError("train_step: StepConfig.kl_coef > 0 needs PolicyBatch.logp_ref")
 
@@ -155,7 +162,7 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
         logp, batch.logp_old, adv, batch.loss_mask, epsilon=step_config.epsilon,
         epsilon_high=step_config.epsilon_high, aggregation=step_config.aggregation,
         kl_coef=step_config.kl_coef, logp_ref=batch.logp_ref if kl else None,
-        denominator=denominator, token_count=token_count)
+        norm_len=step_config.norm_len, denominator=denominator, token_count=token_count)
     mask = batch.loss_mask.astype(jnp.float32)
     # Over the tokens this update trains on (all of the batch's unless rows were left out).
     metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(trained_tokens, 1.0)

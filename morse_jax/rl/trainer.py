@@ -81,6 +81,8 @@ class Trainer:
     self.backbone, self.model, self.lora, self.router = backbone, model, lora, router
     # The update scores tokens at the temperature they were sampled at.
     self.step_config = dataclasses.replace(step, temperature=_temperature(rollout.sampling))
+    if step.aggregation == "seq-mean-token-sum-norm" and step.norm_len is None:
+      self.step_config = dataclasses.replace(self.step_config, norm_len=rollout.max_new_tokens)
     self.rollout_config, self.embed_dim, self.mesh = rollout, embed_dim, mesh
     self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
     data = 1 if mesh is None else mesh.shape["data"]
@@ -147,14 +149,12 @@ class Trainer:
     batch = rollout_lib.policy_batch(out, rewards)
     rbatch = None if self.router is None else rollout_lib.router_batch(out, self.router.top_k,
                                                                         self.embed_dim)
-    dropped, full_valid = 0, float(np.sum(batch.valid))
-    if self.step_config.kl_coef == 0:  # flat nodes add nothing: update on the others' rows only
-      batch, dropped = compaction.without_flat_nodes(
-          batch, routes_per_node=out.routes_per_node, aggregation=self.step_config.aggregation,
-          min_std=self.step_config.min_reward_std, rows_multiple=self.rows_multiple)
-    if rc.share_prompts and self.step_config.micro_batches == 1:
-      batch = compaction.share_prefixes(batch, rows_multiple=self.rows_multiple)
-    kept_valid = float(np.sum(batch.valid))
+    # Flat nodes add nothing: update on the others' rows, each route's prompt run once.
+    batch, compacted = compaction.for_update(batch, self.step_config,
+                                             routes_per_node=out.routes_per_node,
+                                             rows_multiple=self.rows_multiple,
+                                             share_prompts=rc.share_prompts,
+                                             width=llm.length_bucket(rc.max_new_tokens))
     update_shape = (batch.tokens if batch.shared is None else batch.shared.tokens).shape
     if self.mesh is not None:
       place = sharding.shard_rows(self.mesh)
@@ -169,11 +169,7 @@ class Trainer:
           num_routes=out.num_routes, update_router=jnp.asarray(epoch == 0))
       if epoch == 0:  # losses, entropy and norms of the rollout policy
         step_metrics = epoch_metrics
-    step_metrics = sharding.to_host(step_metrics)
-    if dropped:  # as the whole batch's: left-out nodes were skipped, their rows had advantage 0
-      step_metrics["skipped_nodes"] = step_metrics["skipped_nodes"] + dropped
-      step_metrics["advantage_abs_mean"] = (step_metrics["advantage_abs_mean"]
-                                            * kept_valid / full_valid)
+    step_metrics = compacted.whole_batch(sharding.to_host(step_metrics))
     if self.step_config.epochs > 1:  # clipping can only happen after the first epoch
       step_metrics["clip_frac"] = sharding.to_host(epoch_metrics["clip_frac"])
     t3 = time.perf_counter()
@@ -185,7 +181,8 @@ class Trainer:
     metrics["tokens_per_s"] = metrics_lib.tokens_per_second(out.generated_tokens(), t1 - t0)
     metrics["time_rollout_s"], metrics["time_reward_s"] = t1 - t0, t2 - t1
     metrics["time_update_s"] = t3 - t2
-    metrics["update_rows"], metrics["update_tokens"] = kept_valid, float(np.prod(update_shape))
+    metrics["update_rows"] = compacted.kept_rows
+    metrics["update_tokens"] = float(np.prod(update_shape))
     state = dataclasses.replace(state, step=state.step + 1, experts=experts, router=router,
                                 opt_states=opt_states, rng=rng)
     return state, metrics, out

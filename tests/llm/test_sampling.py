@@ -222,3 +222,20 @@ def test_padding_rows_do_not_keep_the_loop_running(params):
       params, CONFIG, jnp.asarray(tokens), jnp.asarray(mask), keys, jnp.int32(16),
       sampling=llm.GREEDY, gen_len=16, eos_ids=eos, active=active)
   np.testing.assert_array_equal(np.asarray(lengths), [1, 1, 1, 0])
+
+
+def test_repeated_prompts_are_prefilled_once_with_the_same_samples(params):
+  """prompt_repeats=r: one prefill per run of r equal prompts, its cache repeated; each row
+  still draws its own tokens (rows of a run differ) exactly as without sharing."""
+  prompts = [p for p in prompts_of([5, 9]) for _ in range(3)]
+  sampling = llm.SamplingConfig(temperature=1.0)
+  kwargs = dict(max_new_tokens=8, rng=jax.random.key(3), sampling=sampling)
+  ref = llm.sample(params, CONFIG, prompts, **kwargs)
+  got = llm.sample(params, CONFIG, prompts, prompt_repeats=3, **kwargs)
+  np.testing.assert_array_equal(got.tokens, ref.tokens)
+  np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
+  assert not np.array_equal(got.tokens[0], got.tokens[1])
+  with pytest.raises(ValueError, match="row 4 differs from row 3 of its run \\(prompt\\)"):
+    llm.sample(params, CONFIG, prompts[:4] + [[1, 2]] + prompts[5:], prompt_repeats=3, **kwargs)
+  with pytest.raises(ValueError, match="prompt_repeats=4 must be an int >= 1 dividing the 6"):
+    llm.sample(params, CONFIG, prompts, prompt_repeats=4, **kwargs)

@@ -39,27 +39,37 @@ def test_every_token_keeps_its_context_and_position():
           ([5, 6, 7, 8], [20])]  # an invalid (padding) row
   experts = [[0, 2, 3]] * 2 + [[0, 4, 5]] + [[1, 4, 5]] * 2
   batch = toy_batch(rows, [0, 0, 1, 3, 0], experts, valid=[1, 1, 1, 1, 0])
-  shared = jax.tree.map(np.asarray, compaction.share_prefixes(batch).shared)
-  assert shared.tokens.shape == (4, 16)  # 3 routes (padded to 4 rows); 9 slots (bucket 16)
-  # Route 0's prefix is the prompt plus the candidates' two common tokens.
-  np.testing.assert_array_equal(shared.tokens[0, :9], [5, 6, 7, 8, 20, 21, 22, 30, 31])
-  np.testing.assert_array_equal(shared.segments[0], [0] * 6 + [1, 2, 2] + [-1] * 7)
-  np.testing.assert_array_equal(shared.positions[0, :9], [0, 1, 2, 3, 4, 5, 6, 6, 7])
+  out = jax.tree.map(np.asarray, compaction.share_prefixes(batch))
+  shared = out.shared
+  assert shared.tokens.shape == (4, 16)  # 3 routes (padded to 4 rows); 11 slots (bucket 16)
+  # Route 0's prefix is its prompt: the candidates' common tokens 20, 21 are trained, so each
+  # keeps its own copy.
+  np.testing.assert_array_equal(shared.tokens[0, :11], [5, 6, 7, 8, 20, 21, 22, 20, 21, 30, 31])
+  np.testing.assert_array_equal(shared.segments[0], [0] * 4 + [1] * 3 + [2] * 4 + [-1] * 5)
+  np.testing.assert_array_equal(shared.positions[0, :11], [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7])
   assert (shared.segments[3] == -1).all()
+  assert out.loss_mask.shape == (5, 16)  # the rows' arrays hold their suffixes
   for r in range(4):
-    p = shared.row[r]
+    p, size = shared.row[r], int(out.attention_mask[r].sum())
+    length = int(batch.attention_mask[r].sum())
+    prefix = length - size
     np.testing.assert_array_equal(shared.routes.idx[p], batch.routes.idx[r])
-    for t in range(int(batch.attention_mask[r].sum())):
-      s = shared.col[r, t]
-      assert shared.tokens[p, s] == batch.tokens[r, t] and shared.positions[p, s] == t
-      context = [shared.tokens[p, j] for j in visible(shared, p, s)]
-      np.testing.assert_array_equal(context, batch.tokens[r, :t + 1])
-      if t:  # the slot that predicts token t holds token t - 1 of the same row
-        prev = shared.prev[p, s]
-        assert shared.tokens[p, prev] == batch.tokens[r, t - 1] and prev in visible(shared, p, s)
-      else:
-        assert shared.prev[p, s] == -1
-  assert shared.row[4] == 0 and not shared.col[4].any()  # invalid rows train nothing
+    for key in ("tokens", "loss_mask", "logp_old"):
+      np.testing.assert_array_equal(getattr(out, key)[r, :size],
+                                    getattr(batch, key)[r, prefix:length])
+    assert out.loss_mask[r].sum() == batch.loss_mask[r].sum()  # every trained token is kept
+    for j in range(size):
+      s = shared.col[r, j]
+      assert shared.tokens[p, s] == out.tokens[r, j] and shared.positions[p, s] == prefix + j
+      context = [shared.tokens[p, i] for i in visible(shared, p, s)]
+      np.testing.assert_array_equal(context, batch.tokens[r, :prefix + j + 1])
+      prev = shared.prev[p, s]  # the slot that predicts it holds the row's previous token
+      assert shared.tokens[p, prev] == batch.tokens[r, prefix + j - 1]
+      assert prev in visible(shared, p, s)
+  assert shared.row[4] == 0 and not out.loss_mask[4].any()  # invalid rows train nothing
+  with pytest.raises(ValueError, match="a row has 4 tokens after its group's prefix, more than "
+                                       "width=3"):
+    compaction.share_prefixes(batch, width=3)
 
 
 def test_a_group_with_two_routes_is_refused():
@@ -87,3 +97,13 @@ def test_step_on_shared_prefixes_equals_step_on_rows(setup):  # noqa: F811
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   with pytest.raises(ValueError, match="micro_batches=2 with PolicyBatch.shared"):
     run_steps(backbone, experts, shared, rb, 1, dataclasses.replace(BASE, micro_batches=2))
+
+
+def test_sum_norm_needs_a_constant_length(setup):  # noqa: F811
+  """Dr. GRPO divides by a constant: not the padded width, which the layouts change."""
+  backbone, experts, out = setup
+  batch = rl_rollout.policy_batch(out, REWARDS)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  with pytest.raises(ValueError, match="needs StepConfig.norm_len"):
+    run_steps(backbone, experts, batch, rb, 1,
+              dataclasses.replace(BASE, aggregation="seq-mean-token-sum-norm"))
