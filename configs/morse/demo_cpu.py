@@ -30,8 +30,8 @@ def get_config(arg=None):
                 holdout_categories=("string_analysis",), test_problems=24)
   c.lora.update(last_n_layers=2, rank=8, alpha=16.0, num_subtask_experts=4)
   c.router.update(dim=32, top_k=2)
-  # max_minutes is the budget: 2 idle cores fit about 40 updates in it once XLA's compiles are
-  # cached (the first run spends a few minutes compiling); faster machines stop at 60.
+  # max_minutes is the budget: 2 idle cores fit 58-84 updates in it (the first run spends a few
+  # minutes compiling; later ones find XLA's compiles cached); faster machines stop at 120.
   c.train.update(steps=120, tasks_per_step=2, routes_per_node=2, group_size=4,
                  max_new_tokens=160, temperature=1.0, expert_lr=2e-3, router_lr=1e-3,
                  checkpoint_every=10, max_minutes=10.0, epochs=2, skip_blocked=True)
