@@ -1,8 +1,8 @@
 """The same update for less compute: rows that cannot move it are left out, and each group's
 common prompt is run once.
 
-`without_flat_nodes`: a node whose reward spread is below `min_std` gets advantage 0 on every row and route
-(`advantages.row_advantages`), so without a KL term its rows add 0 to the policy loss, to its
+`without_flat_nodes`: a node whose reward spread is below `min_std` gets advantage 0 on every row
+and route (`advantages.row_advantages`), so without a KL term its rows add 0 to the policy loss, to its
 gradient and to the router's. They still cost a forward and backward pass each PPO epoch, and on
 the demo about half the nodes are flat. `without_flat_nodes` keeps the other nodes' rows and
 records the whole batch's loss denominators on the batch, so the step's loss, gradients and
@@ -69,7 +69,6 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
       routes=jax.tree.map(lambda x: x[index], host.routes),
       denominator=np.float32(denominator), token_count=np.float32(host.loss_mask.sum()))
   return out, dropped
-
 
 
 def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1,
