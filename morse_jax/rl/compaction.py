@@ -1,12 +1,12 @@
 """The same update for less compute: rows that cannot move it are left out, and each group's
 common prompt is run once.
 
-`without_flat_nodes`: a node whose reward spread is below `min_std` gets advantage 0 on every row
-and route (`advantages.row_advantages`), so without a KL term its rows add 0 to the policy loss, to its
-gradient and to the router's. They still cost a forward and backward pass each PPO epoch, and on
-the demo about half the nodes are flat. `without_flat_nodes` keeps the other nodes' rows and
-records the whole batch's loss denominators on the batch, so the step's loss, gradients and
-clip fraction are those of the whole batch exactly (tested), for less compute.
+`without_flat_nodes`: a node whose reward spread is below `min_std` gets advantage 0 on every
+row and route (`advantages.row_advantages`), so without a KL term its rows add 0 to the policy
+loss, to its gradient and to the router's. They still cost a forward and backward pass each PPO
+epoch, and on the demo about half the nodes are flat. It keeps the other nodes' rows and records
+the whole batch's loss denominators on the batch, so the step's loss, gradients and clip
+fraction are those of the whole batch exactly (tested), for less compute.
 
 `share_prefixes`: the M candidates of a route share their prompt and experts; the forward pass
 runs the prompt once per route rather than once per row (rl.shared_prefix). Same log-probs up to
