@@ -39,7 +39,7 @@ from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
 
-SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder"), ("word", "index"), \
+SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder"), ("word", "ngram", "index"), \
     ("backbone_mean", "sentence"), ("inprocess", "http")
 
 
@@ -65,6 +65,18 @@ class Experiment:
   def executor(self, agents: AgentConfig | None = None) -> Executor:
     return Executor(self.generator, self.searcher, agents or self.agents)
 
+  def evolving_agents(self) -> AgentConfig:
+    """The agents' settings when the Distiller writes skills outside its own training stage
+    (memory building, TTRL's per-batch evolution): `memory.evolve_temperature` (None: the
+    agents' temperature). The skill document is a bank edit, not a rollout to learn from."""
+    t = self.config.memory.get("evolve_temperature")
+    if t is None:
+      return self.agents
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+      raise ValueError(f"config.memory.evolve_temperature must be a number >= 0 or None, "
+                       f"got {t!r}")
+    return dataclasses.replace(self.agents, temperature=float(t))
+
 
 def load_data(c) -> tuple[list, list, list]:
   """(train, test, passages) of the synthetic world or of a folder World.write wrote."""
@@ -87,9 +99,10 @@ def load_data(c) -> tuple[list, list, list]:
 
 
 def _searcher(c, passages):
-  if _choice(c.search.kind, "search.kind", SEARCHES) == "word":
-    from apex_jax.toy.search import WordSearch
-    return WordSearch(passages, topk=c.search.topk)
+  kind = _choice(c.search.kind, "search.kind", SEARCHES)
+  if kind in ("word", "ngram"):
+    from apex_jax.toy.search import NgramSearch, WordSearch
+    return (WordSearch if kind == "word" else NgramSearch)(passages, topk=c.search.topk)
   from apex_jax.tools import LocalSearch
   return LocalSearch(c.search.index, topk=c.search.topk)
 
@@ -137,10 +150,12 @@ def memory_build(exp: Experiment, *, rng: jax.Array) -> dict:
   """Runs the untrained system on `memory_build.questions` training questions, stores each
   episode's summarised workflow with its outcome (EM of y2, as the authors' memory server
   records a judged outcome), updates the shown memories' win rates, and lets the Distiller
-  evolve every bucket that is due (all touched ones when `memory_build.force_evolve`)."""
+  evolve every bucket that is due (all touched ones when `memory_build.force_evolve`), at
+  `memory.evolve_temperature`."""
   c = exp.config.memory_build
   planner, executor = Planner(exp.generator, exp.agents), exp.executor()
   distiller = Distiller(exp.generator, exp.agents)
+  evolver = Distiller(exp.generator, exp.evolving_agents())
   stats = dict(episodes=0, correct=0, memories_stored=0, evolutions_applied=0,
                evolutions_failed=0, unknown_absorbed_ids=0, bucket_overwrites=0)
   touched = []
@@ -159,8 +174,7 @@ def memory_build(exp: Experiment, *, rng: jax.Array) -> dict:
     stats["correct"] += sum(correct)
     stats["memories_stored"] += sum(r.id is not None for r in added)
     touched += [ep.bucket for ep in episodes]
-  for e in distiller.evolve(exp.bank, touched, rng=k_evolve,
-                            force=c.force_evolve):
+  for e in evolver.evolve(exp.bank, touched, rng=k_evolve, force=c.force_evolve):
     stats["evolutions_applied" if e.result.applied else "evolutions_failed"] += 1
     stats["unknown_absorbed_ids"] += e.result.unknown_absorbed_ids  # dropped (memory/skills.py)
     stats["bucket_overwrites"] += e.result.bucket_overwrites  # set to the bucket's (skills.py)
@@ -297,7 +311,7 @@ def run(config) -> dict:
     panel = judges(exp)
     ttrl = run_ttrl(exp.updater, experts, queries, exp.bank, exp.generator,
                     rollouts.TtrlEpisodes(exp.searcher, exp.bank, exp.agents, t.summarize),
-                    panel, None, evolve_fn=rollouts.evolve_with(exp.agents),
+                    panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
                     config=TtrlConfig(t.steps, t.batch_size, t.group_size, t.learning_rate,
                                       t.temperature, t.max_new_tokens),
                     rng=k_ttrl, logdir=logdir)

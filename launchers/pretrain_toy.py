@@ -64,6 +64,12 @@ _BUCKETS = flags.DEFINE_list("buckets", ["512", "1024"], "Row lengths (one compi
                             "the largest is the longest example kept.")
 _APEX_TOPK = flags.DEFINE_integer("apex_topk", 3, "Passages per search in the APEx turns "
                                   "(AgentConfig.topk at run time must match).")
+_APEX_JUDGE_SHARE = flags.DEFINE_float("apex_judge_share", 0.0, "Share of APEx runs judged by one "
+                                       "TTRL evaluator and the arbiter (apex_jax.toy.judging).")
+_APEX_ALIGN_SHARE = flags.DEFINE_float("apex_align_share", 0.0, "Share of APEx questions whose "
+                                       "plan the skill-alignment judge scores.")
+_APEX_DISTILL_BATCHES = flags.DEFINE_integer("apex_distill_batches", 2, "Distiller prompts per "
+                                             "category and world (a synthesis, then refines).")
 
 
 def dose_turns(n: int, seed: int, categories) -> list[dict]:
@@ -78,9 +84,13 @@ def dose_turns(n: int, seed: int, categories) -> list[dict]:
 def apex_turns(seeds, topk: int) -> list[dict]:
   from apex_jax.agents.config import AgentConfig
   from apex_jax.toy import build
+  from apex_jax.toy.corpus import CorpusConfig
 
+  corpus_config = CorpusConfig(judge_share=_APEX_JUDGE_SHARE.value,
+                               align_share=_APEX_ALIGN_SHARE.value,
+                               distill_batches=_APEX_DISTILL_BATCHES.value)
   turns, stats = build.corpus(seeds, _WORLD_ENTITIES.value, _WORLD_QUESTIONS.value,
-                              AgentConfig(prompts="compact", topk=topk))
+                              AgentConfig(prompts="compact", topk=topk), corpus_config)
   print(f"apex corpus (worlds {list(seeds)}): {dict(sorted(stats.items()))}", flush=True)
   return turns
 

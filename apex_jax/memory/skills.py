@@ -73,23 +73,38 @@ def extract_json_object(text: Any) -> dict:
 
   Looks after the last '</think>', then in ```json fences (then other fences), then at each '{'
   in turn with a real JSON decoder, so leading and trailing prose and braces inside strings are
-  handled. Raises DistillerError('not_json') naming what was seen.
+  handled. An object that lies inside a '{' that did not parse (more '{' than '}' since it) is
+  part of a broken reply, not the reply: it is skipped, and a reply with nothing else raises
+  DistillerError('not_json') with the decoder's message for the broken object, e.g. a list
+  left open. Raises DistillerError('not_json') naming what was seen.
   """
   if not isinstance(text, str):
     raise DistillerError("not_json", f"reply must be a string; got {type(text).__name__}")
   body = text.rsplit("</think>", 1)[-1]
   fences = sorted(_FENCE.findall(body), key=lambda f: f[0].lower() != "json")
   decoder = json.JSONDecoder()
+  broken = None  # (source, start, error) of the first '{' that opens an object and fails
   for source in [f[1] for f in fences] + [body]:
+    failed: list[tuple[int, json.JSONDecodeError]] = []
     start = source.find("{")
     while start >= 0:
       try:
-        obj, _ = decoder.raw_decode(source, start)
-      except json.JSONDecodeError:
-        obj = None
-      if isinstance(obj, dict):
+        obj, end = decoder.raw_decode(source, start)
+      except json.JSONDecodeError as e:
+        failed.append((start, e))
+        start = source.find("{", start + 1)
+        continue
+      inside = [(f, e) for f, e in failed
+                if source.count("{", f, start) > source.count("}", f, start)]
+      if isinstance(obj, dict) and not inside:
         return obj
-      start = source.find("{", start + 1)
+      if inside and broken is None:
+        broken = inside[0]
+      start = source.find("{", end if inside else start + 1)
+  if broken is not None:
+    at, err = broken
+    raise DistillerError("not_json", f"reply's JSON object at char {at} does not parse: "
+                                     f"{err.msg} (line {err.lineno} column {err.colno})")
   snippet = body.strip()[:120]
   raise DistillerError("not_json", f"reply holds no JSON object: {snippet!r}")
 

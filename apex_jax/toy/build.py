@@ -4,7 +4,8 @@ conversation (on the gold trace or a corrupted one) and, per category, a few dis
   turns, stats = build.corpus(seeds=(0, 1), entities=120, questions=400,
                               config=AgentConfig(prompts="compact"))
 
-Deterministic in (seeds, sizes, config, corpus config). Questions whose gold passage a search
+Deterministic in (seeds, sizes, config, corpus config). With CorpusConfig.judge_share / align_share the TTRL
+judges' conversations are added too (apex_jax.toy.judging). Questions whose gold passage a search
 misses are skipped and counted (`stats["gold_missed"]`): the tool would not show the model what
 its gold run says it saw.
 """
@@ -19,9 +20,8 @@ from apex_jax.agents.config import AgentConfig
 from apex_jax.datasets.world import World
 from apex_jax.memory.records import Memory
 from apex_jax.toy import corpus as C
+from apex_jax.toy import judging
 from apex_jax.toy.search import WordSearch
-
-MAX_DISTILL_BATCHES = 2  # per category and world: one synthesis, one refinement
 
 
 def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig = C.CorpusConfig(),
@@ -56,6 +56,15 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       context = C.planner_context(ex.category, earlier, with_skill=rng.random() < 0.5)
     turns.append(C.planner_conversation(ex, trace, searched, kind is None, config, context))
     stats["plan_replan" if kind else "plan_accept"] += 1
+    if corpus_config.judge_share and rng.random() < corpus_config.judge_share:
+      judged = judging.nogt_conversations(ex, trace, kind, rng)
+      turns += judged
+      stats["judge_nogt"] += len(judged)
+    earlier = [m for m, _ in memories[ex.category]]
+    if earlier and corpus_config.align_share and rng.random() < corpus_config.align_share:
+      turns.append(judging.alignment_conversation(
+          ex, C.skill_reply(ex.category, earlier, None, [])["skill"], rng))
+      stats["judge_align"] += 1
     memories[ex.category].append((Memory(sum(map(len, memories.values())) + 1, ex.category,
                                          C.MODALITY, ex.question, C.workflow(trace),
                                          "correct" if kind is None else "incorrect"), kind))
@@ -63,7 +72,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
   for category in sorted(memories):
     items = memories[category]
     chunks = [items[i:i + size] for i in range(0, len(items) - size + 1, size)]
-    chunks = chunks[:MAX_DISTILL_BATCHES]
+    chunks = chunks[:corpus_config.distill_batches]
     if not chunks:
       continue
     batches = [[m for m, _ in chunk] for chunk in chunks]

@@ -38,7 +38,7 @@ from apex_jax.memory import skills as skills_lib
 from apex_jax.memory.records import Memory
 from apex_jax.tools import format_results, render_tool_call
 
-ROLES = ("apex_execute", "apex_plan", "apex_distill")
+ROLES = ("apex_execute", "apex_plan", "apex_distill", "apex_judge")  # judge: apex_jax.toy.judging
 CORRUPTIONS = ("early", "wrong", "no_search")
 MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
@@ -49,19 +49,23 @@ class CorpusConfig:
   plan_share: float = 0.5  # executor runs whose prompt carries the gold plan
   negative_share: float = 0.5  # planner conversations judging a corrupted trace
   distill_batch: int = 4  # memories per distiller prompt
+  distill_batches: int = 2  # prompts per category and world: a synthesis, then refinements
   summary_share: float = 0.25  # runs (gold or corrupted) whose workflow summary is a turn
   context_share: float = 0.5  # planner prompts showing earlier memories (and a skill) of the
   # question's category, as the bank shows them at run time: the plan must not depend on them
+  judge_share: float = 0.0  # runs (gold or corrupted) judged by one evaluator and the arbiter
+  align_share: float = 0.0  # questions whose plan the skill-alignment judge scores
 
   def __post_init__(self):
-    for name in ("plan_share", "negative_share", "summary_share", "context_share"):
+    for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
+                 "align_share"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
-    if isinstance(self.distill_batch, bool) or not isinstance(self.distill_batch, int) \
-        or self.distill_batch < 1:
-      raise ValueError(f"CorpusConfig.distill_batch must be an integer >= 1, got "
-                       f"{self.distill_batch!r}")
+    for name in ("distill_batch", "distill_batches"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"CorpusConfig.{name} must be an integer >= 1, got {value!r}")
 
 
 def tool_output(queries: Sequence[str], results) -> str:

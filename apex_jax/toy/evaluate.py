@@ -3,8 +3,9 @@ and of its MoRSE executor turns (did the APEx training make it forget them?).
 
   python -m apex_jax.toy.evaluate --model=/tmp/toy_apex_try --world_seed=12345 --questions=32
 
-APEx: a fresh world (names no training world has), the toy's WordSearch as the tool, the bare
-backbone for every module (SeparateGenerator without experts), AgentConfig(prompts="compact").
+APEx: a fresh world (names no training world has), the toy's WordSearch (--search=ngram: its
+NgramSearch) as the tool, the bare backbone for every module (SeparateGenerator without
+experts), AgentConfig(prompts="compact").
   executor alone: format_valid = turns that parse_turn accepts / turns; search_then_answer =
     runs with >= 1 search and an answer / runs; EM / F1 (datasets.metrics.evaluate)
   planner -> executor (with the plan) -> planner evaluate: plan non-empty rate, decision parse
@@ -15,6 +16,11 @@ backbone for every module (SeparateGenerator without experts), AgentConfig(promp
     batch shown: unknown_absorbed_ids, and the applied replies that had any) and the skill
     category / modality fields it would overwrite with the bucket's (bucket_overwrites, and the
     applied replies that had any).
+judges: the TTRL judges as the demo runs them (NoGtJudge and AlignJudge over InProcessChat on
+  the bare toy, 32-token replies) on the world's gold and corrupted runs of the corpus
+  (apex_jax.toy.judging): failure counts per judge, the arbiter's verdicts against the run's
+  kind (gold: correct, corrupted: incorrect) and its accuracy, the mean evaluator score per
+  kind, and the alignment scores that equal the corpus's label.
 MoRSE: greedy executor turns of fresh synthetic problems (seed 12345, train categories) with gold
 contexts, scored by `Synthetic.score_node` with the gold ancestors upstream: node pass rate.
 """
@@ -34,6 +40,11 @@ _MORSE_PROBLEMS = flags.DEFINE_integer("morse_problems", 6, "Synthetic problems 
 _DISTILL_QUESTIONS = flags.DEFINE_integer(
     "distill_questions", 400, "Questions of the world whose memories fill the distiller's "
     "prompts (at most 2 prompts per category, as in the corpus).")
+_JUDGE_RUNS = flags.DEFINE_integer("judge_runs", 24, "Runs (gold and corrupted) the judges "
+                                   "score, and plans the alignment judge scores (0: skip).")
+_SEARCH = flags.DEFINE_enum("search", "word", ["word", "ngram"], "The executor's search tool: "
+                            "apex_jax.toy.search WordSearch or NgramSearch (the corpus is built "
+                            "with WordSearch either way).")
 _TOPK = flags.DEFINE_integer("topk", 3, "Passages per search (as in the training corpus).")
 _OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here as JSON.")
 
@@ -56,12 +67,12 @@ def executor_metrics(trajectories, examples) -> dict:
           "ends": dict(ends)}
 
 
-def apex_metrics(model, world_seed: int, questions: int, topk: int) -> dict:
+def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str = "word") -> dict:
   import jax
 
   from apex_jax.agents import AgentConfig, Executor, Planner, SeparateGenerator
   from apex_jax.datasets.world import World
-  from apex_jax.toy.search import WordSearch
+  from apex_jax.toy.search import NgramSearch, WordSearch
 
   world = World.generate(world_seed, 120, questions)
   examples = world.examples[:questions]
@@ -69,7 +80,7 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int) -> dict:
                        max_llm_calls=10, executor_max_new_tokens=96, planner_max_new_tokens=96,
                        max_context_tokens=model.config.max_position_embeddings)
   generator = SeparateGenerator({m: (model, None, None) for m in ("planner", "executor")})
-  searcher = WordSearch(world.passages, topk)
+  searcher = (WordSearch if search == "word" else NgramSearch)(world.passages, topk)
   executor, planner = Executor(generator, searcher, config), Planner(generator, config)
   qs, rng = [e.question for e in examples], jax.random.key(0)
   alone = executor.run(qs, rng=rng)
@@ -132,6 +143,44 @@ def distiller_metrics(model, world_seed: int, questions: int, topk: int,
           "reply_tokens_mean": float(out.lengths[:n].mean()), "sample": texts[0]}
 
 
+def judge_metrics(model, world_seed: int, questions: int, topk: int, runs: int,
+                  max_tokens: int = 32) -> dict:
+  from apex_jax.agents import AgentConfig
+  from apex_jax.datasets.world import World
+  from apex_jax.judges import AlignConfig, AlignJudge, InProcessChat, NoGtConfig, NoGtJudge
+  from apex_jax.toy import build, corpus
+
+  world = World.generate(world_seed, 120, questions)
+  turns, _ = build.world_turns(world, AgentConfig(prompts="compact", topk=topk),
+                               corpus.CorpusConfig(judge_share=1.0, align_share=1.0))
+  chat = InProcessChat(model, seed=0)
+  panel = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
+                                     arbiter_max_tokens=max_tokens))
+  align = AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16)))
+  arbiters = [t for t in turns if t.get("judge") == "arbiter"][:runs]
+  judged = panel.judge_many([(t["question"], t["candidate"]) for t in arbiters])
+  verdicts = collections.Counter(
+      f"{'gold' if t['kind'] is None else 'corrupted'}->{j.verdict}" for t, j in zip(arbiters,
+                                                                                    judged))
+  right = sum(j.verdict == ("correct" if t["kind"] is None else "incorrect")
+              for t, j in zip(arbiters, judged))
+  scores = collections.defaultdict(list)
+  for t, j in zip(arbiters, judged):
+    for name, e in j.evaluators.items():
+      if e.failure is None:
+        scores[f"{name}/{'gold' if t['kind'] is None else 'corrupted'}"].append(e.score)
+  plans = [t for t in turns if t.get("judge") == "alignment"][:runs]
+  got = align.score_many([(t["plan"], t["skill"]) for t in plans])
+  return {"runs": len(arbiters), "gold_runs": sum(t["kind"] is None for t in arbiters),
+          "evaluator_failures": panel.evaluator_failures.snapshot(),
+          "arbiter_failures": panel.arbiter_failures.snapshot(),
+          "arbiter_verdicts": dict(verdicts), "arbiter_accuracy": right / max(len(arbiters), 1),
+          "evaluator_mean_score": {k: sum(v) / len(v) for k, v in sorted(scores.items())},
+          "alignment_plans": len(plans), "alignment_failures": align.failures.snapshot(),
+          "alignment_label_match": sum(a.failure is None and a.score == t["score"]
+                                       for a, t in zip(got, plans)) / max(len(plans), 1)}
+
+
 def morse_metrics(model, problems: int) -> dict:
   import jax
 
@@ -164,12 +213,17 @@ def main(argv):
 
   start = time.time()
   model = llm.load(_MODEL.value)
-  result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value}
-  result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value)
+  result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value, "search": _SEARCH.value}
+  result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
+                                _SEARCH.value)
   print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)
   result["distiller"] = distiller_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
                                           _TOPK.value)
   print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}), flush=True)
+  if _JUDGE_RUNS.value:
+    result["judges"] = judge_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
+                                     _TOPK.value, _JUDGE_RUNS.value)
+    print(json.dumps(result["judges"]), flush=True)
   if _MORSE_PROBLEMS.value:
     result["morse"] = morse_metrics(model, _MORSE_PROBLEMS.value)
     print(json.dumps(result["morse"]), flush=True)

@@ -1,10 +1,15 @@
-"""An in-process word-overlap search over a list of passages (no index, no model): the toy's
-search tool, with the `Searcher` interface of `apex_jax.tools` (LocalSearch, SearchClient).
+"""In-process term-overlap searches over a list of passages (no index, no model): the toy's
+search tools, with the `Searcher` interface of `apex_jax.tools` (LocalSearch, SearchClient).
 
-score(q, p) = sum over the distinct words w of q that occur in p of idf(w),
-idf(w) = log(1 + N / df(w)); ties go to the earlier passage. The world's names are invented
-words used once each, so a query naming an entity ranks that entity's passage (and the passages
-that mention it) first, which is what the gold chains' queries rely on.
+score(q, p) = sum over the distinct terms t of q that occur in p of idf(t),
+idf(t) = log(1 + N / df(t)); ties go to the earlier passage.
+- `WordSearch`: the terms are words. The world's names are invented words used once each, so a
+  query naming an entity ranks that entity's passage (and the passages that mention it) first,
+  which is what the gold chains' queries rely on.
+- `NgramSearch`: the terms are character trigrams of each word padded with a space (" lu",
+  "lun", ..., "is "), as in fuzzy TF-IDF retrieval: a query that misspells a name
+  ("Purkur Denkur" for "Purkir Denos") still shares most of its trigrams with the passage, as
+  it would still land near it under a dense retriever.
 """
 
 from __future__ import annotations
@@ -24,14 +29,21 @@ def words(text: str) -> set[str]:
   return set(_WORD.findall(text.lower()))
 
 
+def trigrams(text: str) -> set[str]:
+  return {f" {w} "[i:i + 3] for w in words(text) for i in range(len(w))}
+
+
 class WordSearch:
+  terms = staticmethod(words)
+
   def __init__(self, passages: Sequence[Passage], topk: int = 3):
+    name = type(self).__name__
     if not passages:
-      raise ValueError("WordSearch: no passages")
+      raise ValueError(f"{name}: no passages")
     if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-      raise ValueError(f"WordSearch.topk must be an integer >= 1, got {topk!r}")
+      raise ValueError(f"{name}.topk must be an integer >= 1, got {topk!r}")
     self.passages, self.topk = list(passages), topk
-    self._words = [words(p.contents) for p in self.passages]
+    self._words = [self.terms(p.contents) for p in self.passages]
     df: dict[str, int] = {}
     for ws in self._words:
       for w in ws:
@@ -46,14 +58,15 @@ class WordSearch:
 
   def scores(self, query: str) -> np.ndarray:
     out = np.zeros(len(self.passages), np.float64)
-    for w in words(query):
+    for w in self.terms(query):
       for i in self._rows.get(w, ()):
         out[i] += self._idf[w]
     return out
 
   def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
     if isinstance(queries, str) or not all(isinstance(q, str) for q in queries):
-      raise ValueError(f"WordSearch.search takes a list of query strings, got {queries!r:.80}")
+      raise ValueError(f"{type(self).__name__}.search takes a list of query strings, got "
+                       f"{queries!r:.80}")
     k = min(topk or self.topk, len(self.passages))
     out = []
     for q in queries:
@@ -62,3 +75,7 @@ class WordSearch:
       out.append([Passage(self.passages[i].id, self.passages[i].contents, float(s[i]))
                   for i in order])
     return out
+
+
+class NgramSearch(WordSearch):
+  terms = staticmethod(trigrams)

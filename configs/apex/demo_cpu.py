@@ -32,14 +32,17 @@ def get_config(arg=None):
   c.data = dict(source="world", folder="", world_seed=777, entities=120, questions=64,
                 test_fraction=0.25)
   c.search = dict(kind="word", index="", topk=2)  # "index": LocalSearch over a built index
+  # evolve_temperature: the Distiller writes skills greedily outside its own stage (memory
+  # building, TTRL's evolution); sampled at 1, the toy's replies lose a field or the JSON
   c.memory = dict(embedder="backbone_mean", embedder_path="", path="",  # path "": workdir
+                  evolve_temperature=0.0,
                   bank=dict(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
                             evolve_window=8))
   c.lora = dict(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0)
   c.train = dict(kl_coef=0.0, micro_batches=1)
   c.agents = dict(max_turns=5, max_llm_calls=10, max_tool_tokens=512, max_context_tokens=2048,
                   topk=2, planner_max_new_tokens=96, executor_max_new_tokens=80,
-                  distiller_max_new_tokens=320, temperature=1.0, top_p=1.0,
+                  distiller_max_new_tokens=400, temperature=1.0, top_p=1.0,
                   prompts="compact", replan_memories=False)
   c.memory_build = dict(questions=12, batch_size=6, force_evolve=True)
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),

@@ -71,6 +71,10 @@ def test_build_memory_build_and_stages(exp):
   touched = {Bucket(ex.category, "text-only") for ex in exp.train[:4]}
   assert stats["evolutions_applied"] == len(touched) == stats["skills"]
   assert set(experiment.memory_buckets(exp.bank)) == touched
+  # skills are written at memory.evolve_temperature (greedy), the episodes at the agents' 1.0
+  calls = list(zip(exp.generator.calls, exp.generator.temperatures))
+  assert calls[-1] == (("distiller", len(touched)), 0.0)  # the evolution, last
+  assert {t for (module, _), t in calls if module != "distiller"} == {1.0}
   # executor / planner episodes with memories shown; each example's own category
   assert [c for c, _ in exp.generator.calls[:2]] == ["planner", "executor"]
   stages = experiment.stages(exp)
@@ -80,6 +84,12 @@ def test_build_memory_build_and_stages(exp):
     groups, rewards = s.rollout_fn(s.batch(0), exp.generator, jax.random.PRNGKey(1), s.config)
     assert [len(g) for g in groups] == [2, 2] and np.shape(rewards) == (2, 2)
     assert all(t.module == s.config.module for g in groups for t in g)
+
+
+def test_evolve_temperature_is_checked(exp):
+  exp.config.memory.evolve_temperature = -1.0
+  with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
+    experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
 
 
 def test_ablation_views_and_evaluate(exp):
@@ -115,7 +125,7 @@ def test_ablation_views_and_evaluate(exp):
 def test_config_errors_name_the_field(tiny_model, tmp_path):
   c = small_config(tmp_path)
   c.search.kind = "bing"
-  with pytest.raises(ValueError, match=r"config.search.kind 'bing' not in \('word', 'index'\)"):
+  with pytest.raises(ValueError, match=r"config.search.kind 'bing' not in \('word', 'ngram', 'index'\)"):
     experiment.build(c, model=tiny_model, embedder=HashEmbedder())
   c = small_config(tmp_path)
   c.model.path = ""

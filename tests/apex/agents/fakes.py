@@ -31,6 +31,7 @@ class ScriptedGenerator:
     self.tokenizer = tok or tokenizer()
     self.reply, self.finished = reply, finished
     self.calls: list[tuple[str, int]] = []  # (module, rows) per generate call
+    self.temperatures: list[float] = []  # per generate call
     self.prompts: list[list[int]] = []
 
   def tokenizer_of(self, module: str):
@@ -38,6 +39,7 @@ class ScriptedGenerator:
 
   def generate(self, module, prompts, *, rng, max_new_tokens, sampling):
     self.calls.append((module, len(prompts)))
+    self.temperatures.append(sampling.temperature)
     out = []
     for prompt in prompts:
       self.prompts.append(list(prompt))

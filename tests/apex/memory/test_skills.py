@@ -251,6 +251,14 @@ def test_extract_json_object():
   assert extract_json_object("```\n[1, 2]\n```\n```json\n" + text + "\n```") == obj
   with pytest.raises(DistillerError, match="reply must be a string; got NoneType"):
     extract_json_object(None)
+  # a list left open (a toy's reply; the decoder stops at the ":" after "win_rate"): the step
+  # object inside it is not the reply
+  broken = ('{"operation": "synthesize", "skill": {"procedure": [{"step": 1, "action": "a"}], '
+            '"pitfalls": ["p", "win_rate": 0.5}, "absorbed_ids": [1]}')
+  with pytest.raises(DistillerError, match=r"JSON object at char 0 does not parse: "
+                                           r"Expecting ',' delimiter \(line 1 column 110\)"):
+    extract_json_object(broken)
+  assert extract_json_object('{"a": [1, } then ' + text) == obj  # closed before: not inside
 
 
 def test_llm_classifier_parses_defensively():

@@ -48,3 +48,16 @@ def test_executor_follows_the_protocol_on_a_new_world(toy):
   assert all(r.stats.get("tool_calls", 0) >= 1 for r in runs), [r.stats for r in runs]
   assert sum(r.answer is not None for r in runs) >= 6, [r.info["turns"] for r in runs]
   assert all(r.stats.get("format_errors", 0) == 0 for r in runs), [r.stats for r in runs]
+
+
+def test_toy_judges_runs_in_the_judges_formats(toy):
+  """The demo's in-process TTRL judges (the toy itself) on gold and corrupted runs of a new world:
+  every evaluator reply has a score, every arbiter reply a verdict, every alignment reply a
+  number (apex_jax.toy.judging taught it the formats; the old toy had none of them)."""
+  from apex_jax.toy.evaluate import judge_metrics
+
+  m = judge_metrics(toy, world_seed=4242, questions=40, topk=2, runs=2)
+  assert m["runs"] == m["alignment_plans"] == 2
+  for kind in ("evaluator_failures", "arbiter_failures", "alignment_failures"):
+    assert sum(m[kind].values()) == 0, m
+  assert sum(m["arbiter_verdicts"].values()) == 2, m
