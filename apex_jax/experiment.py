@@ -136,10 +136,20 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   updater = ModuleUpdater(model.params, model.config, lora, step, pad_id=model.tokenizer.pad_id,
                           recompute_logp_old=c.agents.top_p < 1.0)
   os.makedirs(c.workdir, exist_ok=True)
-  bank = MemoryBank(c.memory.path or os.path.join(c.workdir, "memory.db"),
+  bank = MemoryBank(c.memory.path or _fresh_bank_path(c.workdir),
                     embedder or _embedder(c, model), config=MemoryConfig(**dict(c.memory.bank)))
   return Experiment(c, model, train, test, _searcher(c, passages), bank,
                     AgentConfig(**dict(c.agents)), generator, updater, experts)
+
+
+def _fresh_bank_path(workdir: str) -> str:
+  """<workdir>/memory.db, emptied: a run's own bank starts empty, so running a config twice gives
+  the same numbers (a bank to build on is named by memory.path, and kept)."""
+  path = os.path.join(workdir, "memory.db")
+  for stale in (path, path + "-wal", path + "-shm", path + "-journal"):
+    if os.path.exists(stale):
+      os.remove(stale)
+  return path
 
 
 def _batches(items, size: int):

@@ -4,10 +4,11 @@ world with the committed APEx toy backbone, then the ablation table, on 2 CPU co
   python -m launchers.train --config=configs/apex/demo_cpu.py
   config = demo_cpu.get_config("/path/to/model")      # another local Hugging Face folder
 
-The toy (assets/toy_apex, README: how it was made) was taught the compact APEx formats on
-worlds 0-7 with 2 passages per search; this world (seed 777) has names none of those had, and
-the agent settings here (compact prompts, topk 2, no memories in the replan prompt) are the
-ones its training conversations were rendered with.
+The toy (assets/toy_apex, README: how it was made) was taught the compact APEx formats and the
+TTRL judges' replies on worlds 0-7, 1000-1007, 2000-2007 and 3000-3007 with 2 passages per
+search; this world (seed 777) has names none of those had, and the agent settings here
+(compact prompts, topk 2, no memories in the replan prompt) are the ones its training
+conversations were rendered with.
 """
 
 import os
@@ -31,10 +32,12 @@ def get_config(arg=None):
   # "world": generated in memory; "folder": train/test/corpus.jsonl as World.write writes them
   c.data = dict(source="world", folder="", world_seed=777, entities=120, questions=64,
                 test_fraction=0.25)
-  c.search = dict(kind="word", index="", topk=2)  # "index": LocalSearch over a built index
+  # "ngram": the trigram search (misspelled names still find their passage); "word": exact words;
+  # "index": LocalSearch over a built index
+  c.search = dict(kind="ngram", index="", topk=2)
   # evolve_temperature: the Distiller writes skills greedily outside its own stage (memory
   # building, TTRL's evolution); sampled at 1, the toy's replies lose a field or the JSON
-  c.memory = dict(embedder="backbone_mean", embedder_path="", path="",  # path "": workdir
+  c.memory = dict(embedder="backbone_mean", embedder_path="", path="",  # "": a new one in workdir
                   evolve_temperature=0.0,
                   bank=dict(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
                             evolve_window=8))

@@ -86,6 +86,23 @@ def test_build_memory_build_and_stages(exp):
     assert all(t.module == s.config.module for g in groups for t in g)
 
 
+def test_a_run_starts_with_an_empty_bank_unless_one_is_named(tiny_model, tmp_path):
+  def build(c):
+    return experiment.build(c, model=tiny_model, generator=fakes.ScriptedGenerator(reply),
+                            embedder=HashEmbedder(64))
+
+  first = build(small_config(tmp_path))
+  first.bank.add("Who directed Musol?", "1. search", True, category="human")
+  first.bank.close()
+  assert len(build(small_config(tmp_path)).bank) == 0  # the workdir's bank: emptied
+  named = small_config(tmp_path)
+  named.memory.path = str(tmp_path / "kept.db")
+  kept = build(named)
+  kept.bank.add("Who directed Musol?", "1. search", True, category="human")
+  kept.bank.close()
+  assert len(build(named).bank) == 1
+
+
 def test_evolve_temperature_is_checked(exp):
   exp.config.memory.evolve_temperature = -1.0
   with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
