@@ -143,44 +143,6 @@ def distiller_metrics(model, world_seed: int, questions: int, topk: int,
           "reply_tokens_mean": float(out.lengths[:n].mean()), "sample": texts[0]}
 
 
-def judge_metrics(model, world_seed: int, questions: int, topk: int, runs: int,
-                  max_tokens: int = 32) -> dict:
-  from apex_jax.agents import AgentConfig
-  from apex_jax.datasets.world import World
-  from apex_jax.judges import AlignConfig, AlignJudge, InProcessChat, NoGtConfig, NoGtJudge
-  from apex_jax.toy import build, corpus
-
-  world = World.generate(world_seed, 120, questions)
-  turns, _ = build.world_turns(world, AgentConfig(prompts="compact", topk=topk),
-                               corpus.CorpusConfig(judge_share=1.0, align_share=1.0))
-  chat = InProcessChat(model, seed=0)
-  panel = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
-                                     arbiter_max_tokens=max_tokens))
-  align = AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16)))
-  arbiters = [t for t in turns if t.get("judge") == "arbiter"][:runs]
-  judged = panel.judge_many([(t["question"], t["candidate"]) for t in arbiters])
-  verdicts = collections.Counter(
-      f"{'gold' if t['kind'] is None else 'corrupted'}->{j.verdict}" for t, j in zip(arbiters,
-                                                                                    judged))
-  right = sum(j.verdict == ("correct" if t["kind"] is None else "incorrect")
-              for t, j in zip(arbiters, judged))
-  scores = collections.defaultdict(list)
-  for t, j in zip(arbiters, judged):
-    for name, e in j.evaluators.items():
-      if e.failure is None:
-        scores[f"{name}/{'gold' if t['kind'] is None else 'corrupted'}"].append(e.score)
-  plans = [t for t in turns if t.get("judge") == "alignment"][:runs]
-  got = align.score_many([(t["plan"], t["skill"]) for t in plans])
-  return {"runs": len(arbiters), "gold_runs": sum(t["kind"] is None for t in arbiters),
-          "evaluator_failures": panel.evaluator_failures.snapshot(),
-          "arbiter_failures": panel.arbiter_failures.snapshot(),
-          "arbiter_verdicts": dict(verdicts), "arbiter_accuracy": right / max(len(arbiters), 1),
-          "evaluator_mean_score": {k: sum(v) / len(v) for k, v in sorted(scores.items())},
-          "alignment_plans": len(plans), "alignment_failures": align.failures.snapshot(),
-          "alignment_label_match": sum(a.failure is None and a.score == t["score"]
-                                       for a, t in zip(got, plans)) / max(len(plans), 1)}
-
-
 def morse_metrics(model, problems: int) -> dict:
   import jax
 
@@ -221,6 +183,8 @@ def main(argv):
                                           _TOPK.value)
   print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}), flush=True)
   if _JUDGE_RUNS.value:
+    from apex_jax.toy.judging import judge_metrics
+
     result["judges"] = judge_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
                                      _TOPK.value, _JUDGE_RUNS.value)
     print(json.dumps(result["judges"]), flush=True)
