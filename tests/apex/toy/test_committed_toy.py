@@ -50,6 +50,7 @@ def test_executor_follows_the_protocol_on_a_new_world(toy):
   assert all(r.stats.get("format_errors", 0) == 0 for r in runs), [r.stats for r in runs]
 
 
+@pytest.mark.slow  # 17 s of judge-prompt compiles; the default run is near its 10-minute budget
 def test_toy_judges_runs_in_the_judges_formats(toy):
   """The demo's in-process TTRL judges (the toy itself) on gold and corrupted runs of a new world:
   every evaluator reply has a score, every arbiter reply a verdict, every alignment reply a
