@@ -23,9 +23,10 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("trainer", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # two processes start JAX and compile: 40 s alone, near the default budget
+@pytest.mark.parametrize("trainer", [False, True])
 def test_two_processes_equal_one(eight_devices, trainer):
-  """The update alone by default; with `trainer`, also two whole Trainer steps (about 2 min)."""
+  """The update alone; with `trainer`, also two whole Trainer steps (about 2 min)."""
   from morse_jax.llm import sharding
 
   port = free_port()
