@@ -276,7 +276,7 @@ def stages(exp: Experiment) -> list[Stage]:
 def judges(exp: Experiment) -> JudgeBackends:
   """TTRL's no-ground-truth panel and skill-alignment judge on one chat backend: the backbone
   itself in process (bare, as the authors serve a separate judge model), or an HTTP server."""
-  from apex_jax.judges import AlignConfig, AlignJudge, ChatClient, NoGtConfig, NoGtJudge
+  from apex_jax.judges import ChatClient
 
   c = exp.config.judges
   if _choice(c.kind, "judges.kind", JUDGES) == "inprocess":
@@ -284,9 +284,17 @@ def judges(exp: Experiment) -> JudgeBackends:
     chat = InProcessChat(exp.model, seed=exp.config.seed)
   else:
     chat = ChatClient(c.url, c.model)
-  nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=c.max_tokens,
-                                    arbiter_max_tokens=c.max_tokens))
-  return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(c.max_tokens, 16))))
+  return judge_panel(chat, c.max_tokens)
+
+
+def judge_panel(chat, max_tokens: int) -> JudgeBackends:
+  """The no-GT panel and the alignment judge on one chat backend, replies capped at
+  `max_tokens` (alignment: at most 16, the authors' cap)."""
+  from apex_jax.judges import AlignConfig, AlignJudge, NoGtConfig, NoGtJudge
+
+  nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
+                                    arbiter_max_tokens=max_tokens))
+  return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16))))
 
 
 def run(config) -> dict:

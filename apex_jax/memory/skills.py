@@ -83,7 +83,7 @@ def extract_json_object(text: Any) -> dict:
   body = text.rsplit("</think>", 1)[-1]
   fences = sorted(_FENCE.findall(body), key=lambda f: f[0].lower() != "json")
   decoder = json.JSONDecoder()
-  broken = None  # (source, start, error) of the first '{' that opens an object and fails
+  broken = None  # (start, error) of the first failed '{' that an object was found inside
   for source in [f[1] for f in fences] + [body]:
     failed: list[tuple[int, json.JSONDecodeError]] = []
     start = source.find("{")
@@ -96,7 +96,7 @@ def extract_json_object(text: Any) -> dict:
         continue
       inside = [(f, e) for f, e in failed
                 if source.count("{", f, start) > source.count("}", f, start)]
-      if isinstance(obj, dict) and not inside:
+      if not inside:  # raw_decode at a '{' gives a dict
         return obj
       if inside and broken is None:
         broken = inside[0]

@@ -4,9 +4,9 @@ conversation (on the gold trace or a corrupted one) and, per category, a few dis
   turns, stats = build.corpus(seeds=(0, 1), entities=120, questions=400,
                               config=AgentConfig(prompts="compact"))
 
-Deterministic in (seeds, sizes, config, corpus config). With CorpusConfig.judge_share / align_share the TTRL
-judges' conversations are added too (apex_jax.toy.judging). Questions whose gold passage a search
-misses are skipped and counted (`stats["gold_missed"]`): the tool would not show the model what
+Deterministic in (seeds, sizes, config, corpus config). With CorpusConfig.judge_share /
+align_share the TTRL judges' conversations are added too (apex_jax.toy.judging). Questions whose
+gold passage a search misses are skipped and counted (`stats["gold_missed"]`): the tool would not show the model what
 its gold run says it saw.
 """
 
@@ -50,9 +50,8 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     if rng.random() < corpus_config.summary_share:
       turns.append(C.summary_conversation(ex, trace, config))
       stats["summary"] += 1
-    context = None
+    earlier, context = [m for m, _ in memories[ex.category]], None
     if rng.random() < corpus_config.context_share:
-      earlier = [m for m, _ in memories[ex.category]]
       context = C.planner_context(ex.category, earlier, with_skill=rng.random() < 0.5)
     turns.append(C.planner_conversation(ex, trace, searched, kind is None, config, context))
     stats["plan_replan" if kind else "plan_accept"] += 1
@@ -60,7 +59,6 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       judged = judging.nogt_conversations(ex, trace, kind, rng)
       turns += judged
       stats["judge_nogt"] += len(judged)
-    earlier = [m for m, _ in memories[ex.category]]
     if earlier and corpus_config.align_share and rng.random() < corpus_config.align_share:
       turns.append(judging.alignment_conversation(
           ex, C.skill_reply(ex.category, earlier, None, [])["skill"], rng))

@@ -108,41 +108,38 @@ def alignment_conversation(example: QAExample, skill: Mapping, rng: random.Rando
 
 def judge_metrics(model, world_seed: int, questions: int, topk: int, runs: int,
                   max_tokens: int = 32) -> dict:
-  """The toy as the demo's TTRL judges (NoGtJudge and AlignJudge over InProcessChat, `max_tokens`
+  """The toy as the demo's TTRL judges (`experiment.judge_panel` over InProcessChat, `max_tokens`
   replies) on the first `runs` judged runs and plans of a world's corpus: failure counts, the
   arbiter's verdicts against each run's kind and its accuracy, the mean evaluator score per
   kind, and the share of alignment scores equal to the corpus's label."""
   from apex_jax.agents import AgentConfig
   from apex_jax.datasets.world import World
-  from apex_jax.judges import AlignConfig, AlignJudge, InProcessChat, NoGtConfig, NoGtJudge
+  from apex_jax.experiment import judge_panel
+  from apex_jax.judges import InProcessChat
   from apex_jax.toy import build
 
   world = World.generate(world_seed, 120, questions)
   turns, _ = build.world_turns(world, AgentConfig(prompts="compact", topk=topk),
                                C.CorpusConfig(judge_share=1.0, align_share=1.0))
-  chat = InProcessChat(model, seed=0)
-  panel = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
-                                     arbiter_max_tokens=max_tokens))
-  align = AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16)))
+  panel = judge_panel(InProcessChat(model, seed=0), max_tokens)
   arbiters = [t for t in turns if t.get("judge") == "arbiter"][:runs]
-  judged = panel.judge_many([(t["question"], t["candidate"]) for t in arbiters])
-  verdicts = collections.Counter(
-      f"{'gold' if t['kind'] is None else 'corrupted'}->{j.verdict}" for t, j in zip(arbiters,
-                                                                                    judged))
-  right = sum(j.verdict == ("correct" if t["kind"] is None else "incorrect")
-              for t, j in zip(arbiters, judged))
+  judged = panel.nogt.judge_many([(t["question"], t["candidate"]) for t in arbiters])
+  labels = ["gold" if t["kind"] is None else "corrupted" for t in arbiters]
+  verdicts = collections.Counter(f"{label}->{j.verdict}" for label, j in zip(labels, judged))
   scores = collections.defaultdict(list)
-  for t, j in zip(arbiters, judged):
+  for label, j in zip(labels, judged):
     for name, e in j.evaluators.items():
       if e.failure is None:
-        scores[f"{name}/{'gold' if t['kind'] is None else 'corrupted'}"].append(e.score)
+        scores[f"{name}/{label}"].append(e.score)
   plans = [t for t in turns if t.get("judge") == "alignment"][:runs]
-  got = align.score_many([(t["plan"], t["skill"]) for t in plans])
-  return {"runs": len(arbiters), "gold_runs": sum(t["kind"] is None for t in arbiters),
-          "evaluator_failures": panel.evaluator_failures.snapshot(),
-          "arbiter_failures": panel.arbiter_failures.snapshot(),
-          "arbiter_verdicts": dict(verdicts), "arbiter_accuracy": right / max(len(arbiters), 1),
+  got = panel.align.score_many([(t["plan"], t["skill"]) for t in plans])
+  return {"runs": len(arbiters), "gold_runs": labels.count("gold"),
+          "evaluator_failures": panel.nogt.evaluator_failures.snapshot(),
+          "arbiter_failures": panel.nogt.arbiter_failures.snapshot(),
+          "arbiter_verdicts": dict(verdicts),
+          "arbiter_accuracy": (verdicts["gold->correct"] + verdicts["corrupted->incorrect"])
+                              / max(len(arbiters), 1),
           "evaluator_mean_score": {k: sum(v) / len(v) for k, v in sorted(scores.items())},
-          "alignment_plans": len(plans), "alignment_failures": align.failures.snapshot(),
+          "alignment_plans": len(plans), "alignment_failures": panel.align.failures.snapshot(),
           "alignment_label_match": sum(a.failure is None and a.score == t["score"]
                                        for a, t in zip(got, plans)) / max(len(plans), 1)}

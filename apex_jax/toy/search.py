@@ -43,17 +43,17 @@ class WordSearch:
     if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
       raise ValueError(f"{name}.topk must be an integer >= 1, got {topk!r}")
     self.passages, self.topk = list(passages), topk
-    self._words = [self.terms(p.contents) for p in self.passages]
+    self._terms = [self.terms(p.contents) for p in self.passages]
     df: dict[str, int] = {}
-    for ws in self._words:
-      for w in ws:
+    for ts in self._terms:
+      for w in ts:
         df[w] = df.get(w, 0) + 1
     n = len(self.passages)
     self._idf = {w: math.log(1.0 + n / d) for w, d in df.items()}
-    # word -> rows that contain it, so a query touches only its words' passages
+    # term -> rows that contain it, so a query touches only its terms' passages
     self._rows: dict[str, list[int]] = {}
-    for i, ws in enumerate(self._words):
-      for w in ws:
+    for i, ts in enumerate(self._terms):
+      for w in ts:
         self._rows.setdefault(w, []).append(i)
 
   def scores(self, query: str) -> np.ndarray:
