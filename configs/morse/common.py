@@ -6,7 +6,7 @@
 variants (the paper's comparisons):
   single      one agent, one call per task, bare backbone        (evaluation only)
   morse_base  planner + Merger + Executor, untrained experts      (evaluation only)
-  fixed_grpo  MoRSE with one fixed LoRA per role, GRPO
+  fixed_grpo  MoRSE with one fixed LoRA per role (rank r(1+K), no router), GRPO
   mole_grpo   MoRSE with role + routed subtask experts, GRPO
   mole_hgrpo  MoRSE with role + routed subtask experts, HGRPO     (the paper's method)
 backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct): give the

@@ -3,7 +3,8 @@ family and problems, graphs, trainer. The launchers stay short; this is where th
 paper's comparisons become code:
 
   system   "morse": planner/gold graph + Merger + Executor; "single": one call per task
-  mixture  "mole": role + routed subtask experts; "fixed": one role LoRA, no router;
+  mixture  "mole": role + routed subtask experts; "fixed": one role LoRA of rank r(1+K), no
+           router (as many parameters per call as mole activates: role + K subtask experts);
            "none": the bare backbone (only for evaluation: MoRSE-base without adapters)
   algo     "hgrpo" or "grpo" (the update's advantage estimator)
 """
@@ -101,12 +102,19 @@ def split(config, problems: list[Problem], which: str) -> list[Problem]:
 
 
 def lora_config(config) -> LoraConfig | None:
+  """mole: role + subtask experts of rank r. fixed (the paper's Table 2 baseline): one LoRA per
+  role of rank r(1+K), K = router.top_k, so a call trains as many parameters as a mole call
+  activates (role + K subtask experts). alpha stays: the fixed scale alpha / (r(1+K)) is the
+  mole per-expert scale alpha / r times its uniform weight 1 / (1+K), so the fixed LoRA holds
+  exactly the mixtures a mole call can make (the experts' A and B stacked along the rank)."""
   if config.mixture == "none":
     return None
   c = config.lora
-  return LoraConfig(targets=tuple(c.targets), last_n_layers=c.last_n_layers, rank=c.rank,
-                    alpha=c.alpha, num_subtask_experts=c.num_subtask_experts
-                    if config.mixture == "mole" else 0)
+  rank, subtask = c.rank, c.num_subtask_experts
+  if config.mixture == "fixed":
+    rank, subtask = c.rank * (1 + config.router.top_k), 0
+  return LoraConfig(targets=tuple(c.targets), last_n_layers=c.last_n_layers, rank=rank,
+                    alpha=c.alpha, num_subtask_experts=subtask)
 
 
 def router_config(config) -> router_lib.RouterConfig | None:

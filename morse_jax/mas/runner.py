@@ -5,15 +5,37 @@ independent branches of one task and the nodes of different tasks share one samp
 whose artifact fails verification is blocked: downstream nodes see it as missing.
 
   run    inference: routes are the router's top-K, decoding is greedy by default.
-  train  the same walk, but the executors of a wave are one `Trainer.step` (B routes x M
+  train  the same walk, but the calls of a wave are one `Trainer.step` (B routes x M
          candidates per node, rewards from the verifier, one HGRPO/GRPO update); the best
          candidate of each node flows downstream.
-Merge calls are not trained yet: they run greedily with the current experts.
+
+Training the Merger. At a node with several parents each executor candidate gets a merge of its
+own: row j = b * M + m first samples the Merger with ["merge"] + route b's merge experts (the
+parents' union, or a random subset drawn per route), then executor row j runs with that text
+as its context. The pair is one trajectory scored once, by the verifier on the artifact (u_bm).
+The merge row takes u_bm and joins the same update as a node of its own with the node's B x M
+layout, so its advantage is executor row j's: HGRPO's A_within = (u_bm - mu_b) / (sigma_b +
+eps), a baseline over merges that were followed by the same executor route (the router's choice
+of b does not leak into the merge expert's credit); GRPO's node-wide advantage under grpo. The
+router learns nothing from merge rows (mask 0: it did not draw the merge experts); mu_b, its
+signal, averages over route b's M merges. The authors (github.com/lpwpower/MoRSE) train their
+"aggregate" agent likewise as B routes x M candidates with within-route advantages, experts =
+role + a random subset of the parents' subtask experts per route (`_select_aggregate_experts`),
+router log-prob 0, a group of its own, but score it differently: `srdd/train.py` (`train_grpo`)
+makes a node with >= 2 parents an aggregate node whose merge is the artifact (no executor call),
+scored by the executors' proxy reward; `scicode/train.py` (`_build_srddstyle_training_entries`,
+`_evaluate_aggregate_entry`) adds a separate aggregate entry per such node on the gold parent
+code, scored parse_ok * (0.45 step test + 0.25 coverage of the parents' functions + 0.2 AST ok),
+from epoch 2 on (`stage_aggregate_start_epoch`). We keep the paper's Merger -> Executor node,
+so the merge is credited through the artifact it leads to (as in SRDD), with no
+family-specific merge score. Cost: B * M merge samples per merge node (inference: one), and
+that wave's executor rows each prefill their own prompt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -78,38 +100,53 @@ def _wave_items(tasks: Sequence[TaskOutcome], wave: int):
           for i in (task.graph.waves()[wave] if wave < len(task.graph.waves()) else [])]
 
 
+def _merge_inputs(agents: Agents, tasks: Sequence[TaskOutcome], items, merge_mode: str,
+                  rng: np.random.Generator, routes: int = 1):
+  """Per item: (context, None) with no parent or one; (None, (merger prompt, `routes` lists of
+  0-based subtask experts)) with several (each list drawn on its own in random_subset mode)."""
+  out = []
+  for t, node in items:
+    task, parents = tasks[t], node.depends_on
+    if not parents:
+      out.append(("", None))
+    elif len(parents) == 1:
+      parent = task.nodes[parents[0]]
+      out.append((parent.artifact if parent.score.passed else (
+          f"(missing: the result of '{task.graph.node(parents[0]).title}' failed verification)"),
+          None))
+    else:
+      shown = [(task.graph.node(p).title, task.artifacts()[p]) for p in parents]
+      draw = lambda: router_lib.merge_node_experts(
+          [task.nodes[p].subtask_experts for p in parents], merge_mode,
+          agents.router.top_k if agents.router else 0, rng)
+      out.append((None, (agents.tokens(prompts.merger(node, shown)),
+                         [draw() for _ in range(routes)])))
+  return out
+
+
 def merge_contexts(agents: Agents, tasks: Sequence[TaskOutcome], items, experts, merge_mode: str,
                    rng: np.random.Generator) -> list[str]:
   """Per item: "" without parents, the parent's artifact with one, an LLM merge with several
   (role expert "merge" plus the union, or a subset, of the parents' subtask experts)."""
-  contexts: list[str | None] = [None] * len(items)
-  merge_rows, merge_prompts, merge_sets = [], [], []
-  for k, (t, node) in enumerate(items):
-    task, parents = tasks[t], node.depends_on
-    if not parents:
-      contexts[k] = ""
-    elif len(parents) == 1:
-      parent = task.nodes[parents[0]]
-      contexts[k] = parent.artifact if parent.score.passed else (
-          f"(missing: the result of '{task.graph.node(parents[0]).title}' failed verification)")
-    else:
-      shown = [(task.graph.node(p).title, task.artifacts()[p]) for p in parents]
-      subtask = router_lib.merge_node_experts([task.nodes[p].subtask_experts for p in parents],
-                                              merge_mode, agents.router.top_k if agents.router
-                                              else 0, rng)
-      merge_rows.append(k)
-      merge_prompts.append(agents.tokens(prompts.merger(node, shown)))
-      merge_sets.append(agents.expert_set("merge", subtask))
-  texts = agents.generate(merge_prompts, merge_sets, experts, rng=jax.random.key(0))
-  for k, text in zip(merge_rows, texts):
+  inputs = _merge_inputs(agents, tasks, items, merge_mode, rng)
+  merging = [k for k, (_, merge) in enumerate(inputs) if merge is not None]
+  texts = agents.generate([inputs[k][1][0] for k in merging],
+                          [agents.expert_set("merge", inputs[k][1][1][0]) for k in merging],
+                          experts, rng=jax.random.key(0))
+  contexts = [context for context, _ in inputs]
+  for k, text in zip(merging, texts):
     contexts[k] = text
   return contexts
 
 
+def _executor_prompt(agents, family, task: TaskOutcome, node: Subtask, context: str) -> list[int]:
+  return agents.tokens(prompts.executor(task.problem.statement, node, context,
+                                        family.executor_instructions(task.problem,
+                                                                     _node_dict(node))))
+
+
 def _executor_prompts(agents, family, tasks, items, contexts):
-  return [agents.tokens(prompts.executor(tasks[t].problem.statement, node, contexts[k],
-                                         family.executor_instructions(tasks[t].problem,
-                                                                      _node_dict(node))))
+  return [_executor_prompt(agents, family, tasks[t], node, contexts[k])
           for k, (t, node) in enumerate(items)]
 
 
@@ -154,7 +191,7 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
   skip_blocked: a node with a blocked parent gets no rollout and scores 0 (a wave left empty
   makes no update). Only for families where such a node cannot pass: its rewards would all be
   0, a group with no signal that costs a rollout."""
-  from morse_jax.rl.trainer import TrainNode
+  from morse_jax.rl.trainer import MergeCall, TrainNode
 
   tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
   pick = np.random.default_rng(seed)
@@ -174,14 +211,26 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
       items = live
     if not items:
       continue
-    contexts = merge_contexts(agents, tasks, items, state.experts, merge_mode, pick)
-    token_prompts = _executor_prompts(agents, family, tasks, items, contexts)
-    if agents.router is None:  # a fixed mixture: the role expert only, nothing to route
-      nodes = [TrainNode(prompt=p, role="execute", experts=[]) for p in token_prompts]
-    else:
-      embeddings = agents.embeddings([node for _, node in items])
-      nodes = [TrainNode(prompt=p, role="execute", embedding=e)
-               for p, e in zip(token_prompts, embeddings)]
+    inputs = _merge_inputs(agents, tasks, items, merge_mode, pick,
+                           routes=trainer.rollout_config.routes_per_node)
+    merge_texts: dict[int, dict[int, str]] = {}  # item -> executor row in the node -> merge
+
+    def executor_prompt(k, j, merge_tokens):
+      t, node = items[k]
+      merge_texts.setdefault(k, {})[j] = text = agents.decode(merge_tokens)
+      return _executor_prompt(agents, family, tasks[t], node, text)
+
+    # A fixed mixture has the role expert only, nothing to route.
+    embeddings = agents.embeddings([node for _, node in items]) if agents.router else None
+    nodes = []
+    for k, ((t, node), (context, merge)) in enumerate(zip(items, inputs)):
+      route = dict(experts=[]) if embeddings is None else dict(embedding=embeddings[k])
+      if merge is None:
+        nodes.append(TrainNode(prompt=_executor_prompt(agents, family, tasks[t], node, context),
+                               role="execute", **route))
+      else:
+        nodes.append(TrainNode(role="execute", merge=MergeCall(
+            merge[0], merge[1], functools.partial(executor_prompt, k)), **route))
     scored: dict[int, tuple[str, NodeScore]] = {}
 
     def reward_fn(rollout):
@@ -205,7 +254,8 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
       best = max(rows, key=lambda r: scored[r][1].reward)  # first best on ties
       text, score = scored[best]
       subtask = [e - roles for e in rollout.expert_sets[best][1:]]
-      tasks[t].nodes[node.id] = NodeOutcome(node.id, subtask, contexts[k], text, score)
+      context = inputs[k][0] if k not in merge_texts else merge_texts[k][best - k * per_node]
+      tasks[t].nodes[node.id] = NodeOutcome(node.id, subtask, context, text, score)
       passed += score.passed
     metrics["wave"] = wave
     metrics["best_candidate_pass"] = passed / len(items)

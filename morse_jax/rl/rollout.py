@@ -1,9 +1,10 @@
 """B x M group rollouts: every row of every node in one sampler call, packed for the update.
 
 For node i with B routes and M candidates per route, row (i * B + b) * M + m runs the node's
-prompt with experts [role expert] + route b's subtask experts (uniform weights). Rows are
-packed right-padded as prompt | completion (or any list of segments: prompt, generated text,
-tool output, ...); only generated segments have loss_mask 1.
+prompt (or its own row prompt) with experts [role expert] + route b's subtask experts (uniform
+weights). Rows are packed right-padded as prompt | completion (or any list of segments: prompt,
+generated text, tool output, ...); only generated segments have loss_mask 1. `concat` joins two
+rollouts with the same B and M into one update batch (a wave's merge calls and its executors).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class NodeRequest:
   routes: Sequence[Sequence[int]]  # B routes of 0-based subtask-expert ids
   routed: bool = True  # False: inherited experts (merge node), no router loss
   embedding: np.ndarray | None = None  # [D] router input, needed when routed
+  # B * M prompts, one per row in row order, when a node's candidates see different prompts
+  # (the executor rows of a merge node, each after its own merge sample); None: `prompt`.
+  row_prompts: Sequence[Sequence[int]] | None = None
 
 
 @dataclasses.dataclass
@@ -148,12 +152,18 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
       raise ValueError(f"rollout: node {i} has {len(req.routes)} routes, node 0 has {b}")
     if req.routed and req.embedding is None:
       raise ValueError(f"rollout: node {i} is routed but has no router embedding")
+    if req.row_prompts is not None and len(req.row_prompts) != b * group_size:
+      raise ValueError(f"rollout: node {i} has {len(req.row_prompts)} row_prompts, expected "
+                       f"B * M = {b * group_size}")
   sets = expert_sets_of(requests, lora, group_size)
-  prompts = [list(req.prompt) for req in requests for _ in range(b * group_size)]
+  prompts = [list(p) for req in requests
+             for p in (req.row_prompts or [req.prompt] * (b * group_size))]
+  # A route's M candidates share one prefill, unless some rows have prompts of their own.
+  repeats = 1 if any(req.row_prompts is not None for req in requests) else group_size
   adapter = make_adapter(experts, lora, config, sets, kernel=kernel)
   out = llm.sample(backbone, config, prompts, max_new_tokens=max_new_tokens, rng=rng,
                    sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter,
-                   prompt_repeats=group_size)  # a route's M candidates: one prefill
+                   prompt_repeats=repeats)
   n = len(prompts)
   rows = padded_rows(n, rows_multiple)
   completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]
@@ -182,6 +192,51 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
                       num_nodes=bucket(len(requests), minimum=1), completions=completions,
                       expert_sets=sets, packed=packed, route=route, valid=valid, routes=routes,
                       logp_ref=logp_ref)
+
+
+def concat(first: GroupRollout, second: GroupRollout, *, pad_id: int = 0,
+           rows_multiple: int = 1) -> GroupRollout:
+  """first's nodes, then second's, as one rollout: one update over both (same B and M).
+
+  Node i of `second` becomes node len(first.requests) + i, so its route ids follow first's
+  real nodes; rows are padded again (a power of two, a multiple of rows_multiple), T to the
+  longer of the two.
+  """
+  if (first.routes_per_node, first.group_size) != (second.routes_per_node, second.group_size):
+    raise ValueError(f"concat: B x M differ: {first.routes_per_node} x {first.group_size} vs "
+                     f"{second.routes_per_node} x {second.group_size}")
+  if (first.logp_ref is None) != (second.logp_ref is None):
+    raise ValueError("concat: one rollout has logp_ref (kl) and the other has not")
+  n1, n2 = first.num_rows, second.num_rows
+  n = n1 + n2
+  rows = padded_rows(n, rows_multiple)
+  t = max(first.packed.tokens.shape[1], second.packed.tokens.shape[1])
+
+  def join(a, b, fill, dtype):  # [rows, t]: first's real rows, second's, then padding rows
+    out = np.full((rows, t), fill, dtype)
+    out[:n1, :a.shape[1]] = a[:n1]
+    out[n1:n, :b.shape[1]] = b[:n2]
+    return out
+
+  p, q = first.packed, second.packed
+  packed = Packed(join(p.tokens, q.tokens, pad_id, np.int32),
+                  join(p.attention_mask, q.attention_mask, 0, np.int32),
+                  join(p.loss_mask, q.loss_mask, 0, np.float32),
+                  join(p.logp_old, q.logp_old, 0, np.float32))
+  packed.attention_mask[n:, 0] = 1  # padding rows as `rollout` makes them: one pad token
+  logp_ref = None
+  if first.logp_ref is not None:
+    logp_ref = join(first.logp_ref, second.logp_ref, 0, np.float32)
+  sets = first.expert_sets + second.expert_sets
+  requests = first.requests + second.requests
+  return GroupRollout(requests=requests, routes_per_node=first.routes_per_node,
+                      group_size=first.group_size, num_nodes=bucket(len(requests), minimum=1),
+                      completions=first.completions + second.completions, expert_sets=sets,
+                      packed=packed,
+                      route=np.where(np.arange(rows) < n, np.arange(rows) // first.group_size,
+                                     0).astype(np.int32),
+                      valid=(np.arange(rows) < n).astype(np.float32),
+                      routes=uniform_routes(sets + [sets[0]] * (rows - n)), logp_ref=logp_ref)
 
 
 def policy_batch(rollout: GroupRollout, rewards: Sequence[float]) -> PolicyBatch:

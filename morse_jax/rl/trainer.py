@@ -2,9 +2,11 @@
 score them, update, log, checkpoint.
 
 A `Trainer` does one update (`step`) for a batch of nodes with a caller-supplied reward function,
-so the DAG runner can drive it node by node. `fit` is the plain loop over a data source whose
-items are a pure function of their index (the cursor in `TrainState`): a run resumed from a
-checkpoint draws the same nodes, routes and samples as one that was never stopped.
+so the DAG runner can drive it node by node. A node may carry a `MergeCall`: its Merger is then
+sampled once per executor row, before the executors, and its rows join the same update. `fit` is
+the plain loop over a data source whose items are a pure function of their index (the cursor in
+`TrainState`): a run resumed from a checkpoint draws the same nodes, routes and samples as one
+that was never stopped.
 """
 
 from __future__ import annotations
@@ -50,13 +52,32 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainNode:
-  """A node to train on. Routed nodes carry the router input; merge nodes carry fixed experts."""
+class MergeCall:
+  """A node's Merger call, trained with its Executor: sampled once per executor row.
+
+  Row j = b * M + m of the node first samples the merge with experts ["merge"] + routes[b]; the
+  executor row j then runs `executor_prompt(j, merge tokens)` (the merge text as its context).
+  The merge row takes the reward of executor row j and the route id of a node of its own
+  with the same B x M layout, so both rows of a pair get the same advantage (within-route
+  under HGRPO, node-wide under GRPO) and the router gets nothing from the merge (mas.runner
+  says why).
+  """
 
   prompt: Sequence[int]
+  routes: Sequence[Sequence[int]]  # B lists of 0-based subtask experts (from the parents')
+  executor_prompt: Callable[[int, np.ndarray], Sequence[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainNode:
+  """A node to train on. Routed nodes carry the router input; others carry fixed experts. With
+  `merge`, each executor row's prompt comes from the merge and `prompt` is not used."""
+
+  prompt: Sequence[int] = ()
   role: str = "execute"
   embedding: np.ndarray | None = None  # [D] router input
-  experts: Sequence[int] | None = None  # fixed 0-based subtask experts (the parents' union)
+  experts: Sequence[int] | None = None  # fixed 0-based subtask experts (no router)
+  merge: MergeCall | None = None
 
 
 RewardFn = Callable[[rollout_lib.GroupRollout], np.ndarray]
@@ -123,6 +144,8 @@ class Trainer:
       logp = np.asarray(_router_log_probs(router_params, emb, self.router))
     out, keys = [], jax.random.split(key, len(nodes))
     for i, node in enumerate(nodes):
+      if node.merge is None and not len(node.prompt):
+        raise ValueError(f"Trainer: node {i} has an empty prompt and no merge")
       if node.experts is not None:
         routes = [list(node.experts)] * b
       else:
@@ -132,29 +155,66 @@ class Trainer:
                                          routed=node.experts is None, embedding=node.embedding))
     return out, logp
 
+  def _sample(self, experts, requests, key) -> rollout_lib.GroupRollout:
+    rc = self.rollout_config
+    return rollout_lib.rollout(
+        self.backbone, self.model, experts, self.lora, requests, group_size=rc.group_size,
+        rng=key, max_new_tokens=rc.max_new_tokens, sampling=rc.sampling,
+        eos_ids=self.eos_ids, pad_id=self.pad_id, kl=self.step_config.kl_coef > 0,
+        rows_multiple=self.rows_multiple, mesh=self.mesh, kernel=rc.kernel)
+
+  def _merges(self, experts, nodes: Sequence[TrainNode], requests, key):
+    """Samples every MergeCall once per executor row. Returns (the merge rollout, the executor
+    row each merge row is paired with, the requests with those rows' prompts)."""
+    per_node = self.rollout_config.routes_per_node * self.rollout_config.group_size
+    merging = [i for i, n in enumerate(nodes) if n.merge is not None]
+    for i in merging:
+      if len(nodes[i].merge.routes) != self.rollout_config.routes_per_node:
+        raise ValueError(f"Trainer: node {i} has a merge with {len(nodes[i].merge.routes)} "
+                         f"routes, routes_per_node is {self.rollout_config.routes_per_node}")
+    merged = self._sample(experts, [
+        rollout_lib.NodeRequest(nodes[i].merge.prompt, "merge",
+                                [list(r) for r in nodes[i].merge.routes], routed=False)
+        for i in merging], key)
+    requests, paired = list(requests), []
+    for k, i in enumerate(merging):
+      prompts = [nodes[i].merge.executor_prompt(j, merged.completions[k * per_node + j])
+                 for j in range(per_node)]
+      requests[i] = dataclasses.replace(requests[i], row_prompts=prompts)
+      paired.extend(range(i * per_node, (i + 1) * per_node))
+    return merged, np.asarray(paired, np.int64), requests
+
   def step(self, state: TrainState, nodes: Sequence[TrainNode], reward_fn: RewardFn):
-    """One update on `nodes`: returns (state, metrics, rollout). state.cursor is left alone."""
+    """One update on `nodes`: returns (state, metrics, rollout). state.cursor is left alone.
+
+    `reward_fn` and the returned rollout see the executor rows only; merge rows (nodes with a
+    MergeCall) join the update after them."""
     t0 = time.perf_counter()
     rng, k_route, k_sample = jax.random.split(state.rng, 3)
     requests, _ = self.requests(k_route, state.router, nodes)
     rc = self.rollout_config
-    out = rollout_lib.rollout(
-        self.backbone, self.model, state.experts, self.lora, requests, group_size=rc.group_size,
-        rng=k_sample, max_new_tokens=rc.max_new_tokens, sampling=rc.sampling,
-        eos_ids=self.eos_ids, pad_id=self.pad_id, kl=self.step_config.kl_coef > 0,
-        rows_multiple=self.rows_multiple, mesh=self.mesh, kernel=rc.kernel)
+    merged = None
+    if any(n.merge is not None for n in nodes):
+      merged, paired, requests = self._merges(state.experts, nodes, requests,
+                                              jax.random.fold_in(k_sample, 1))
+    out = self._sample(state.experts, requests, k_sample)
     t1 = time.perf_counter()
     rewards = np.asarray(reward_fn(out), np.float32)
     t2 = time.perf_counter()
-    batch = rollout_lib.policy_batch(out, rewards)
-    rbatch = None if self.router is None else rollout_lib.router_batch(out, self.router.top_k,
+    update, update_rewards = out, rewards
+    if merged is not None:
+      update = rollout_lib.concat(out, merged, pad_id=self.pad_id,
+                                  rows_multiple=self.rows_multiple)
+      update_rewards = np.concatenate([rewards, rewards[paired]])
+    batch = rollout_lib.policy_batch(update, update_rewards)
+    rbatch = None if self.router is None else rollout_lib.router_batch(update, self.router.top_k,
                                                                         self.embed_dim)
-    # Flat nodes add nothing: update on the others' rows, each route's prompt run once.
-    batch, compacted = compaction.for_update(batch, self.step_config,
-                                             routes_per_node=out.routes_per_node,
-                                             rows_multiple=self.rows_multiple,
-                                             share_prompts=rc.share_prompts,
-                                             width=llm.length_bucket(rc.max_new_tokens))
+    # Flat nodes add nothing: update on the others' rows, each route's prompt run once. Rows
+    # with prompts of their own (after a merge) have longer suffixes than the generation budget.
+    batch, compacted = compaction.for_update(
+        batch, self.step_config, routes_per_node=out.routes_per_node,
+        rows_multiple=self.rows_multiple, share_prompts=rc.share_prompts,
+        width=None if merged is not None else llm.length_bucket(rc.max_new_tokens))
     update_shape = (batch.tokens if batch.shared is None else batch.shared.tokens).shape
     if self.mesh is not None:
       place = sharding.shard_rows(self.mesh)
@@ -166,7 +226,7 @@ class Trainer:
           config=self.model, router_config=self.router, step_config=self.step_config,
           layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
           kernel=rc.train_kernel, routes_per_node=out.routes_per_node,
-          num_routes=out.num_routes, update_router=jnp.asarray(epoch == 0))
+          num_routes=update.num_routes, update_router=jnp.asarray(epoch == 0))
       if epoch == 0:  # losses, entropy and norms of the rollout policy
         step_metrics = epoch_metrics
     step_metrics = compacted.whole_batch(sharding.to_host(step_metrics))
@@ -176,9 +236,10 @@ class Trainer:
     node_of_row = np.asarray([out.node_of_row(r) for r in range(out.num_rows)])
     metrics = {k: float(v) for k, v in step_metrics.items()}
     metrics.update(metrics_lib.reward_stats(rewards, node_of_row))
-    metrics["expert_usage"] = metrics_lib.expert_usage(out.expert_sets, self.lora.num_experts)
-    metrics["generated_tokens"] = out.generated_tokens()
-    metrics["tokens_per_s"] = metrics_lib.tokens_per_second(out.generated_tokens(), t1 - t0)
+    metrics["expert_usage"] = metrics_lib.expert_usage(update.expert_sets, self.lora.num_experts)
+    metrics["merge_rows"] = 0 if merged is None else merged.num_rows
+    metrics["generated_tokens"] = update.generated_tokens()
+    metrics["tokens_per_s"] = metrics_lib.tokens_per_second(update.generated_tokens(), t1 - t0)
     metrics["time_rollout_s"], metrics["time_reward_s"] = t1 - t0, t2 - t1
     metrics["time_update_s"] = t3 - t2
     metrics["update_rows"] = compacted.kept_rows

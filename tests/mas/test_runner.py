@@ -1,4 +1,7 @@
-"""The runner on a tiny random model: waves, merges, blocking, and training waves."""
+"""The runner on a tiny random model: waves, merges, blocking, and training waves (merge calls
+included)."""
+
+import zlib
 
 import jax
 import numpy as np
@@ -9,6 +12,8 @@ from morse_jax.lora import embedders, router
 from morse_jax.mas import runner
 from morse_jax.mas.agents import Agents
 from morse_jax.mas.graph import SubtaskGraph
+from morse_jax.rl import advantages
+from morse_jax.rl import rollout as rollout_lib
 from morse_jax.rl import train_step as ts
 from morse_jax.rl import trainer as trainer_lib
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
@@ -129,3 +134,112 @@ def test_training_skips_nodes_behind_a_blocked_parent(agents):
     x = task.nodes["x"]
     assert not x.score.passed and x.score.reward == 0.0 and x.artifact == ""
     assert x.score.details["reason"] == "blocked: parent 'b' failed"
+
+
+# Training the Merger: at a node with several parents each executor row gets its own merge
+# sample, and the merge rows join the wave's one update with the executor rows' advantages.
+# Wave 0: a and b (no merge); wave 1: d merges a and b.
+JOIN = [{"id": "a", "title": "w10", "description": "w11", "depends_on": []},
+        {"id": "b", "title": "w12", "description": "w13", "depends_on": []},
+        {"id": "d", "title": "w16", "description": "w17", "depends_on": ["a", "b"]}]
+MERGE = LORA.role_index("merge")
+
+
+class HashFamily:
+  """Reward: a checksum of the artifact, so two different candidates almost surely differ."""
+
+  name = "hash"
+
+  def executor_instructions(self, problem, node):
+    return "w30"
+
+  def score_node(self, problem, node, artifact, upstream):
+    return NodeScore(reward=(zlib.crc32(artifact.encode()) % 1000) / 999, passed=True)
+
+  def score_problem(self, problem, artifacts):
+    return ProblemScore(passed=True, metrics={})
+
+
+def merge_expert(experts):
+  return [np.asarray(experts[t].b[:, MERGE]) for t in LORA.targets]
+
+
+def test_merge_rows_train_the_merge_expert_with_their_executors_advantages(agents, monkeypatch):
+  trainer = make_trainer(agents)
+  state = trainer.init_state(jax.random.key(5))
+  updates, steps, states = [], [], []
+  policy_batch, train_step, step = (rollout_lib.policy_batch, trainer_lib.ts.train_step,
+                                    trainer.step)
+
+  def record_batch(rollout, rewards):
+    batch = policy_batch(rollout, rewards)
+    updates.append((rollout, batch))
+    return batch
+
+  def record_step(state, *args, **kwargs):
+    out = step(state, *args, **kwargs)
+    states.append((state.experts, out[0].experts, out[1]))
+    return out
+
+  monkeypatch.setattr(rollout_lib, "policy_batch", record_batch)
+  monkeypatch.setattr(trainer_lib.ts, "train_step",
+                      lambda *a, **k: steps.append(1) or train_step(*a, **k))
+  monkeypatch.setattr(trainer, "step", record_step)
+  state, out, history = runner.train(trainer, state, agents, HashFamily(),
+                                     [Problem("p0", "hash", "c", "w40 w41")],
+                                     [SubtaskGraph.from_obj(JOIN)])
+  assert [m["wave"] for m in history] == [0, 1] and len(steps) == 2  # one jitted step a wave
+  assert [m["merge_rows"] for m in history] == [0, 4]
+
+  # Wave 0 has no merge node: the merge expert gets no gradient, so it does not move at all.
+  before, after, _ = states[0]
+  for x, y in zip(merge_expert(before), merge_expert(after)):
+    np.testing.assert_array_equal(x, y)
+
+  # Wave 1: node d's executor rows (node 0) and its merge rows (node 1), one batch.
+  update, batch = updates[1]
+  execute, merge = update.requests
+  assert (execute.role, merge.role, merge.routed) == ("execute", "merge", False)
+  parents = out[0].nodes["a"].subtask_experts + out[0].nodes["b"].subtask_experts
+  assert merge.routes == [sorted(set(parents))] * 2  # the union, on both routes (B = 2)
+  per_node = 4  # B x M = 2 x 2
+  for j in range(per_node):  # merge row j is executor row j's context
+    text = agents.decode(update.completions[per_node + j]).strip()
+    assert text in agents.decode(execute.row_prompts[j])
+    assert update.expert_sets[per_node + j] == [MERGE] + [2 + e for e in merge.routes[j // 2]]
+  rewards = np.asarray(batch.rewards)
+  np.testing.assert_array_equal(rewards[per_node:2 * per_node], rewards[:per_node])
+  adv = np.asarray(advantages.row_advantages(
+      batch.rewards, batch.route, batch.valid, num_nodes=update.num_nodes,
+      routes_per_node=2).policy)
+  # By hand, M = 2: A_within = (u - mu_b) / (sigma_b + eps) is +-1 (less eps) or 0 on a tie.
+  u = rewards[:per_node].reshape(2, 2)
+  spread = np.abs(u[:, :1] - u[:, 1:]) / 2
+  expected = np.where(spread > 0, (u - u.mean(1, keepdims=True)) / (spread + advantages.EPS), 0)
+  if u.std() < advantages.MIN_REWARD_STD:  # a flat node has no signal at all
+    expected = 0 * expected
+  np.testing.assert_allclose(adv[per_node:2 * per_node], expected.ravel(), atol=1e-6)
+  np.testing.assert_allclose(adv[:per_node], expected.ravel(), atol=1e-6)
+  assert np.abs(expected).max() == pytest.approx(1.0, abs=1e-4)  # the checksum splits a route
+
+  # With signal on its rows, the merge expert moved; the router saw no merge route.
+  before, after, _ = states[1]
+  assert max(float(np.abs(x - y).max())
+             for x, y in zip(merge_expert(before), merge_expert(after))) > 1e-4
+  rbatch = rollout_lib.router_batch(update, 2, agents.embed.dim)
+  np.testing.assert_array_equal(np.asarray(rbatch.mask)[:4], [1, 1, 0, 0])
+  d = out[0].nodes["d"]
+  best = int(np.argmax(rewards[:per_node]))
+  assert d.context == agents.decode(update.completions[per_node + best])
+
+
+def test_bad_merge_calls_are_named(agents):
+  trainer = make_trainer(agents)
+  state = trainer.init_state(jax.random.key(5))
+  emb, no_rewards = np.ones(agents.embed.dim, np.float32), lambda rollout: None
+  one_route = trainer_lib.MergeCall([8, 9], [[0, 1]], lambda j, tokens: [8])
+  with pytest.raises(ValueError, match="node 1 has a merge with 1 routes, routes_per_node is 2"):
+    trainer.step(state, [trainer_lib.TrainNode([8], embedding=emb),
+                         trainer_lib.TrainNode(embedding=emb, merge=one_route)], no_rewards)
+  with pytest.raises(ValueError, match="node 0 has an empty prompt and no merge"):
+    trainer.step(state, [trainer_lib.TrainNode(embedding=emb)], no_rewards)
