@@ -72,6 +72,9 @@ def base() -> ml_collections.ConfigDict:
       # True: no rollout for a node whose parent was blocked; only where such a node cannot
       # pass (the synthetic family's program calls its parents' functions).
       skip_blocked=False,
+      # Merge calls (nodes with several parents) sampled per executor row and trained with the
+      # node's reward, as the authors train their aggregate expert; False: greedy, untrained.
+      train_merges=True,
       max_minutes=0.0))  # > 0: stop after the first batch that ends past this budget
   # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them)
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before=""))

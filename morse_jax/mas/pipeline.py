@@ -121,7 +121,8 @@ def train(config) -> dict:
                                               exp.graphs(batch),
                                               merge_mode=config.router.merge_experts,
                                               seed=config.seed + cursor,
-                                              skip_blocked=config.train.skip_blocked)
+                                              skip_blocked=config.train.skip_blocked,
+                                              train_merges=config.train.train_merges)
       state = dataclasses.replace(state, cursor=jnp.int32(cursor + n))
       first = int(state.step) - len(history) + 1
       for step, m in enumerate(history, first):

@@ -184,9 +184,13 @@ def _blocked_parent(task: TaskOutcome, node_id: str) -> str | None:
 
 def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence[Problem],
           graphs: Sequence[SubtaskGraph], *, merge_mode: str = "union", seed: int = 0,
-          skip_blocked: bool = False):
+          skip_blocked: bool = False, train_merges: bool = True):
   """One pass over a batch of tasks with one update per wave. Returns (state, outcomes,
   [metrics per wave]); the metrics add the wave's best-candidate pass rate.
+
+  train_merges: merge calls are sampled per executor row and trained (above); False runs them
+  greedily with the current experts, untrained (cheaper: the executors of a route then share
+  one prompt, prefilled once).
 
   skip_blocked: a node with a blocked parent gets no rollout and scores 0 (a wave left empty
   makes no update). Only for families where such a node cannot pass: its rewards would all be
@@ -211,8 +215,12 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
       items = live
     if not items:
       continue
-    inputs = _merge_inputs(agents, tasks, items, merge_mode, pick,
-                           routes=trainer.rollout_config.routes_per_node)
+    if train_merges:
+      inputs = _merge_inputs(agents, tasks, items, merge_mode, pick,
+                             routes=trainer.rollout_config.routes_per_node)
+    else:
+      inputs = [(c, None) for c in merge_contexts(agents, tasks, items, state.experts,
+                                                  merge_mode, pick)]
     merge_texts: dict[int, dict[int, str]] = {}  # item -> executor row in the node -> merge
 
     def executor_prompt(k, j, merge_tokens):
