@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -35,6 +37,33 @@ def test_train_resume_and_evaluate(tmp_path):
                               split="train")
   assert 0.0 <= summary["step_pass"] <= 1.0 and summary["tasks"] >= 1
   json.dumps(summary)
+
+
+def test_evaluate_launcher_writes_records(tmp_path):
+  """launchers.evaluate (a process of its own: absl flags) on two HumanEval problems with a tiny
+  random model: the summary, and per node and per problem a record that says why it failed."""
+  folder = test_configs.tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))[0]
+  workdir = tmp_path / "run"
+  args = ["--config=configs/morse/humaneval.py:single,qwen3_4b,cpu",
+          f"--config.model.path={folder}", "--config.model.dtype=float32",
+          "--config.task.limit=2", "--config.eval.max_new_tokens=4",
+          f"--config.workdir={workdir}", "--config.compilation_cache=", "--split=all",
+          "--record_prompts"]
+  done = subprocess.run([sys.executable, "-m", "launchers.evaluate", *args], cwd=test_configs.ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads((workdir / "eval_all.json").read_text())
+  assert summary["tasks"] == 2 and summary["records"] == str(workdir / "eval_all.jsonl")
+  lines = [json.loads(line) for line in (workdir / "eval_all.jsonl").read_text().splitlines()]
+  assert [(r["kind"], r["problem_id"]) for r in lines] == [
+      ("node", "HumanEval/0"), ("problem", "HumanEval/0"), ("node", "HumanEval/1"),
+      ("problem", "HumanEval/1")]
+  for node, problem in (lines[:2], lines[2:]):
+    assert 1 <= node["generated_tokens"] <= 4 and node["route"] == []
+    # The tiny tokenizer is word-level: the prompt's words are its tokens.
+    assert node["prompt_tokens"] == len(node["prompt"].split()) > 100
+    assert not node["passed"] and node["reason"] and node["code"] == node["reply"]
+    assert (problem["passed"], problem["steps_passed"], problem["steps"]) == (False, 0, 1)
 
 
 def test_plan_stores_graphs_that_runs_read(tmp_path):
@@ -88,9 +117,12 @@ def test_demo_end_to_end_and_reuse_of_before(tmp_path):
   config.eval.max_new_tokens = 8
   summary = pipeline.demo(config)
   assert summary["steps"] >= 1 and set(summary["before"]) >= {"step_pass", "problem_pass"}
-  for name in ("demo.json", "metrics.jsonl", "step_reward.png"):
+  for name in ("demo.json", "metrics.jsonl", "step_reward.png", "eval_test_before.jsonl",
+               "eval_test_after.jsonl"):
     assert os.path.exists(os.path.join(config.workdir, name))
   config.eval.before = os.path.join(config.workdir, "demo.json")
   config.workdir = str(tmp_path / "demo2")
   again = pipeline.demo(config)
   assert again["before"] == summary["before"]
+  assert sorted(n for n in os.listdir(config.workdir) if n.startswith("eval_")) == [
+      "eval_test_after.jsonl"]  # the reused measurement's records stay where it was made

@@ -76,8 +76,10 @@ def base() -> ml_collections.ConfigDict:
       # node's reward, as the authors train their aggregate expert; False: greedy, untrained.
       train_merges=True,
       max_minutes=0.0))  # > 0: stop after the first batch that ends past this budget
-  # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them)
-  c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before=""))
+  # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them);
+  # eval.record_prompts: the eval records (eval_<split>.jsonl) also hold each executor prompt
+  c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before="",
+                                          record_prompts=False))
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0,
                                                  process_id=-1, auto=False))

@@ -19,6 +19,13 @@ from morse_jax.lora.experts import LoraConfig, make_adapter
 from morse_jax.mas.graph import Subtask
 
 
+@dataclasses.dataclass(frozen=True)
+class Reply:
+  text: str
+  tokens: int  # generated tokens, a final stop token included
+  cut: bool  # ended by the token limit, not by a stop token
+
+
 @dataclasses.dataclass
 class Agents:
   model: llm.Model
@@ -58,16 +65,31 @@ class Agents:
                sampling: llm.SamplingConfig = llm.GREEDY,
                max_new_tokens: int | None = None) -> list[str]:
     """One sampler call over all prompts; expert_sets None runs the bare backbone."""
+    return [r.text for r in self.replies(prompts, expert_sets, experts, rng=rng,
+                                         sampling=sampling, max_new_tokens=max_new_tokens)]
+
+  def replies(self, prompts: Sequence[list[int]], expert_sets: Sequence[list[int]] | None,
+              experts=None, *, rng: jax.Array, sampling: llm.SamplingConfig = llm.GREEDY,
+              max_new_tokens: int | None = None) -> list[Reply]:
+    """`generate` with what the sampler also reports: tokens generated and whether the token
+    limit, not a stop token, ended the reply."""
     if not prompts:
       return []
     adapter = None
     if expert_sets is not None and self.lora is not None:
       adapter = make_adapter(experts, self.lora, self.model.config, expert_sets, self.kernel)
+    limit = max_new_tokens or self.max_new_tokens
     out = llm.sample(self.model.params, self.model.config, list(prompts),
-                     max_new_tokens=max_new_tokens or self.max_new_tokens, rng=rng,
+                     max_new_tokens=limit, rng=rng,
                      sampling=sampling, eos_ids=self.model.stop_ids,
                      pad_id=self.model.tokenizer.pad_id, mesh=self.mesh, adapter=adapter)
-    return [self.decode(out.tokens[i, :out.lengths[i]]) for i in range(len(prompts))]
+    stops = {int(t) for t in self.model.stop_ids}
+    replies = []
+    for i in range(len(prompts)):
+      n = int(out.lengths[i])
+      cut = n >= limit and int(out.tokens[i, n - 1]) not in stops
+      replies.append(Reply(self.decode(out.tokens[i, :n]), n, cut))
+    return replies
 
   def decode(self, ids) -> str:
     return self.model.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)

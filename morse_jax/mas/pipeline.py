@@ -36,11 +36,15 @@ def canonical(config) -> dict:
   return {"tasks": len(problems), "passed": passed, "problem_pass": passed / len(problems)}
 
 
-def evaluate(config, checkpoint: str | None = None, split: str = "test") -> dict:
+def evaluate(config, checkpoint: str | None = None, split: str = "test",
+             name: str | None = None) -> dict:
+  """Runs the system on a split; returns the summary and writes the per-node and per-problem
+  records to <workdir>/<name>.jsonl (default name eval_<split>, beside launchers.evaluate's
+  eval_<split>.json); config.eval.record_prompts adds each executor prompt's text."""
   import jax
 
   from morse_jax.lora import embedders
-  from morse_jax.mas import evaluation, experiment, runner
+  from morse_jax.mas import evaluation, experiment, records, runner
   from morse_jax.rl.state import Checkpoints
 
   use_compilation_cache(config)
@@ -62,16 +66,25 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test") -> dict
   graphs = exp.graphs(problems)
   banner("run")
   outcomes, batch = [], config.eval.tasks_per_batch
+  prompts = bool(config.eval.get("record_prompts", False))
   start = time.perf_counter()
   for i in range(0, len(problems), batch):
     outcomes += runner.run(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],
                            experts, router, rng=jax.random.key(config.seed),
-                           merge_mode=config.router.merge_experts, seed=config.seed)
+                           merge_mode=config.router.merge_experts, seed=config.seed,
+                           keep_prompts=prompts)
   summary = evaluation.summarize(outcomes)
   summary["seconds"] = time.perf_counter() - start
-  sim = evaluation.heterogeneity(outcomes, embedders.SentenceEmbedder())
-  if sim is not None:
-    summary["sim_output"] = sim
+  if any(len(t.nodes) > 1 for t in outcomes):  # Sim_output needs two nodes (and an encoder)
+    summary["sim_output"] = evaluation.heterogeneity(outcomes, embedders.SentenceEmbedder())
+  workdir = os.path.abspath(config.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, f"{name or 'eval_' + split}.jsonl")
+  records.write(path, outcomes, prompts)
+  nodes = [n for t in outcomes for n in t.nodes.values()]
+  print(f"records: {path} ({len(nodes)} nodes, {sum(not n.score.passed for n in nodes)} failed, "
+        f"{sum(bool(n.stats and n.stats.cut) for n in nodes)} cut at the token limit)")
+  summary["records"] = path
   return summary
 
 
@@ -184,12 +197,12 @@ def demo(config) -> dict:
     before = earlier["before"]
     print(f"reused from {config.eval.before}")
   else:
-    before = evaluate(config, None, "test")
+    before = evaluate(config, None, "test", name="eval_test_before")
   print("  ".join(f"{k} {before[k]:.3f}" for k in ("step_pass", "problem_pass") if k in before))
   train(config)
   steps = len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
   banner("after training (held-out tasks)")
-  after = evaluate(config, os.path.join(workdir, "ckpt"), "test")
+  after = evaluate(config, os.path.join(workdir, "ckpt"), "test", name="eval_test_after")
   rows = [k for k in ("step_pass", "mean_step_pass", "problem_pass", "step_reward", "sim_output")
           if k in before and k in after]
   banner("result")

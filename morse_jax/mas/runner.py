@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Sequence
 
 import jax
@@ -49,6 +50,21 @@ from morse_jax.mas.graph import Subtask, SubtaskGraph
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore, TaskFamily
 
 
+@dataclasses.dataclass(frozen=True)
+class NodeStats:
+  """What `run` measured of one node's calls (for the evaluation records)."""
+
+  wave: int
+  prompt_tokens: int  # the executor prompt, chat template included
+  context_tokens: int  # the context the merger handed over (0: none)
+  generated_tokens: int  # the executor's reply, a final stop token included
+  cut: bool  # the reply ended at max_new_tokens, not at a stop token
+  merge_seconds: float  # the wave's merge sampler call (shared by the wave's nodes; 0: none)
+  wave_seconds: float  # the wave's executor sampler call, shared by the wave's nodes
+  score_seconds: float  # this node's verifier call
+  prompt: str | None = None  # the executor prompt as text, only when `run(keep_prompts=True)`
+
+
 @dataclasses.dataclass
 class NodeOutcome:
   node_id: str
@@ -56,6 +72,7 @@ class NodeOutcome:
   context: str  # what the merger handed the executor
   artifact: str
   score: NodeScore
+  stats: NodeStats | None = None  # set by `run`, not by `train`
 
 
 @dataclasses.dataclass
@@ -159,22 +176,39 @@ def _finish(family: TaskFamily, tasks: Sequence[TaskOutcome]) -> list[TaskOutcom
 def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
         graphs: Sequence[SubtaskGraph], experts, router_params, *, rng: jax.Array,
         sampling: llm.SamplingConfig = llm.GREEDY, merge_mode: str = "union",
-        seed: int = 0) -> list[TaskOutcome]:
-  """Inference over a batch of tasks; one executor sampler call per wave."""
+        seed: int = 0, keep_prompts: bool = False) -> list[TaskOutcome]:
+  """Inference over a batch of tasks; one executor sampler call per wave. Every node gets its
+  `NodeStats`; keep_prompts also keeps the executor prompt's text in them."""
   tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
   pick = np.random.default_rng(seed)
+  tokenizer = agents.model.tokenizer
   for wave in range(max(len(g.waves()) for g in graphs)):
     items = _wave_items(tasks, wave)
+    merging = any(len(node.depends_on) > 1 for _, node in items)
+    start = time.perf_counter()
     contexts = merge_contexts(agents, tasks, items, experts, merge_mode, pick)
+    merge_seconds = time.perf_counter() - start if merging else 0.0
     routes = agents.greedy_routes(router_params, [node for _, node in items])
     sets = [agents.expert_set("execute", r) for r in routes]  # None rows without LoRA
-    texts = agents.generate(_executor_prompts(agents, family, tasks, items, contexts), sets,
-                            experts,
-                            rng=jax.random.fold_in(rng, wave), sampling=sampling)
+    token_prompts = _executor_prompts(agents, family, tasks, items, contexts)
+    start = time.perf_counter()
+    replies = agents.replies(token_prompts, sets, experts, rng=jax.random.fold_in(rng, wave),
+                             sampling=sampling)
+    wave_seconds = time.perf_counter() - start
     for k, (t, node) in enumerate(items):
-      score = family.score_node(tasks[t].problem, _node_dict(node), texts[k],
+      start = time.perf_counter()
+      score = family.score_node(tasks[t].problem, _node_dict(node), replies[k].text,
                                 upstream(tasks[t], node.id))
-      tasks[t].nodes[node.id] = NodeOutcome(node.id, list(routes[k]), contexts[k], texts[k], score)
+      score_seconds = time.perf_counter() - start
+      stats = NodeStats(
+          wave=wave, prompt_tokens=len(token_prompts[k]),
+          context_tokens=len(tokenizer.encode(contexts[k])) if contexts[k] else 0,
+          generated_tokens=replies[k].tokens, cut=replies[k].cut, merge_seconds=merge_seconds,
+          wave_seconds=wave_seconds, score_seconds=score_seconds,
+          prompt=tokenizer.decode(token_prompts[k], skip_special_tokens=False)
+          if keep_prompts else None)
+      tasks[t].nodes[node.id] = NodeOutcome(node.id, list(routes[k]), contexts[k],
+                                            replies[k].text, score, stats)
   return _finish(family, tasks)
 
 

@@ -32,6 +32,7 @@ def parse(code: str) -> ast.Module:
 
 _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})[ \t]*(?P<lang>[^`\s]*)[^`]*$")
 _PYTHON = ("python", "py", "python3", "py3")
+_TOP_LEVEL = re.compile(r"^(?:async\s+def|def|class|import|from)\s|^@")
 _TODO = re.compile(r"\bTODO\b")
 _TODO_NOTE = re.compile(r"\bTODO\s*[:(\-]")  # "TODO: ...", "TODO(me)", "TODO - ..."
 # Decorators and bases whose methods are stubs by design, not by laziness.
@@ -39,11 +40,16 @@ _ABSTRACT_DECORATORS = ("abstractmethod", "overload", "abstractproperty")
 _ABSTRACT_BASES = ("ABC", "Protocol")
 
 
-def extract_code(text: str) -> str | None:
-  """The last ```python (or ```py) block, else the last unlabelled one, else the last of any
-  language; None when the text has no fence. A final fence left open (a reply cut off at the
-  token limit) counts as a block running to the end; the syntax check judges what is in it."""
-  blocks: list[tuple[str, str]] = []  # (language, code)
+@dataclasses.dataclass(frozen=True)
+class _Block:
+  lang: str
+  code: str
+  closed: bool
+  after: str  # indented lines right after the closing fence: a body the reply left outside
+
+
+def _blocks(text: str) -> list[_Block]:
+  blocks: list[_Block] = []
   lines = text.splitlines()
   i = 0
   while i < len(lines):
@@ -61,13 +67,98 @@ def extract_code(text: str) -> str | None:
       if not closed or stripped.strip("`"):
         body.append(line[len(indent):] if line.startswith(indent) else line)
       i += 1
+    after, j = [], i
+    while closed and j < len(lines) and not _OPEN.match(lines[j]) and (
+        not lines[j].strip() or lines[j][:1].isspace()):
+      after.append(lines[j])
+      j += 1
+    while after and not after[-1].strip():
+      after.pop()
     if closed or any(b.strip() for b in body):  # a stray trailing fence is no block
-      blocks.append((match["lang"].lower(), "\n".join(body) + "\n"))
-  for wanted in (lambda lang: lang in _PYTHON, lambda lang: lang == "", lambda lang: True):
-    chosen = [code for lang, code in blocks if wanted(lang)]
+      blocks.append(_Block(match["lang"].lower(), "\n".join(body) + "\n", closed,
+                           "\n".join(after) + "\n" if after else ""))
+  return blocks
+
+
+_TIERS = (lambda lang: lang in _PYTHON, lambda lang: lang == "", lambda lang: True)
+
+
+def implements(code: str | None, entry_point: str) -> bool:
+  """Whether code compiles, defines `entry_point` at top level with a real body (not only a
+  docstring / pass / ...) and holds no placeholder: what a reply that solves the task must be."""
+  if not code or syntax_error(code):
+    return False
+  tree = parse(code)
+  defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and n.name == entry_point]
+  # Python keeps the last definition of a name, so that is the one that must be real.
+  return bool(defs) and _stub_kind(defs[-1].body) is None and placeholder(code) is None
+
+
+def _with_body_after(block: _Block) -> str:
+  """The block, or the block plus the indented lines after its fence when the block alone is a
+  stub or does not compile (a reply that repeats the prompt's signature and docstring in a fence,
+  then writes the body below it) and the two together compile without a stub."""
+  if not block.after or not (syntax_error(block.code) or placeholder(block.code)):
+    return block.code
+  joined = block.code + block.after
+  return joined if not syntax_error(joined) and not placeholder(joined) else block.code
+
+
+def extract_code(text: str, entry_point: str | None = None) -> str | None:
+  """The code of a reply; None when the text has no fence.
+
+  With `entry_point`: the last block (```python first, then unlabelled, then any) that
+  `implements` it, so a complete attempt is not hidden by a later repeat of the prompt's
+  signature, a bare usage example or a block cut off at the token limit. Otherwise, and when no
+  block implements it: the last ```python (or ```py) block, else the last unlabelled one, else
+  the last of any language. A final fence left open (a reply cut off at the token limit) counts
+  as a block running to the end; the syntax check judges what is in it, unless it does not
+  compile and other blocks exist: then it is dropped. A stub block followed by indented lines
+  outside the fence takes them as its body when that compiles without a stub."""
+  blocks = _blocks(text)
+  if not blocks:
+    return None
+  if entry_point:
+    for wanted in _TIERS:
+      for block in reversed([b for b in blocks if wanted(b.lang)]):
+        for code in (block.code, block.code + block.after) if block.after else (block.code,):
+          if implements(code, entry_point):
+            return code
+  last = blocks[-1]
+  if len(blocks) > 1 and not last.closed and syntax_error(last.code):
+    blocks = blocks[:-1]  # cut off mid-way: an earlier block is the better guess
+  for wanted in _TIERS:
+    chosen = [b for b in blocks if wanted(b.lang)]
     if chosen:
-      return chosen[-1]
+      return _with_body_after(chosen[-1])
   return None
+
+
+def unfenced_code(text: str, entry_point: str) -> str | None:
+  """For replies whose code is not (or not only) in fences: the last run of code-like lines that
+  `implements` entry_point. A run starts at a line that opens a top-level def, class, import or
+  decorator and goes on over indented, blank and further such lines; prose at column 0 ends it.
+  Trailing top-level statements that keep it from implementing the name (a body-less repeat of
+  the signature, a repeat cut off at the token limit) are dropped."""
+  lines = text.splitlines()
+  found, i = None, 0
+  while i < len(lines):
+    if not _TOP_LEVEL.match(lines[i]):
+      i += 1
+      continue
+    j = i + 1
+    while j < len(lines) and (not lines[j].strip() or lines[j][:1].isspace()
+                              or _TOP_LEVEL.match(lines[j]) or lines[j][:1] in "#)]}"):
+      j += 1
+    starts = [k for k in range(i + 1, j) if _TOP_LEVEL.match(lines[k])]
+    for end in reversed(starts + [j]):  # the whole run, then without its last statements
+      code = "\n".join(lines[i:end]).rstrip() + "\n"
+      if implements(code, entry_point):
+        found = code
+        break
+    i = j
+  return found
 
 
 def syntax_error(code: str) -> str | None:

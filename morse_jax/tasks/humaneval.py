@@ -111,22 +111,31 @@ class HumanEval:
             "```python code block. Do not leave placeholders such as `pass` or TODO.\n\n"
             f"```python\n{problem.data['prompt']}```")
 
+  def extract(self, problem: Problem, artifact: str) -> str | None:
+    """The code to test: a block that implements the entry point (verifier.extract_code), else,
+    when unfenced replies count, a run of plain code that does (a reply with no fence, or one
+    whose real attempt sits outside its fences), else the usual block, else the whole reply (a
+    raw completion of the prompt's body). None: no fence and unfenced replies do not count."""
+    entry = problem.data["entry_point"]
+    code = verifier.extract_code(artifact, entry)
+    if self.allow_unfenced and not verifier.implements(code, entry):
+      code = verifier.unfenced_code(artifact, entry) or code or artifact
+    return code
+
   def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
                  upstream: Mapping[str, str]) -> NodeScore:
     del node, upstream  # one node, no dependencies
-    code = verifier.extract_code(artifact)
+    code = self.extract(problem, artifact)
     if code is None:
-      if not self.allow_unfenced:
-        return NodeScore(0.0, False, {"reason": "no fenced code block in the reply"})
-      code = artifact
+      return NodeScore(0.0, False, {"reason": "no fenced code block in the reply"})
     program, own = assemble(problem, code)
     reason = verifier.syntax_error(program) or verifier.placeholder(own)
     if reason:
-      return NodeScore(0.0, False, {"reason": reason})
+      return NodeScore(0.0, False, {"reason": reason, "code": code})
     test = f"{problem.data['test']}\n\ncheck({problem.data['entry_point']})\n"
     run = verifier.run_tests(program, [test], timeout_s=self.timeout_s)
     reward = 1.0 if run.total and run.passed == run.total else 0.0
-    details: dict[str, Any] = {"isolation": run.isolation}
+    details: dict[str, Any] = {"isolation": run.isolation, "code": code}
     if run.errors:
       details["reason"] = "; ".join(run.errors)[:1000]
     return NodeScore(reward, reward == 1.0, details)

@@ -1,6 +1,8 @@
-"""The runner on a tiny random model: waves, merges, blocking, and training waves (merge calls
-included)."""
+"""The runner on a tiny random model: waves, merges, blocking, what it measures per node, the
+evaluation records, and training waves (merge calls included)."""
 
+import dataclasses
+import json
 import zlib
 
 import jax
@@ -9,7 +11,7 @@ import pytest
 
 from morse_jax import llm, lora
 from morse_jax.lora import embedders, router
-from morse_jax.mas import runner
+from morse_jax.mas import prompts, records, runner
 from morse_jax.mas.agents import Agents
 from morse_jax.mas.graph import SubtaskGraph
 from morse_jax.rl import advantages
@@ -44,7 +46,8 @@ class WordFamily:
     words = artifact.split()
     reward = float(np.mean([int(w[1:]) % 2 == 0 for w in words if w[1:].isdigit()] or [0.0]))
     self.calls.append((problem.id, node["id"], dict(upstream), reward))
-    return NodeScore(reward=reward, passed=node["id"] != "b")
+    passed = node["id"] != "b"
+    return NodeScore(reward=reward, passed=passed, details={} if passed else {"reason": "b fails"})
 
   def score_problem(self, problem, artifacts):
     return ProblemScore(passed=all(a is not None for a in artifacts.values()),
@@ -69,9 +72,9 @@ def test_inference_waves_merges_and_blocking(agents, monkeypatch):
   experts = lora.init_experts(LORA, agents.model.config, jax.random.key(1))
   rparams = router.init_router(RCFG, agents.embed.dim, 4, jax.random.key(2))
   calls = []
-  generate = agents.generate
-  monkeypatch.setattr(agents, "generate", lambda p, s, *a, **k: calls.append(s) or
-                      generate(p, s, *a, **k))
+  replies = agents.replies  # merges (through generate) and executors both end here
+  monkeypatch.setattr(agents, "replies", lambda p, s, *a, **k: calls.append(s) or
+                      replies(p, s, *a, **k))
   family = WordFamily()
   probs, graphs = problems()
   out = runner.run(agents, family, probs, graphs, experts, rparams, rng=jax.random.key(0))
@@ -88,6 +91,83 @@ def test_inference_waves_merges_and_blocking(agents, monkeypatch):
   # The verifier of d sees a and c, not the blocked b.
   assert [u for p, n, u, _ in family.calls if n == "d"][0].keys() == {"a", "c"}
   assert len(out[0].step_rewards()) == 4
+
+
+def test_replies_count_tokens_and_tell_the_limit_from_a_stop(agents, monkeypatch):
+  """The sampler's rows as it reports them (tokens, lengths with the stop token counted), so
+  that every case is certain without compiling one sampler per stop set."""
+  stop, word = agents.model.stop_ids[0], int(agents.model.tokenizer.encode("w5")[0])
+  rows = [[word, word, word],  # the limit: cut
+          [word, stop, 0],  # a stop before the limit
+          [word, word, stop],  # a stop as the limit's last token: a stop, not a cut
+          [word, 0, 0]]  # one token, then (after the stop, unseen) padding
+  lengths = [3, 2, 3, 1]
+  seen = {}
+
+  def sample(params, config, prompts, *, max_new_tokens, **kwargs):
+    seen.update(max_new_tokens=max_new_tokens, eos_ids=kwargs["eos_ids"])
+    return llm.SampleOutput(np.asarray(rows, np.int32), np.zeros((4, 3), np.float32),
+                            np.asarray(lengths, np.int32))
+
+  monkeypatch.setattr(llm, "sample", sample)
+  out = agents.replies([[5]] * 4, None, rng=jax.random.key(0), max_new_tokens=3)
+  assert [(r.tokens, r.cut) for r in out] == [(3, True), (2, False), (3, False), (1, False)]
+  assert [r.text for r in out] == ["w5 w5 w5", "w5", "w5 w5", "w5"]
+  assert seen == {"max_new_tokens": 3, "eos_ids": agents.model.stop_ids}
+  assert agents.generate([[5]] * 4, None, rng=jax.random.key(0), max_new_tokens=3) == [
+      r.text for r in out]
+
+
+RECORD_KEYS = {"kind", "problem_id", "node_id", "title", "wave", "route", "prompt_tokens",
+               "context_tokens", "generated_tokens", "cut", "reward", "passed", "reason", "reply",
+               "code", "details", "merge_seconds", "wave_seconds", "score_seconds"}
+
+
+def test_run_measures_each_node_and_records_say_why_it_failed(agents, tmp_path):
+  experts = lora.init_experts(LORA, agents.model.config, jax.random.key(1))
+  rparams = router.init_router(RCFG, agents.embed.dim, 4, jax.random.key(2))
+  family = WordFamily()
+  probs, graphs = problems()
+  out = runner.run(agents, family, probs, graphs, experts, rparams, rng=jax.random.key(0),
+                   keep_prompts=True)
+  path = tmp_path / "eval_test.jsonl"
+  assert records.write(str(path), out, prompts=True) == 8
+  lines = [json.loads(line) for line in path.read_text().splitlines()]
+  assert [(r["kind"], r["problem_id"], r.get("node_id")) for r in lines] == [
+      ("node", "p0", "a"), ("node", "p0", "b"), ("node", "p0", "c"), ("node", "p0", "d"),
+      ("problem", "p0", None), ("node", "p1", "1"), ("node", "p1", "2"), ("problem", "p1", None)]
+  nodes = {(r["problem_id"], r["node_id"]): r for r in lines if r["kind"] == "node"}
+  for (pid, node_id), r in nodes.items():
+    outcome = out[int(pid[1])].nodes[node_id]
+    assert set(r) == RECORD_KEYS | {"prompt"}
+    assert r["reply"] == outcome.artifact and r["route"] == outcome.subtask_experts
+    assert len(r["route"]) == 2 and r["reward"] == outcome.score.reward
+    assert 1 <= r["generated_tokens"] <= 6 and r["cut"] == outcome.stats.cut
+    assert r["wave_seconds"] > 0 and r["score_seconds"] >= 0
+    if pid == "p0":  # the chat-templated text, special tokens shown
+      assert "w40 w41" in r["prompt"] and r["prompt"].endswith("<|assistant|>")
+  assert [nodes["p0", i]["wave"] for i in "abcd"] == [0, 1, 1, 2]
+  # Only wave 2 (node d, two parents) has a merge call.
+  assert [nodes["p0", i]["merge_seconds"] > 0 for i in "abcd"] == [False, False, False, True]
+  # The failed node says why; passed ones carry no reason.
+  assert (nodes["p0", "b"]["passed"], nodes["p0", "b"]["reason"]) == (False, "b fails")
+  assert nodes["p0", "a"]["reason"] is None and nodes["p0", "a"]["passed"]
+  # Prompt and context lengths, counted independently of the runner.
+  a = graphs[0].node("a")
+  prompt = agents.tokens(prompts.executor("w40 w41", a, "", "w30 w31"))
+  assert (nodes["p0", "a"]["prompt_tokens"], nodes["p0", "a"]["context_tokens"]) == (len(prompt), 0)
+  assert nodes["p1", "2"]["context_tokens"] == len(agents.model.tokenizer.encode(
+      out[1].nodes["1"].artifact))
+  by_problem = {r["problem_id"]: r for r in lines if r["kind"] == "problem"}
+  assert by_problem["p0"] == {"kind": "problem", "problem_id": "p0", "passed": False,
+                              "steps_passed": 3, "steps": 4, "metrics": {"nodes": 4}}
+  assert (by_problem["p1"]["passed"], by_problem["p1"]["steps_passed"]) == (True, 2)
+  # Without the flag no prompt; outcomes without stats (training's) give nulls, not errors.
+  assert "prompt" not in next(records.records(out))
+  bare = runner.TaskOutcome(probs[1], graphs[1], {i: dataclasses.replace(o, stats=None)
+                                                   for i, o in out[1].nodes.items()})
+  first = next(records.records([bare], prompts=True))
+  assert first["wave"] is None and first["prompt"] is None and first["reason"] is None
 
 
 def make_trainer(agents):

@@ -130,3 +130,61 @@ def test_parse_rejects_a_summary_of_the_wrong_shape():
   assert verifier._parse(f'{marker}{{"passed": [true, true], "errors": [null]}}', marker, 1) is None
   assert verifier._parse(f'{marker}{{"passed": [1], "errors": [null]}}', marker, 1) is None
   assert verifier._parse(f'{marker}[]', marker, 1) is None
+
+
+STUB = 'def add(a, b):\n    """Sum of a and b."""\n'
+REAL = STUB + "    return a + b\n"
+
+
+def test_extract_code_takes_the_block_that_implements_the_entry_point():
+  # A small model's habit: the real attempt, then the prompt's signature repeated, body-less.
+  text = f"Here you go:\n```python\n{REAL}```\nThe function:\n```python\n{STUB}```\n"
+  assert verifier.extract_code(text) == STUB  # without the name, the last python block
+  assert verifier.extract_code(text, "add") == REAL
+  # A usage example after it does not hide it either; other names do not count.
+  usage = f"```python\n{REAL}```\n```python\nprint(add(1, 2))\n```"
+  assert verifier.extract_code(usage, "add") == REAL
+  assert verifier.extract_code(usage, "sub") == "print(add(1, 2))\n"
+  # Only stubs of the name: the usual rule, so the stub is what gets rejected.
+  assert verifier.extract_code(f"```python\n{STUB}```\n```\n{STUB}```", "add") == STUB
+
+
+def test_an_unterminated_broken_last_block_does_not_hide_an_earlier_one():
+  cut = f"```python\n{REAL}```\nAgain:\n```python\ndef add(a, b):\n    \"\"\"Sum of"
+  assert verifier.extract_code(cut) == REAL
+  assert verifier.extract_code(cut, "add") == REAL
+  # Kept when it compiles, or when it is the only block (the syntax check then names the line).
+  assert verifier.extract_code("```python\nx = 1\n```\n```python\ny = 2") == "y = 2\n"
+  only = '```python\ndef add(a, b):\n    """Sum'
+  assert verifier.extract_code(only) == 'def add(a, b):\n    """Sum\n'
+
+
+def test_extract_code_joins_a_body_written_below_a_repeated_signature():
+  text = f"```python\n{STUB}```\n    return a + b\n\nThis returns the sum.\n"
+  assert verifier.extract_code(text) == REAL
+  assert verifier.extract_code(text, "add") == REAL
+  # Lines that do not complete it stay out; a complete block takes nothing from below.
+  assert verifier.extract_code(f"```python\n{STUB}```\n    - a list item\n") == STUB
+  assert verifier.extract_code(f"```python\n{REAL}```\n    return 0\n") == REAL
+  assert verifier.extract_code("```python\ndef add(a, b):\n```\n    return a + b\n") == (
+      "def add(a, b):\n    return a + b\n")  # a signature alone does not compile
+
+
+def test_unfenced_code_finds_the_definition_in_prose():
+  reply = f"Sure! Here is the code:\nimport math\n\n{REAL}\nThis adds a and b.\n"
+  assert verifier.extract_code(reply) is None  # no fence: extract_code's contract
+  assert verifier.unfenced_code(reply, "add") == f"import math\n\n{REAL}"
+  # Followed by a body-less repeat, or one cut off: the complete one before it.
+  assert verifier.unfenced_code(f"{REAL}\n{STUB}", "add") == REAL
+  assert verifier.unfenced_code(f"{REAL}\n{STUB[:-5]}", "add") == REAL
+  assert verifier.unfenced_code(f"Here:\n{STUB}\nDone.", "add") is None  # body-less
+  assert verifier.unfenced_code(f"{REAL}", "sub") is None
+
+
+@pytest.mark.parametrize("code, ok", [
+    (REAL, True), (STUB, False), (STUB + "    pass\n", False), (REAL + "# TODO: tests\n", False),
+    (REAL + STUB, False),  # the later (stub) definition is the one Python keeps
+    ("class add:\n    x = 1\n", False), ("def add(a, b):\n  return (", False), (None, False),
+])
+def test_implements(code, ok):
+  assert verifier.implements(code, "add") is ok

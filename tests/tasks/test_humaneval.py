@@ -93,3 +93,47 @@ def test_all_canonical_solutions_pass(problems):
   failed = {pid: s.details for pid, s in scores.items() if not s.passed}
   print(f"164 canonical HumanEval solutions in {time.perf_counter() - start:.1f} s")
   assert not failed and len(scores) == 164
+
+
+def _small_model_replies(p):
+  """Reply shapes seen from SmolLM2-135M-Instruct (issue 18), built around a correct body."""
+  prompt, body = p.data["prompt"], p.data["canonical_solution"]
+  real, stub = f"```python\n{prompt}{body}```", f"```python\n{prompt}```"
+  return {
+      "attempt, then the prompt repeated": f"Sure.\n{real}\nThe function is:\n{stub}\n",
+      "attempt, then a repeat cut at the token limit": f"{real}\nAgain:\n{stub[:-40]}",
+      "signature repeated, body below the fence": f"{stub}\n{body}\nThis checks every pair.",
+      "no fence, code in prose": f"Here is the code:\n{prompt}{body}\nHope this helps!",
+  }
+
+
+@pytest.mark.parametrize("shape", list(_small_model_replies(humaneval.load()[0])))
+def test_small_model_reply_shapes_pass(problems, shape):
+  family = humaneval.HumanEval()
+  p = problems["HumanEval/0"]
+  reply = _small_model_replies(p)[shape]
+  score = _score(family, p, reply)
+  assert score.passed, score.details
+  assert "def has_close_elements" in score.details["code"] and "return False" in \
+      score.details["code"]
+  # The same shapes with a wrong body still run the tests, and fail on them.
+  wrong = reply.replace("return True", "return False")
+  assert wrong != reply
+  score = _score(family, p, wrong)
+  assert not score.passed and "AssertionError" in score.details["reason"]
+
+
+def test_body_less_replies_still_fail(problems):
+  family = humaneval.HumanEval()
+  p = problems["HumanEval/0"]
+  stub = f"```python\n{p.data['prompt']}```"
+  for reply in (stub, f"{stub}\n{stub}", f"{stub}\n{stub[:-30]}", p.data["prompt"]):
+    score = _score(family, p, reply)
+    assert not score.passed and "placeholder" in score.details["reason"], reply
+  # A body below the fence that does not compile is not joined: the stub is rejected.
+  score = _score(family, p, f"{stub}\n    return (\n")
+  assert not score.passed and "placeholder" in score.details["reason"]
+  strict = humaneval.HumanEval(allow_unfenced=False)
+  plain = f"{p.data['prompt']}{p.data['canonical_solution']}"
+  assert strict.score_node(p, {"id": "1"}, plain, {}).details["reason"] == (
+      "no fenced code block in the reply")
