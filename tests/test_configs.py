@@ -25,13 +25,15 @@ def tiny_folder(tmp_path_factory):
 
 
 def test_there_are_configs():
-  assert {"scicode", "srdd", "humaneval", "humaneval_canonical", "demo_cpu"} <= set(CONFIG_FILES)
+  assert {"scicode", "srdd", "humaneval", "humaneval_canonical", "scicode_canonical",
+          "demo_cpu"} <= set(CONFIG_FILES)
 
 
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices):
   module = importlib.import_module(f"configs.morse.{name}")
-  args = [None] if name in ("humaneval_canonical", "demo_cpu", "smollm2_cpu") else [
+  args = [None] if name in ("humaneval_canonical", "scicode_canonical", "demo_cpu",
+                            "smollm2_cpu") else [
       f"{v},{b},{h}" for v in common.VARIANTS for b in common.BACKBONES for h in common.HARDWARE]
   built = set()
   for arg in args:
@@ -54,11 +56,11 @@ def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices)
 
 
 def test_bad_settings_are_named(tiny_folder):
-  config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "scicode")
+  config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "srdd")
   config.model.path = tiny_folder
   with pytest.raises(experiment.ConfigError, match="config.task.path is empty"):
     experiment.build(config)
-  config.task.path = DATA["scicode"]
+  config.task.path = DATA["srdd"]
   config.mixture = "moe"
   with pytest.raises(experiment.ConfigError, match=r"config.mixture='moe' is not one of"):
     experiment.build(config)

@@ -55,6 +55,10 @@ def base() -> ml_collections.ConfigDict:
                                           # problems that contain them (test: the first
                                           # test_problems)
                                           split="category", test_problems=24,
+                                          # SciCode: "ood" trains on Physics + Math + Material
+                                          # Science and tests on Chemistry + Biology;
+                                          # "in_domain": the authors' stratified 60 / 20
+                                          scicode_split="ood",
                                           targets_h5=""))  # SciCode: test_data.h5 ("": none)
   # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
   c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,

@@ -33,6 +33,8 @@ from morse_jax.tasks.base import Problem
 SYSTEMS, MIXTURES, ALGOS = ("morse", "single"), ("mole", "fixed", "none"), ("hgrpo", "grpo")
 FAMILIES = ("humaneval", "scicode", "srdd", "synthetic")
 SPLITS = ("category", "instance")  # synthetic only; see configs/morse/common.py
+SCICODE_SPLITS = ("ood", "in_domain")  # task.scicode_split; see tasks/scicode_data.py
+WHICH = ("train", "test", "all")  # the parts `split` gives; "all": every problem
 
 
 class ConfigError(ValueError):
@@ -52,9 +54,13 @@ def check(config: ml_collections.ConfigDict) -> None:
   _choice(config, "algo", ALGOS)
   _choice(config.task, "family", FAMILIES, "task.")
   _choice(config.task, "split", SPLITS, "task.")
-  if config.task.family not in ("humaneval", "synthetic") and not config.task.path:
-    raise ConfigError(f"config.task.path is empty: the {config.task.family} family reads its "
-                      "problems from a file you supply")
+  if config.task.get("scicode_split", "ood") not in SCICODE_SPLITS:
+    raise ConfigError(f"config.task.scicode_split={config.task.scicode_split!r} is not one of "
+                      f"{SCICODE_SPLITS}")
+  # HumanEval and SciCode read their installed packages' files when task.path is empty.
+  if config.task.family == "srdd" and not config.task.path:
+    raise ConfigError("config.task.path is empty: the srdd family reads its problems from a "
+                      "file you supply")
   if not config.model.path:
     raise ConfigError("config.model.path is empty: give a Hugging Face folder "
                       "(--config.model.path=/ckpt/Qwen3-4B-Instruct-2507)")
@@ -76,15 +82,21 @@ def load_family(config):
     return humaneval.HumanEval(), humaneval.load(path or None)
   if name == "scicode":
     from morse_jax.tasks import scicode
-    return scicode.SciCode(targets_h5=config.task.targets_h5 or None), scicode.load(path)
+    return (scicode.SciCode(targets_h5=config.task.targets_h5 or None),
+            scicode.load(path or None))
   from morse_jax.tasks import srdd
   return srdd.SRDD(), srdd.load(path)
 
 
 def split(config, problems: list[Problem], which: str) -> list[Problem]:
-  """The family's category split; HumanEval has none (all 164 in both)."""
+  """The family's split: which "train" or "test" (HumanEval has none: all 164 in both), or "all"
+  (every problem, any family); then the first task.limit."""
+  if which not in WHICH:
+    raise ValueError(f"split: which={which!r} is not one of {WHICH}")
   name = config.task.family
-  if name == "synthetic":
+  if which == "all":
+    pass
+  elif name == "synthetic":
     from morse_jax.tasks import synthetic
     held = tuple(config.task.holdout_categories)
     if config.task.split == "instance":
@@ -93,7 +105,7 @@ def split(config, problems: list[Problem], which: str) -> list[Problem]:
       problems = synthetic.split(problems, which, holdout=held)
   elif name == "scicode":
     from morse_jax.tasks import scicode
-    problems = scicode.split(problems, which)
+    problems = scicode.split(problems, which, config.task.get("scicode_split", "ood"))
   elif name == "srdd":
     from morse_jax.tasks import srdd
     problems = srdd.split(problems, which, seed=config.seed, holdout=config.task.holdout)

@@ -21,19 +21,80 @@ def use_compilation_cache(config) -> None:
 
 
 def canonical(config) -> dict:
-  """Every problem's reference solution through the verifier (HumanEval only)."""
+  """Every reference solution through the verifier; no model is loaded. HumanEval: each
+  problem's canonical solution. SciCode: the gold code of every step of the problems that ship
+  it (the 15 dev problems), each step scored with the gold code of the steps before it as its
+  upstream and its targets computed from the gold code (or read from task.targets_h5)."""
+  family = config.task.family
+  if family == "humaneval":
+    return _canonical_humaneval(config)
+  if family == "scicode":
+    return _canonical_scicode(config)
+  raise ValueError(f"config.task.oracle='canonical' needs task.family 'humaneval' or 'scicode', "
+                   f"got {family!r}")
+
+
+def _canonical_humaneval(config) -> dict:
   from morse_jax.tasks import humaneval
 
-  if config.task.family != "humaneval":
-    raise ValueError(f"config.task.oracle='canonical' needs task.family='humaneval', got "
-                     f"{config.task.family!r}")
   family, problems = humaneval.HumanEval(), humaneval.load(config.task.path or None)
   problems = problems[:config.task.limit] if config.task.limit else problems
-  passed = 0
+  start, passed = time.perf_counter(), 0
   for p in problems:
     node = dict(p.gold_graph[0])
     passed += family.score_node(p, node, humaneval.canonical_artifact(p), {}).passed
-  return {"tasks": len(problems), "passed": passed, "problem_pass": passed / len(problems)}
+  return {"tasks": len(problems), "passed": passed, "problem_pass": passed / len(problems),
+          "seconds": time.perf_counter() - start}
+
+
+def canonical_scicode_problem(family, problem) -> list[tuple[str, object]]:
+  """(step number, NodeScore) of each gold step of one SciCode problem, gold code upstream."""
+  from morse_jax.tasks import scicode
+
+  upstream, scores = {}, []
+  for node in problem.gold_graph:
+    artifact = scicode.gold_artifact(problem, node["id"])
+    scores.append((node["id"], family.score_node(problem, node, artifact, dict(upstream))))
+    upstream[node["id"]] = artifact
+  return scores
+
+
+def _canonical_scicode(config) -> dict:
+  import concurrent.futures
+
+  from morse_jax.tasks import scicode
+
+  family = scicode.SciCode(targets_h5=config.task.targets_h5 or None)
+  problems = [p for p in scicode.load(config.task.path or None) if scicode.has_gold(p)]
+  problems = problems[:config.task.limit] if config.task.limit else problems
+  if not problems:
+    raise ValueError("config.task.oracle='canonical': no SciCode problem ships ground_truth_code "
+                     f"(task.path={config.task.path!r}; the installed dev problems do)")
+  start = time.perf_counter()
+  # A few problems at once: each step is one sandbox process; the first run of a step also
+  # computes its targets (one more), later runs read them from the cache.
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    results = list(pool.map(lambda p: canonical_scicode_problem(family, p), problems))
+  failed = []
+  for p, scores in zip(problems, results):
+    ok = sum(s.passed for _, s in scores)
+    print(f"problem {p.id:>3} ({p.category}): {ok}/{len(scores)} gold steps pass", flush=True)
+    failed += [f"{number}: {s.details.get('reason', s.reward)}" for number, s in scores
+               if not s.passed]
+  steps = sum(len(r) for r in results)
+  passed = steps - len(failed)
+  return {"problems": len(problems), "steps": steps, "passed": passed,
+          "step_pass": passed / steps,
+          "problem_pass": sum(all(s.passed for _, s in r) for r in results) / len(problems),
+          "seconds": time.perf_counter() - start, "failed": "; ".join(failed)[:4000]}
+
+
+def _check_targets(family, problems) -> None:
+  """Families whose tests need data beside the problems (SciCode's targets) say so before a run
+  rather than in the middle of one."""
+  check = getattr(family, "check_targets", None)
+  if check is not None:
+    check(problems)
 
 
 def evaluate(config, checkpoint: str | None = None, split: str = "test",
@@ -51,6 +112,7 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   banner("build")
   exp = experiment.build(config)
   problems = experiment.split(config, exp.problems, split)
+  _check_targets(exp.family, problems)
   print(f"{len(problems)} {config.task.family} problems ({split}), system={config.system}, "
         f"mixture={config.mixture}")
   experts = router = None
@@ -108,6 +170,7 @@ def train(config) -> dict:
   problems = experiment.split(config, exp.problems, "train")
   if not problems:
     raise ValueError(f"no training problems for {config.task.family} (check task.path / split)")
+  _check_targets(exp.family, problems)
   trainer = exp.trainer()
   state = trainer.init_state(jax.random.key(config.seed))
   workdir = os.path.abspath(config.workdir)

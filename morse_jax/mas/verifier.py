@@ -295,14 +295,16 @@ class TestRun:
 
 # The harness runs the program as module `solution` (a real module, so dataclasses and pickling
 # work, and `if __name__ == "__main__"` blocks stay quiet), then each test in a copy of its
-# namespace. Its summary goes to a duplicate of the original stdout and fd 1 to /dev/null, so the
+# namespace (or, `shared`, all tests in order in one copy, as SciCode's harness runs a step). Its
+# summary goes to a duplicate of the original stdout and fd 1 to /dev/null, so the
 # program's prints cannot truncate it; the functions it relies on are bound before the program
 # runs, so patching json or builtins cannot forge it. A program can still fake its way past an
 # assert (an object equal to everything); that is the tests' business.
 _HARNESS = r'''
 import json as _json, os as _os, signal as _signal, sys as _sys, types as _types
-def _main(marker, program, tests, per_test, dumps=_json.dumps, write=_os.write, exit=_os._exit,
-          run=exec, build=compile, copy=dict, setitimer=_signal.setitimer, handle=_signal.signal):
+def _main(marker, program, tests, per_test, shared, dumps=_json.dumps, write=_os.write,
+          exit=_os._exit, run=exec, build=compile, copy=dict, setitimer=_signal.setitimer,
+          handle=_signal.signal):
   out = _os.dup(1)
   _os.dup2(_os.open(_os.devnull, _os.O_WRONLY), 1)
   def fail(e):
@@ -321,6 +323,7 @@ def _main(marker, program, tests, per_test, dumps=_json.dumps, write=_os.write, 
     run(build(program, "solution.py", "exec"), module.__dict__)
   except BaseException as e:
     program_error = fail(e)
+  space = copy(module.__dict__)
   for i, test in enumerate(tests):
     ok, err = False, None
     if program_error is None:
@@ -328,7 +331,7 @@ def _main(marker, program, tests, per_test, dumps=_json.dumps, write=_os.write, 
         if per_test:
           handle(_signal.SIGALRM, alarm)
           setitimer(_signal.ITIMER_REAL, per_test)
-        run(build(test, f"test_{i}", "exec"), copy(module.__dict__))
+        run(build(test, f"test_{i}", "exec"), space if shared else copy(module.__dict__))
         ok = True
       except BaseException as e:
         err = fail(e)
@@ -360,15 +363,20 @@ def _parse(stdout: str, marker: str, total: int) -> dict | None:
 
 
 def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
-              per_test_timeout_s: float | None = None, memory_mb: int = 512) -> TestRun:
+              per_test_timeout_s: float | None = None, memory_mb: int = 512,
+              shared_namespace: bool = False, files: dict[str, str] | None = None) -> TestRun:
   """Run `program`, then each test snippet (an assert or a small block) in its namespace, all in
   one sandbox call. A test passes when it raises nothing. `per_test_timeout_s` (SIGALRM inside
-  the sandbox) stops one hanging test from using up the whole call. When the summary line is
-  missing or garbled (timeout, crash, truncated output), nothing counts as passed."""
+  the sandbox) stops one hanging test from using up the whole call. `shared_namespace`: the
+  tests run in order in one namespace, so a test sees the names earlier tests bound (a failing
+  test still lets the later ones run). `files`: extra files beside the script (importable). When
+  the summary line is missing or garbled (timeout, crash, truncated output), nothing counts as
+  passed."""
   tests = list(tests)
   marker = f"@@VERIFIER-{secrets.token_hex(8)}@@"
-  source = (_HARNESS + f"_main({marker!r}, {program!r}, {tests!r}, {per_test_timeout_s!r})\n")
-  res = sandbox.run_python(source, timeout_s=timeout_s, memory_mb=memory_mb)
+  source = (_HARNESS + f"_main({marker!r}, {program!r}, {tests!r}, {per_test_timeout_s!r}, "
+            f"{bool(shared_namespace)!r})\n")
+  res = sandbox.run_python(source, timeout_s=timeout_s, memory_mb=memory_mb, files=files)
   summary = _parse(res.stdout, marker, len(tests))
   if summary is None:
     if res.timed_out:

@@ -2,41 +2,61 @@
 
 Each problem holds `problem_id`, `problem_name`, `problem_description_main`, `problem_io`,
 `required_dependencies` (import lines), `sub_steps` ({step_number, step_description_prompt,
-step_background, function_header, test_cases, return_line}) and `general_tests`. The gold graph
-is the chain of sub-steps (step k depends on step k-1). A step's code runs after the required
-imports and the code of the upstream steps; its reward is the fraction of its test cases passed.
+step_background, function_header, test_cases, return_line, and in the dev problems
+ground_truth_code}) and `general_tests`. The gold graph is the chain of sub-steps (step k depends
+on step k-1). A step's code runs after the required imports and the code of the upstream steps;
+its test cases then run in order in one namespace, as the official harness runs them (a later
+test may use names an earlier one bound); its reward is the fraction of its test cases passed.
 
-Limits:
-- The released data has no category field. A problem's category comes from a `categories`
-  mapping (problem_id -> category, or the path of a JSON object file), else a `category` (or
-  `domain`) key in the problem, else "unknown"; "unknown" problems are in neither split.
-- Real SciCode tests compare against `target` values kept in an HDF5 file (test_data.h5) and
-  sometimes import `scicode.compare`. Give the file as `targets_h5` (read as the official harness
-  does, by `scicode_targets`, under step id "<problem_id>.<step>"), or pass the values as
-  `targets` (step_number -> one value per test case), which win for the steps they name. Values
-  (numbers, strings, lists, tuples, dicts, None, numpy arrays and scalars, scipy sparse matrices)
-  are turned into source by `target_source`. A test that uses `target` for which no value was
-  supplied raises MissingTargetsError naming the problem and step; self-contained asserts need
-  nothing.
+`load()` with no path reads the installed nvidia-scicode package's problems_all.jsonl (65) and
+problems_dev.jsonl (15). A problem's category comes from a `categories` mapping (problem_id ->
+category, or the path of a JSON object file), else a `category` (or `domain`) key in the problem,
+else the MoRSE authors' domain table (`scicode_data`, matched by id and name), else "unknown".
+`split` gives the authors' out-of-domain split (train: Physics + Math + Material Science, test:
+Chemistry + Biology; "unknown" problems are in neither) or their in-domain split, or all.
+
+Targets. SciCode tests compare against `target` values the official harness reads from
+test_data.h5 (not shipped by the package), and some import `scicode.compare` (shipped into the
+sandbox from the installed package). In order, for each step: `targets` (step_number -> one value
+per test case), then `targets_h5` (read as the official harness does, by `scicode_targets`, under
+step id "<problem_id>.<step>"), then values computed from the gold code in the sandbox
+(`scicode_gold`, cached on disk) for steps that have it, the dev problems' steps. Values (numbers,
+strings, lists, tuples, dicts, None, numpy arrays and scalars, scipy sparse matrices) are turned
+into source by `target_source`. A test that uses `target` with none of these raises
+MissingTargetsError naming the problem, the step and the options; self-contained asserts need
+nothing.
+
+A node whose id is no step number (the `single` system's one node, a planner's own node) stands
+for the whole problem: the executor is asked for every step's function in one reply, and the
+reply (after its upstream code) is run against every step's tests. Its reward is the fraction of
+the problem's steps whose tests all pass, the same step_pass the chain is scored by, and
+score_problem reports steps_passed / steps / problem_pass for it the same way. Such a node
+`passes` (flows downstream, keeps its artifact for score_problem) when its code is usable:
+fenced, compiling, no placeholder.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import concurrent.futures
 import dataclasses
 import json
 import math
 import re
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from morse_jax.mas import verifier
+from morse_jax.tasks import scicode_data
+from morse_jax.tasks import scicode_gold
 from morse_jax.tasks import scicode_targets
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = "scicode"
+_LOCK = threading.Lock()  # the families' lazily opened target stores
 TRAIN_CATEGORIES = ("physics", "math", "material science")
 TEST_CATEGORIES = ("chemistry", "biology")
 _ALIASES = {"mathematics": "math", "materials science": "material science",
@@ -44,7 +64,13 @@ _ALIASES = {"mathematics": "math", "materials science": "material science",
 
 
 class MissingTargetsError(ValueError):
-  """A test compares against `target` but no target value was supplied for it."""
+  """A test compares against `target` but no target value is available for it."""
+
+
+_OPTIONS = ("give SciCode's test_data.h5 as targets_h5 (config task.targets_h5), or use "
+            "problems whose steps carry ground_truth_code (the 15 dev problems of "
+            "problems_dev.jsonl), whose targets are computed from it (gold_targets=True), or "
+            "pass SciCode(targets={step_number: [value per test case]})")
 
 
 def normalise_category(category: str) -> str:
@@ -52,12 +78,22 @@ def normalise_category(category: str) -> str:
   return _ALIASES.get(name, name)
 
 
-def split(problems: Sequence[Problem], which: str) -> list[Problem]:
-  """Out-of-domain split: train on Physics + Math + Material Science, test on Chemistry +
-  Biology."""
-  wanted = {"train": TRAIN_CATEGORIES, "test": TEST_CATEGORIES}.get(which)
-  if wanted is None:
-    raise ValueError(f"split: which={which!r}; expected 'train' or 'test'")
+def split(problems: Sequence[Problem], which: str, scheme: str = "ood") -> list[Problem]:
+  """which: "train", "test" or "all" (every problem). scheme "ood": by category, train on
+  Physics + Math + Material Science, test on Chemistry + Biology; "in_domain": the authors'
+  stratified split of the 80 official problems (`scicode_data`: test the 20 of their mydev.jsonl,
+  train the other 60), which other problems are in neither part of."""
+  if which not in scicode_data.WHICH:
+    raise ValueError(f"split: which={which!r}; expected one of {scicode_data.WHICH}")
+  if scheme not in scicode_data.SCHEMES:
+    raise ValueError(f"split: scheme={scheme!r}; expected one of {scicode_data.SCHEMES}")
+  if which == "all":
+    return list(problems)
+  if scheme == "in_domain":
+    ids = scicode_data.split_ids(which, "in_domain")
+    return [p for p in problems if p.id in ids
+            and scicode_data.domain(p.id, p.data.get("problem_name", "")) is not None]
+  wanted = TRAIN_CATEGORIES if which == "train" else TEST_CATEGORIES
   return [p for p in problems if normalise_category(p.category) in wanted]
 
 
@@ -91,8 +127,11 @@ def _parse_problem(raw: Any, where: str, categories: Mapping[str, str]) -> Probl
     step = {"step_number": str(_check(at, s, "step_number", (str, int, float)))}
     for f in ("step_description_prompt", "function_header"):
       step[f] = _check(at, s, f, str)
-    for f in ("step_background", "return_line"):
-      step[f] = _check(at, s, f, str, "")
+    for f in ("step_background", "return_line"):  # null in the official file (13.6, 62.1)
+      step[f] = _check(at, s, f, (str, type(None)), "") or ""
+    gold = _check(at, s, "ground_truth_code", (str, type(None)))
+    if gold is not None:  # the dev problems' gold code: their targets are computed from it
+      step["ground_truth_code"] = gold
     step["test_cases"] = _check(at, s, "test_cases", list)
     if not all(isinstance(t, str) for t in step["test_cases"]):
       raise ValueError(f"{at}: field 'test_cases' must be a list of strings")
@@ -100,7 +139,8 @@ def _parse_problem(raw: Any, where: str, categories: Mapping[str, str]) -> Probl
       raise ValueError(f"{at}: field 'step_number' {step['step_number']!r} is repeated")
     data["sub_steps"].append(step)
   data["general_tests"] = _check(where, raw, "general_tests", list, [])
-  category = categories.get(pid) or raw.get("category") or raw.get("domain") or "unknown"
+  category = (categories.get(pid) or raw.get("category") or raw.get("domain")
+              or scicode_data.domain(pid, data["problem_name"]) or "unknown")
   if not isinstance(category, str):
     raise ValueError(f"{where}: field 'category' must be a string")
   graph, prev = [], None
@@ -116,9 +156,33 @@ def _parse_problem(raw: Any, where: str, categories: Mapping[str, str]) -> Probl
                  gold_graph=graph, data=data)
 
 
-def load(path: str, categories: Mapping[str, str] | str | None = None) -> list[Problem]:
-  """Problems of a SciCode .json (a list) or .jsonl file. Errors name the file, the line (jsonl)
-  or problem index (json), and the field."""
+def _items(path: str) -> list[tuple[str, Any]]:
+  """(where, raw problem) of a .json (a list) or .jsonl file."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  if path.endswith(".jsonl"):
+    items = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+      if line.strip():
+        try:
+          items.append((f"{path}:{lineno}", json.loads(line)))
+        except ValueError as e:
+          raise ValueError(f"{path}:{lineno}: not JSON: {e}") from e
+    return items
+  try:
+    raw = json.loads(text)
+  except ValueError as e:
+    raise ValueError(f"{path}: not JSON: {e}") from e
+  if not isinstance(raw, list):
+    raise ValueError(f"{path}: expected a JSON list of problems, got {type(raw).__name__}")
+  return [(f"{path}: problem {i}", r) for i, r in enumerate(raw)]
+
+
+def load(path: str | None = None,
+         categories: Mapping[str, str] | str | None = None) -> list[Problem]:
+  """Problems of a SciCode .json (a list) or .jsonl file; with no path, the installed
+  nvidia-scicode package's problems_all.jsonl and problems_dev.jsonl (80 problems). Errors name
+  the file, the line (jsonl) or problem index (json), and the field."""
   if isinstance(categories, str):
     with open(categories, encoding="utf-8") as f:
       mapping = json.load(f)
@@ -126,40 +190,43 @@ def load(path: str, categories: Mapping[str, str] | str | None = None) -> list[P
       raise ValueError(f"{categories}: expected a JSON object problem_id -> category")
     categories = mapping
   categories = {str(k): v for k, v in (categories or {}).items()}
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
-  items: list[tuple[str, Any]] = []
-  if path.endswith(".jsonl"):
-    for lineno, line in enumerate(text.splitlines(), 1):
-      if line.strip():
-        try:
-          items.append((f"{path}:{lineno}", json.loads(line)))
-        except ValueError as e:
-          raise ValueError(f"{path}:{lineno}: not JSON: {e}") from e
-  else:
-    try:
-      raw = json.loads(text)
-    except ValueError as e:
-      raise ValueError(f"{path}: not JSON: {e}") from e
-    if not isinstance(raw, list):
-      raise ValueError(f"{path}: expected a JSON list of problems, got {type(raw).__name__}")
-    items = [(f"{path}: problem {i}", r) for i, r in enumerate(raw)]
+  paths = [path] if path else scicode_data.installed_files()
   problems, seen = [], set()
-  for where, raw in items:
-    problem = _parse_problem(raw, where, categories)
-    if problem.id in seen:
-      raise ValueError(f"{where}: field 'problem_id' {problem.id!r} is repeated")
-    seen.add(problem.id)
-    problems.append(problem)
+  for file in paths:
+    for where, raw in _items(file):
+      problem = _parse_problem(raw, where, categories)
+      if problem.id in seen:
+        raise ValueError(f"{where}: field 'problem_id' {problem.id!r} is repeated")
+      seen.add(problem.id)
+      problems.append(problem)
   return problems
 
 
-def _step(problem: Problem, node_id: str) -> Mapping[str, Any]:
+def _step(problem: Problem, node_id: str) -> Mapping[str, Any] | None:
+  """The sub-step a node stands for; None for a node that stands for the whole problem."""
   for step in problem.data["sub_steps"]:
     if step["step_number"] == str(node_id):
       return step
-  raise ValueError(f"scicode problem {problem.id}: no sub-step {node_id!r} (node ids must be "
-                   "step numbers)")
+  return None
+
+
+def has_gold(problem: Problem) -> bool:
+  """Every step carries ground_truth_code (the dev problems)."""
+  return all(s.get("ground_truth_code") for s in problem.data["sub_steps"])
+
+
+def gold_artifact(problem: Problem, node_id: str) -> str:
+  """A step's gold code as a perfect executor would reply."""
+  step = _step(problem, node_id)
+  if step is None or not step.get("ground_truth_code"):
+    raise ValueError(f"scicode problem {problem.id}: step {node_id!r} has no ground_truth_code")
+  return f"```python\n{step['ground_truth_code'].rstrip()}\n```\n"
+
+
+def _usable_code(text: str | None) -> str | None:
+  """The code of a reply when score_node would accept it (fenced, compiling, no stub)."""
+  checked = verifier.CodeCheck()(text) if text is not None else None
+  return checked.code if checked is not None and checked.ok else None
 
 
 _NP = "__import__('numpy')"
@@ -269,28 +336,40 @@ def problem_pass(results: Sequence[ProblemScore | Sequence[bool]]) -> float:
 
 @dataclasses.dataclass
 class SciCode:
-  """The SciCode task family. `targets`: step_number -> one value per test case; `targets_h5`: the
-  official test_data.h5, read for the steps `targets` does not name."""
+  """The SciCode task family. Targets: `targets` (step_number -> one value per test case), else
+  `targets_h5` (the official test_data.h5), else computed from the gold code when
+  `gold_targets` (cached under `targets_cache`; None: in memory only).
+
+  Time limits: the official harness gives a step's test script 1800 s; the slowest dev step's
+  gold code (51.4, a pure-Python MD run, four tests) takes about 75 s on a busy 2-core machine,
+  so a step gets `timeout_s` in all and each test `per_test_timeout_s`. Memory: the official
+  harness sets no limit; `memory_mb` (the sandbox's address-space limit) lets every dev step's
+  gold code run."""
 
   targets: Mapping[str, Sequence[Any]] | None = None
   targets_h5: str | None = None
+  gold_targets: bool = True
+  targets_cache: str | None = scicode_gold.DEFAULT_CACHE
   with_background: bool = False
-  timeout_s: float = 30.0
-  per_test_timeout_s: float | None = 10.0
+  timeout_s: float = 300.0
+  per_test_timeout_s: float | None = 120.0
+  memory_mb: int = 4096  # address space; 10.11's gold code (an Ewald sum) makes 738 MiB arrays
+  workers: int = 4  # sandbox calls in flight at once when one node is run against every step
   name: str = FAMILY
   _h5: scicode_targets.TargetFile | None = dataclasses.field(default=None, init=False,
+                                                             repr=False, compare=False)
+  _gold: scicode_gold.GoldTargets | None = dataclasses.field(default=None, init=False,
                                                              repr=False, compare=False)
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
     step = _step(problem, node["id"])
+    if step is None:
+      return self._whole_instructions(problem)
     parts = [f"PROBLEM: {problem.data['problem_description_main'].strip()}",
              f"NEXT STEP: {step['step_description_prompt'].strip()}"]
     if self.with_background and step.get("step_background", "").strip():
       parts.append(f"BACKGROUND: {step['step_background'].strip()}")
-    deps = problem.data["required_dependencies"].strip()
-    if deps:
-      parts.append("DEPENDENCIES: use only these; they are already imported, together with the "
-                   f"functions of the earlier steps:\n```python\n{deps}\n```")
+    parts += self._dependencies(problem, "together with the functions of the earlier steps")
     header = step["function_header"].rstrip()
     ret = step.get("return_line", "").rstrip()
     parts.append("Implement this function header. Reply with the complete function in one "
@@ -298,52 +377,165 @@ class SciCode:
                  f"```python\n{header}\n{ret}\n```")
     return "\n\n".join(parts)
 
-  def _tests(self, problem: Problem, step: Mapping[str, Any]) -> list[str]:
-    number = step["step_number"]
-    values = (self.targets or {}).get(number)
-    if values is None and self.targets_h5 and any(_uses_target(t) for t in step["test_cases"]):
+  def _dependencies(self, problem: Problem, also: str) -> list[str]:
+    deps = problem.data["required_dependencies"].strip()
+    if not deps:
+      return []
+    return [f"DEPENDENCIES: use only these; they are already imported, {also}:\n"
+            f"```python\n{deps}\n```"]
+
+  def _whole_instructions(self, problem: Problem) -> str:
+    parts = [f"PROBLEM: {problem.data['problem_description_main'].strip()}",
+             "Write the functions of all these steps, in order; a later step may call the "
+             "functions of earlier ones."]
+    for k, step in enumerate(problem.data["sub_steps"], 1):
+      text = f"STEP {k}: {step['step_description_prompt'].strip()}"
+      if self.with_background and step.get("step_background", "").strip():
+        text += f"\nBACKGROUND: {step['step_background'].strip()}"
+      header = step["function_header"].rstrip()
+      ret = step.get("return_line", "").rstrip()
+      parts.append(f"{text}\n```python\n{header}\n{ret}\n```")
+    parts += self._dependencies(problem, "do not import anything else")
+    parts.append("Reply with every function, complete, in one ```python code block, with no "
+                 "placeholders (`pass`, TODO) and no test code.")
+    return "\n\n".join(parts)
+
+  def _gold_store(self) -> scicode_gold.GoldTargets:
+    with _LOCK:
+      if self._gold is None:
+        self._gold = scicode_gold.GoldTargets(self.targets_cache)
+      return self._gold
+
+  def _h5_values(self, problem: Problem, number: str, count: int) -> list[Any] | None:
+    """The step's values from targets_h5, or None when the file has no group for the step."""
+    with _LOCK:
       if self._h5 is None or self._h5.path != self.targets_h5:
         self._h5 = scicode_targets.TargetFile(self.targets_h5)
-      try:
-        values = self._h5.targets(step_id(problem.id, number), len(step["test_cases"]))
-      except scicode_targets.TargetsNotFoundError as e:
-        raise MissingTargetsError(f"scicode problem {problem.id} step {number}: {e}") from e
-    tests = []
+      h5 = self._h5
+    try:
+      return h5.targets(step_id(problem.id, number), count)
+    except scicode_targets.TargetsNotFoundError as e:
+      if self.gold_targets and scicode_gold.gold_program(problem, number) is not None:
+        return None  # the gold code can make them
+      raise MissingTargetsError(f"scicode problem {problem.id} step {number}: {e}") from e
+
+  def _values(self, problem: Problem, step: Mapping[str, Any]) -> Sequence[Any] | None:
+    number = step["step_number"]
+    values = (self.targets or {}).get(number)
+    if values is not None or not any(_uses_target(t) for t in step["test_cases"]):
+      return values
+    if self.targets_h5:
+      values = self._h5_values(problem, number, len(step["test_cases"]))
+    if values is None and self.gold_targets and scicode_gold.gold_program(problem,
+                                                                          number) is not None:
+      values = self._gold_store().targets(problem, number)
+    return values
+
+  def _required(self, problem: Problem, step: Mapping[str, Any]) -> Sequence[Any] | None:
+    """The step's target values; MissingTargetsError when a test needs one that is not there."""
+    values = self._values(problem, step)
     for i, test in enumerate(step["test_cases"]):
-      if _uses_target(test):
-        if values is None or i >= len(values):
-          raise MissingTargetsError(
-              f"scicode problem {problem.id} step {number}: test case {i} compares against "
-              "`target`, but no target value was supplied (SciCode keeps them in test_data.h5; "
-              "pass SciCode(targets={step_number: [value per test case]}))")
-        test = f"target = {target_source(values[i])}\n{test}"
-      tests.append(test)
-    return tests
+      if (values is None or i >= len(values)) and _uses_target(test):
+        raise MissingTargetsError(
+            f"scicode problem {problem.id} step {step['step_number']}: test case {i} "
+            f"compares against `target`, but no target value is available: {_OPTIONS}")
+    return values
+
+  def _tests(self, problem: Problem, step: Mapping[str, Any]) -> list[str]:
+    values = self._required(problem, step)
+    return [f"target = {target_source(values[i])}\n{test}" if _uses_target(test) else test
+            for i, test in enumerate(step["test_cases"])]
+
+  def check_targets(self, problems: Sequence[Problem]) -> None:
+    """Raises MissingTargetsError before a run when a step of `problems` compares against
+    `target` and neither `targets`, `targets_h5` (read when the step is scored) nor gold code
+    can give the values."""
+    missing = [step_id(p.id, s["step_number"]) for p in problems for s in p.data["sub_steps"]
+               if any(_uses_target(t) for t in s["test_cases"])
+               and (self.targets or {}).get(s["step_number"]) is None and not self.targets_h5
+               and not (self.gold_targets
+                        and scicode_gold.gold_program(p, s["step_number"]) is not None)]
+    if missing:
+      shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+      raise MissingTargetsError(f"scicode: {len(missing)} steps compare against `target` with "
+                                f"no target value available ({shown}): {_OPTIONS}")
+
+  def _run(self, problem: Problem, step: Mapping[str, Any], program: str,
+           tests: Sequence[str] | None = None) -> verifier.TestRun:
+    """The step's test cases (`tests`: as `_tests` made them) after `program`, in order in one
+    namespace (as the official harness runs a step's script), with `scicode.compare` beside
+    them."""
+    tests = self._tests(problem, step) if tests is None else tests
+    return verifier.run_tests(program, tests, timeout_s=self.timeout_s,
+                              per_test_timeout_s=self.per_test_timeout_s,
+                              memory_mb=self.memory_mb, shared_namespace=True,
+                              files=scicode_gold.support_files(step["test_cases"]))
+
+  @staticmethod
+  def _step_passed(run: verifier.TestRun) -> bool:
+    return not run.errors if run.total == 0 else run.passed == run.total
+
+  def _upstream_code(self, problem: Problem, upstream: Mapping[str, str]) -> list[str]:
+    order = [s["step_number"] for s in problem.data["sub_steps"]]
+    ids = [i for i in order if i in upstream] + [i for i in upstream if i not in order]
+    return [verifier.extract_code(upstream[i]) or upstream[i] for i in ids]
+
+  def _every_step(self, problem: Problem, program: str) -> list[verifier.TestRun]:
+    steps = problem.data["sub_steps"]
+    for step in steps:  # missing targets raise here, before any sandbox call
+      self._required(problem, step)
+    workers = max(1, min(self.workers, len(steps)))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+      return list(pool.map(lambda step: self._run(problem, step, program), steps))
 
   def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
                  upstream: Mapping[str, str]) -> NodeScore:
     step = _step(problem, node["id"])
-    tests = self._tests(problem, step)
+    # Missing targets raise whatever the artifact: a setup error, not a bad reply.
+    tests = self._tests(problem, step) if step is not None else None
+    if step is None:
+      for each in problem.data["sub_steps"]:
+        self._required(problem, each)
     checked = verifier.CodeCheck()(artifact)
     if not checked.ok:
       return NodeScore(0.0, False, {"reason": checked.reason})
-    order = [s["step_number"] for s in problem.data["sub_steps"]]
-    ids = [i for i in order if i in upstream] + [i for i in upstream if i not in order]
-    upstream_code = [verifier.extract_code(upstream[i]) or upstream[i] for i in ids]
-    program = "\n\n".join([problem.data["required_dependencies"], *upstream_code, checked.code])
-    run = verifier.run_tests(program, tests, timeout_s=self.timeout_s,
-                             per_test_timeout_s=self.per_test_timeout_s)
+    program = "\n\n".join([problem.data["required_dependencies"],
+                            *self._upstream_code(problem, upstream), checked.code])
+    if step is None:
+      return self._score_whole(problem, program)
+    run = self._run(problem, step, program, tests)
     details: dict[str, Any] = {"tests_passed": run.passed, "tests": run.total,
                                "isolation": run.isolation}
     if run.errors:
       details["reason"] = "; ".join(run.errors)[:1000]
     if run.total == 0:  # a step without tests: it passes when its program runs
-      ok = not run.errors
+      ok = self._step_passed(run)
       return NodeScore(float(ok), ok, details)
     return NodeScore(run.fraction, run.passed == run.total, details)
 
+  def _score_whole(self, problem: Problem, program: str) -> NodeScore:
+    """A whole-problem node: reward = the share of steps passed (see the module docstring)."""
+    runs = self._every_step(problem, program)
+    flags = [self._step_passed(r) for r in runs]
+    details: dict[str, Any] = {"steps_passed": sum(flags), "steps": len(flags),
+                               "isolation": runs[0].isolation if runs else ""}
+    failed = [f"step {s['step_number']}: {'; '.join(r.errors) or 'failed'}"
+              for s, r, ok in zip(problem.data["sub_steps"], runs, flags) if not ok]
+    if failed:
+      details["reason"] = " | ".join(failed)[:1000]
+    return NodeScore(sum(flags) / len(flags), True, details)
+
   def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
-    """Each step re-scored in order, with the steps that passed before it as its upstream."""
+    """Each step re-scored in order, with the steps that passed before it as its upstream; for
+    artifacts of whole-problem nodes (no key is a step number), every step run against their
+    code joined in the order given."""
+    if artifacts and all(_step(problem, k) is None for k in artifacts):
+      codes = [c for c in map(_usable_code, artifacts.values()) if c is not None]
+      flags = [False] * len(problem.data["sub_steps"])
+      if codes:
+        program = "\n\n".join([problem.data["required_dependencies"], *codes])
+        flags = [self._step_passed(r) for r in self._every_step(problem, program)]
+      return self._problem_score(flags)
     passed: dict[str, str] = {}
     flags = []
     for node in problem.gold_graph:
@@ -352,6 +544,10 @@ class SciCode:
       if ok:
         passed[node["id"]] = artifact
       flags.append(ok)
+    return self._problem_score(flags)
+
+  @staticmethod
+  def _problem_score(flags: Sequence[bool]) -> ProblemScore:
     k, n = sum(flags), len(flags)
     return ProblemScore(k == n, {"steps_passed": float(k), "steps": float(n),
                                  "step_pass": k / n, "problem_pass": float(k == n)})

@@ -86,6 +86,17 @@ def test_run_tests_counts_each_snippet():
     assert needle in joined
 
 
+def test_run_tests_shared_namespace_and_files():
+  """SciCode's harness runs a step's tests in order in one script: later tests see names that
+  earlier ones bound, even one that failed after binding them; by default each test is alone."""
+  tests = ["x = 5\nassert x == 6", "assert x == 5", "import helper\nassert helper.Y + x == 8"]
+  files = {"helper.py": "Y = 3\n"}
+  shared = verifier.run_tests("", tests, timeout_s=5.0, shared_namespace=True, files=files)
+  assert (shared.passed, shared.total) == (2, 3) and "test 0" in shared.errors[0]
+  alone = verifier.run_tests("", tests, timeout_s=5.0, files=files)
+  assert (alone.passed, alone.total) == (0, 3) and "NameError" in alone.errors[1]
+
+
 def test_run_tests_program_error_fails_every_test():
   run = verifier.run_tests("import sys\nsys.stdout.close()\nraise KeyError('k')\n",
                            ["assert True", "assert True"], timeout_s=5.0)

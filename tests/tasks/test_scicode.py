@@ -174,3 +174,59 @@ def test_split(problems):
   assert [p.category for p in scicode.split(more, "test")] == ["Chemistry", "Biology"]
   with pytest.raises(ValueError, match="'dev'"):
     scicode.split(problems, "dev")
+
+
+def _code(reply: str) -> str:
+  return reply.split("```python\n")[1].split("```")[0]
+
+
+class _OneReply:
+  """Stands in for `Agents`: no router, no LoRA, every executor call answered with `reply`."""
+
+  router = None
+
+  def __init__(self, reply: str):
+    self.reply, self.prompts = reply, []
+
+  def tokens(self, messages):
+    return messages
+
+  def greedy_routes(self, router_params, nodes):
+    return [[] for _ in nodes]
+
+  def expert_set(self, role, route):
+    return None
+
+  def generate(self, prompts, sets, experts, **kwargs):
+    self.prompts += prompts
+    return [self.reply for _ in prompts]
+
+
+def test_single_system_runs_the_whole_problem(problems):
+  """`single` on SciCode: one node with id "1" (no step number), one reply with every function,
+  scored against every step; no error for the node id."""
+  import jax
+  import ml_collections
+
+  from morse_jax.mas import experiment, runner
+
+  config = ml_collections.ConfigDict({"system": "single"})
+  exp = experiment.Experiment(config, None, None, scicode.SciCode(), problems, None)
+  p = problems[0]
+  graphs = exp.graphs([p])
+  assert [n.id for n in graphs[0].nodes] == ["1"]
+  agents = _OneReply(_fence(_code(VELOCITY) + _code(HALF_RIGHT)))
+  [outcome] = runner.run(agents, exp.family, [p], graphs, None, None, rng=jax.random.key(0))
+  asked = agents.prompts[0][-1]["content"]
+  assert "STEP 1:" in asked and "def velocity(v0, g, t):" in asked
+  assert "STEP 2:" in asked and "def max_height(v0, g):" in asked
+  node = outcome.nodes["1"]
+  assert (node.score.reward, node.score.passed) == (0.5, True)  # velocity right, max_height not
+  assert outcome.score.metrics == {"steps_passed": 1.0, "steps": 2.0, "step_pass": 0.5,
+                                   "problem_pass": 0.0}
+  agents.reply = _fence(_code(VELOCITY) + _code(MAX_HEIGHT))
+  [outcome] = runner.run(agents, exp.family, [p], graphs, None, None, rng=jax.random.key(0))
+  assert outcome.score.passed and outcome.nodes["1"].score.reward == 1.0
+  agents.reply = STUB  # unusable code: no reward, blocked, and no steps in the problem score
+  [outcome] = runner.run(agents, exp.family, [p], graphs, None, None, rng=jax.random.key(0))
+  assert not outcome.nodes["1"].score.passed and outcome.score.metrics["steps_passed"] == 0.0
