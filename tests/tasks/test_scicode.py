@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from morse_jax.mas.agents import Reply
 from morse_jax.tasks import scicode
 from morse_jax.tasks.base import ProblemScore
 
@@ -197,9 +198,17 @@ class _OneReply:
   def expert_set(self, role, route):
     return None
 
+  class model:  # the runner counts context tokens with the model's tokenizer
+    class tokenizer:
+      encode = staticmethod(lambda text: text.split())
+
   def generate(self, prompts, sets, experts, **kwargs):
     self.prompts += prompts
     return [self.reply for _ in prompts]
+
+  def replies(self, prompts, sets, experts, **kwargs):
+    return [Reply(text, len(text.split()), False)
+            for text in self.generate(prompts, sets, experts, **kwargs)]
 
 
 def test_single_system_runs_the_whole_problem(problems):
