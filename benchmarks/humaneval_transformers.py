@@ -27,6 +27,8 @@ _OUT = flags.DEFINE_string("out", None, "Summary JSON; the replies go beside it 
 _NEW = flags.DEFINE_integer("max_new_tokens", 512, "Generation budget (our eval.max_new_tokens).")
 _LIMIT = flags.DEFINE_integer("limit", 0, "First N problems only (0: all 164).")
 _BATCH = flags.DEFINE_integer("batch", 32, "Rows per generate call.")
+# torch's OpenMP threads spin when another process holds the cores: several times slower.
+_THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
 
 
 def _prompts(model, family, problems):
@@ -61,6 +63,8 @@ def main(argv):
   from morse_jax import llm
   from morse_jax.tasks import humaneval
 
+  if _THREADS.value:
+    torch.set_num_threads(_THREADS.value)
   folder = os.path.expanduser(_MODEL.value)
   model = llm.load(folder)  # tokenizer, stop ids (the weights are not used here)
   hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -32,7 +32,16 @@ class KVCache:
 
   @property
   def max_len(self) -> int:
-    return self.k.shape[3]
+    return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[-2]
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+  """k and v as tuples of per-layer [b, k, s, x] arrays, for the unstacked decode loop: each
+  layer then updates and reads its own buffer in place, where slicing one stacked array in an
+  unrolled layer loop copies a layer's slots (and the update may copy the whole cache) per
+  step on XLA:CPU."""
+  split = lambda a: tuple(a[i] for i in range(a.shape[0]))
+  return dataclasses.replace(cache, k=split(cache.k), v=split(cache.v))
 
 
 def init_cache(config: LlmConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
@@ -107,7 +116,8 @@ def _layer(x, lp: LayerParams, lora, ctx, kv):
   lora: None or this layer's {target: (a [K,d,r], b [K,r,o])} (all zeros on non-adapted layers
     under scan). ctx: (cos, sin, mask, config, adapter).
   kv: None (no cache) or (k_all, v_all, layer, start): the whole stacked cache travels in the scan
-    carry and is updated in place at [layer, :, :, start].
+    carry and is updated in place at [layer, :, :, start]; layer None: k_all and v_all are this
+    layer's own [b, k, s, x] buffers (`unstack_cache`).
   """
   cos, sin, mask, config, adapter = ctx
 
@@ -129,9 +139,16 @@ def _layer(x, lp: LayerParams, lora, ctx, kv):
   k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, k, t, x]
   if kv is not None:
     k_all, v_all, layer, start = kv
-    k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None], (layer, 0, 0, start, 0))
-    v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None], (layer, 0, 0, start, 0))
-    k, v, kv = k_all[layer], v_all[layer], (k_all, v_all)
+    if layer is None:
+      k = k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype), (0, 0, start, 0))
+      v = v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype), (0, 0, start, 0))
+    else:
+      k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None],
+                                           (layer, 0, 0, start, 0))
+      v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None],
+                                           (layer, 0, 0, start, 0))
+      k, v = k_all[layer], v_all[layer]
+    kv = (k_all, v_all)
   x = x + proj("o", _attention(q, k, v, mask, config), lp.wo, lp.bo)
   h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
   gate = jax.nn.silu(proj("gate", h, lp.w_gate))
@@ -155,11 +172,18 @@ def _run_layers(x, layers, ctx, kv, start):
   """Scans stacked layers, or loops in Python over a tuple from `unstack_layers`."""
   config, adapter = ctx[3], ctx[4]
   if isinstance(layers, tuple):
+    per_layer = kv is not None and isinstance(kv[0], tuple)  # an `unstack_cache` cache
+    ks, vs = ([], []) if per_layer else (None, None)
     for i, lp in enumerate(layers):
       lora = None if adapter is None else adapter.for_layer(i)
+      if per_layer:
+        x, (k_i, v_i) = _layer(x, lp, lora, ctx, (kv[0][i], kv[1][i], None, start))
+        ks.append(k_i)
+        vs.append(v_i)
+        continue
       x, new_kv = _layer(x, lp, lora, ctx, None if kv is None else (*kv, i, start))
       kv = None if kv is None else new_kv
-    return x, kv
+    return x, (tuple(ks), tuple(vs)) if per_layer else kv
   lora = None if adapter is None else adapter.stacked_over(config.num_layers)
   if kv is None:
     x, _ = jax.lax.scan(lambda x, xs: _layer(x, xs[0], xs[1], ctx, None), x, (layers, lora))

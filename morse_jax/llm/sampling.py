@@ -18,7 +18,7 @@ import numpy as np
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm import sharding as sharding_lib
-from morse_jax.llm.model import KVCache, forward, init_cache, unstack_layers
+from morse_jax.llm.model import KVCache, forward, init_cache, unstack_cache, unstack_layers
 from morse_jax.llm.params import Params
 
 
@@ -177,6 +177,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     cache = constrain(cache)
   if unstack:
     params = dataclasses.replace(params, layers=unstack_layers(params.layers))
+    cache = unstack_cache(cache)
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
   out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)
   out_logp = jnp.zeros((b, gen_len), jnp.float32)
