@@ -27,6 +27,7 @@ _OUT = flags.DEFINE_string("out", None, "Summary JSON; the replies go beside it 
 _NEW = flags.DEFINE_integer("max_new_tokens", 512, "Generation budget (our eval.max_new_tokens).")
 _LIMIT = flags.DEFINE_integer("limit", 0, "First N problems only (0: all 164).")
 _BATCH = flags.DEFINE_integer("batch", 32, "Rows per generate call.")
+_PREFILL = flags.DEFINE_bool("prefill", True, "HumanEval(prefill=...): task.reply_prefix of our run.")
 # torch's OpenMP threads spin when another process holds the cores: several times slower.
 _THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
 
@@ -41,7 +42,8 @@ def _prompts(model, family, problems):
     node = graph_lib.single_node(p.statement).nodes[0]
     messages = prompts.executor(p.statement, node, "",
                                 family.executor_instructions(p, node.to_dict()))
-    out.append(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    prefix = model.tokenizer.encode(family.reply_prefix(p, node.to_dict()))
+    out.append(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True) + prefix)
   return out
 
 
@@ -68,7 +70,7 @@ def main(argv):
   folder = os.path.expanduser(_MODEL.value)
   model = llm.load(folder)  # tokenizer, stop ids (the weights are not used here)
   hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-  family = humaneval.HumanEval()
+  family = humaneval.HumanEval(prefill=_PREFILL.value)
   problems = humaneval.load()
   problems = problems[:_LIMIT.value] if _LIMIT.value else problems
   token_prompts = _prompts(model, family, problems)
@@ -93,6 +95,7 @@ def main(argv):
   records, passed, ours_passed, equal = [], 0, 0, 0
   for p, reply in zip(problems, replies):
     node = dict(p.gold_graph[0])
+    reply = family.reply_prefix(p, node) + reply  # as runner.run scores and records it
     score = family.score_node(p, node, reply, {})
     passed += score.passed
     rec = {"problem_id": p.id, "reply": reply, "passed": score.passed,

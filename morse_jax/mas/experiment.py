@@ -79,7 +79,8 @@ def load_family(config):
     return synthetic.Synthetic(), synthetic.generate(config.task.num_problems, config.task.seed)
   if name == "humaneval":
     from morse_jax.tasks import humaneval
-    return humaneval.HumanEval(), humaneval.load(path or None)
+    return (humaneval.HumanEval(prefill=config.task.get("reply_prefix", True)),
+            humaneval.load(path or None))
   if name == "scicode":
     from morse_jax.tasks import scicode
     return (scicode.SciCode(targets_h5=config.task.targets_h5 or None),

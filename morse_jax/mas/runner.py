@@ -156,10 +156,19 @@ def merge_contexts(agents: Agents, tasks: Sequence[TaskOutcome], items, experts,
   return contexts
 
 
+def reply_prefix(family: TaskFamily, problem: Problem, node: Subtask) -> str:
+  """The start of the executor's reply that the family writes for the model (its optional
+  `reply_prefix`): the prompt ends with it and the artifact begins with it."""
+  prefix = getattr(family, "reply_prefix", None)
+  return prefix(problem, _node_dict(node)) if prefix else ""
+
+
 def _executor_prompt(agents, family, task: TaskOutcome, node: Subtask, context: str) -> list[int]:
-  return agents.tokens(prompts.executor(task.problem.statement, node, context,
-                                        family.executor_instructions(task.problem,
-                                                                     _node_dict(node))))
+  tokens = agents.tokens(prompts.executor(task.problem.statement, node, context,
+                                          family.executor_instructions(task.problem,
+                                                                       _node_dict(node))))
+  prefix = reply_prefix(family, task.problem, node)
+  return tokens + agents.model.tokenizer.encode(prefix) if prefix else tokens
 
 
 def _executor_prompts(agents, family, tasks, items, contexts):
@@ -197,7 +206,8 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
     wave_seconds = time.perf_counter() - start
     for k, (t, node) in enumerate(items):
       start = time.perf_counter()
-      score = family.score_node(tasks[t].problem, _node_dict(node), replies[k].text,
+      text = reply_prefix(family, tasks[t].problem, node) + replies[k].text
+      score = family.score_node(tasks[t].problem, _node_dict(node), text,
                                 upstream(tasks[t], node.id))
       score_seconds = time.perf_counter() - start
       stats = NodeStats(
@@ -207,8 +217,8 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
           wave_seconds=wave_seconds, score_seconds=score_seconds,
           prompt=tokenizer.decode(token_prompts[k], skip_special_tokens=False)
           if keep_prompts else None)
-      tasks[t].nodes[node.id] = NodeOutcome(node.id, list(routes[k]), contexts[k],
-                                            replies[k].text, score, stats)
+      tasks[t].nodes[node.id] = NodeOutcome(node.id, list(routes[k]), contexts[k], text,
+                                            score, stats)
   return _finish(family, tasks)
 
 
@@ -280,7 +290,7 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
       for r, completion in enumerate(rollout.completions):
         k = rollout.node_of_row(r)
         t, node = items[k]
-        text = agents.decode(completion)
+        text = reply_prefix(family, tasks[t].problem, node) + agents.decode(completion)
         score = family.score_node(tasks[t].problem, _node_dict(node), text,
                                   upstream(tasks[t], node.id))
         scored[r] = (text, score)

@@ -40,7 +40,11 @@ class TaskFamily(Protocol):
   name: str
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
-    """What the executor must produce for this node (e.g. the function header to implement)."""
+    """What the executor must produce for this node (e.g. the function header to implement).
+
+    A family may also define `reply_prefix(problem, node) -> str`: text the executor's reply
+    starts with, appended to the prompt and put back in front of the reply before scoring
+    (runner.reply_prefix)."""
 
   def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
                  upstream: Mapping[str, str]) -> NodeScore:

@@ -98,18 +98,32 @@ def assemble(problem: Problem, code: str) -> tuple[str, str]:
 @dataclasses.dataclass
 class HumanEval:
   """The HumanEval task family. `allow_unfenced`: a reply without a code fence counts as code
-  (HumanEval's own harness takes raw completions)."""
+  (HumanEval's own harness takes raw completions). `prefill`: the executor's reply starts with
+  the prompt's code in an open ```python block (`reply_prefix`), so the model writes the body,
+  as HumanEval poses the task; without it, small instruct models mostly repeat the signature and
+  docstring as a block with no body (SmolLM2-135M: 66 of 164 replies)."""
 
   timeout_s: float = 10.0
   allow_unfenced: bool = True
+  prefill: bool = True
   name: str = FAMILY
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
     entry = problem.data["entry_point"]
+    if self.prefill:  # the code is in the statement and again at the start of the reply
+      return (f"Complete the body of the Python function `{entry}` so that it does what its "
+              "docstring says. Your reply starts with the function's code in a ```python "
+              "block: continue it with the body and close the block. Do not leave "
+              "placeholders such as `pass` or TODO.")
     return (f"Complete the Python function `{entry}` below so that it does what its docstring "
             "says. Reply with the complete function (with any imports it needs) in one "
             "```python code block. Do not leave placeholders such as `pass` or TODO.\n\n"
             f"```python\n{problem.data['prompt']}```")
+
+  def reply_prefix(self, problem: Problem, node: Mapping[str, Any]) -> str:
+    """The start of the executor's reply, written for the model (see `prefill`)."""
+    del node
+    return f"```python\n{problem.data['prompt']}" if self.prefill else ""
 
   def extract(self, problem: Problem, artifact: str) -> str | None:
     """The code to test: a block that implements the entry point (verifier.extract_code), else,

@@ -12,7 +12,7 @@ import pytest
 from morse_jax import llm, lora
 from morse_jax.lora import embedders, router
 from morse_jax.mas import prompts, records, runner
-from morse_jax.mas.agents import Agents
+from morse_jax.mas.agents import Agents, Reply
 from morse_jax.mas.graph import SubtaskGraph
 from morse_jax.rl import advantages
 from morse_jax.rl import rollout as rollout_lib
@@ -323,3 +323,31 @@ def test_bad_merge_calls_are_named(agents):
                          trainer_lib.TrainNode(embedding=emb, merge=one_route)], no_rewards)
   with pytest.raises(ValueError, match="node 0 has an empty prompt and no merge"):
     trainer.step(state, [trainer_lib.TrainNode(embedding=emb)], no_rewards)
+
+
+class PrefixFamily(WordFamily):
+  """WordFamily whose executor replies start with "w50 w51 " (a reply_prefix)."""
+
+  def reply_prefix(self, problem, node):
+    return "w50 w51 "
+
+
+def test_reply_prefix_ends_the_prompt_and_starts_the_artifact(agents, monkeypatch):
+  bare = dataclasses.replace(agents, lora=None, router=None, embed=None)
+  seen = []
+
+  def replies(prompts_, sets, *args, **kwargs):
+    seen.extend(prompts_)
+    return [Reply("w52", 1, False) for _ in prompts_]
+
+  monkeypatch.setattr(bare, "replies", replies)
+  probs, _ = problems()
+  single = [SubtaskGraph.from_obj(CHAIN[:1])]
+  family = PrefixFamily()
+  out = runner.run(bare, family, probs[:1], single, None, None, rng=jax.random.key(0))
+  prefix = bare.model.tokenizer.encode("w50 w51 ")
+  assert seen[0][-len(prefix):] == prefix
+  assert seen[0][:-len(prefix)] == runner._executor_prompt(
+      bare, WordFamily(), out[0], single[0].nodes[0], "")
+  assert out[0].nodes["1"].artifact == "w50 w51 w52"
+  assert family.calls[0][3] == pytest.approx(2 / 3)  # scored with the prefix: w50, w52 even

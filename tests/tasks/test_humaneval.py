@@ -137,3 +137,21 @@ def test_body_less_replies_still_fail(problems):
   plain = f"{p.data['prompt']}{p.data['canonical_solution']}"
   assert strict.score_node(p, {"id": "1"}, plain, {}).details["reason"] == (
       "no fenced code block in the reply")
+
+
+def test_prefilled_reply_is_the_prompt_then_the_body(problems):
+  family = humaneval.HumanEval()
+  assert family.prefill  # the default
+  for pid in SAMPLE:
+    p = problems[pid]
+    prefix = family.reply_prefix(p, p.gold_graph[0])
+    assert prefix == f"```python\n{p.data['prompt']}"
+    assert p.data["prompt"] not in family.executor_instructions(p, p.gold_graph[0])
+    body = p.data["canonical_solution"]
+    assert _score(family, p, prefix + body + "```\nThis works.").passed, pid
+    # The body-less repeat that prefilling is meant to prevent still fails.
+    assert not _score(family, p, prefix + "```").passed, pid
+  off = humaneval.HumanEval(prefill=False)
+  p = problems["HumanEval/0"]
+  assert off.reply_prefix(p, p.gold_graph[0]) == ""
+  assert p.data["prompt"] in off.executor_instructions(p, p.gold_graph[0])
