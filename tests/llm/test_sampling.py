@@ -239,3 +239,24 @@ def test_repeated_prompts_are_prefilled_once_with_the_same_samples(params):
     llm.sample(params, CONFIG, prompts[:4] + [[1, 2]] + prompts[5:], prompt_repeats=3, **kwargs)
   with pytest.raises(ValueError, match="prompt_repeats=4 must be an int >= 1 dividing the 6"):
     llm.sample(params, CONFIG, prompts, prompt_repeats=4, **kwargs)
+
+
+@pytest.mark.parametrize("chunk", [16, 20])  # 20: the largest power of two dividing 48 is used
+def test_chunked_prefill_equals_one_pass(params, chunk):
+  """A long prompt prefilled in chunks (bounded attention memory) gives the one pass's logits
+  and cache, left padding included."""
+  prompts = prompts_of([45, 30, 7])
+  tokens, mask = sampling_lib.left_pad(prompts, 48, 3, 0)
+  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  cache = llm.init_cache(CONFIG, 3, 64)
+  whole, whole_cache = sampling_lib.prefill(params, CONFIG, tokens, mask, cache, chunk=512)
+  parts, parts_cache = sampling_lib.prefill(params, CONFIG, tokens, mask, cache, chunk=chunk)
+  np.testing.assert_allclose(parts, whole, atol=2e-5, rtol=1e-5)
+  valid = np.asarray(whole_cache.valid)
+  np.testing.assert_array_equal(np.asarray(parts_cache.valid), valid)
+  for a, b in ((parts_cache.k, whole_cache.k), (parts_cache.v, whole_cache.v)):
+    a, b = np.asarray(a), np.asarray(b)  # [l, b, k, s, x]; padding slots are never read
+    np.testing.assert_allclose(a.transpose(1, 3, 0, 2, 4)[valid], b.transpose(1, 3, 0, 2, 4)[valid],
+                               atol=2e-5, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(parts_cache.next_pos), [45, 30, 7])
+  assert int(parts_cache.length) == 48
