@@ -14,11 +14,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from typing import Any, Callable, Protocol
+
 from morse_jax.llm.config import LlmConfig, RopeConfig
 from morse_jax.llm.params import LayerParams, Params
-from morse_jax.lora.mixture import Adapter, adapted_linear
 
 _NEG = -1e30  # finite, so fully masked (padding) query rows give zeros, not NaN
+
+
+class Adapter(Protocol):
+  """What `forward` needs from per-row adapters (morse_jax.lora.Adapter is the one we ship);
+  defined here so the backbone does not depend on any adapter package."""
+
+  def for_layer(self, layer: int) -> dict | None:
+    """This layer's {target: weights}, or None when the layer is not adapted."""
+
+  def stacked_over(self, num_layers: int) -> dict:
+    """{target: weights} with a leading axis over all layers (zeros where not adapted)."""
+
+  def project(self, x, w, bias, weights) -> jax.Array:
+    """x [b, t, d] through the frozen w [o, d] (+ bias) and this layer's adapter weights."""
+
+  @property
+  def row_data(self) -> Any:
+    """The pytree of per-row arrays (leading axis = rows), e.g. each row's route."""
+
+  def map_rows(self, fn: Callable[[jax.Array], jax.Array]) -> "Adapter":
+    """The same adapter with `fn` applied to every per-row array (select, repeat, pad rows)."""
 
 
 @jax.tree_util.register_dataclass
@@ -113,8 +135,8 @@ def _attention(q, k, v, mask, config: LlmConfig):
 def _layer(x, lp: LayerParams, lora, ctx, kv):
   """One decoder layer.
 
-  lora: None or this layer's {target: (a [K,d,r], b [K,r,o])} (all zeros on non-adapted layers
-    under scan). ctx: (cos, sin, mask, config, adapter).
+  lora: None or this layer's {target: adapter weights} (`Adapter.for_layer`; all zeros on
+    non-adapted layers under scan). ctx: (cos, sin, mask, config, adapter).
   kv: None (no cache) or (k_all, v_all, layer, start): the whole stacked cache travels in the scan
     carry and is updated in place at [layer, :, :, start]; layer None: k_all and v_all are this
     layer's own [b, k, s, x] buffers (`unstack_cache`).
@@ -124,8 +146,7 @@ def _layer(x, lp: LayerParams, lora, ctx, kv):
   def proj(target, h, w, bias=None):
     if lora is None or target not in lora:
       return _linear(h, w, bias)
-    a, b_ = lora[target]
-    return adapted_linear(h, w, bias, a, b_, adapter.routes, adapter.scale, adapter.kernel)
+    return adapter.project(h, w, bias, lora[target])
 
   b, t, _ = x.shape
   h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
@@ -218,7 +239,8 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     attention_mask: [b, t], 1 for real tokens, 0 for padding (left padding); default all ones.
     cache: a KVCache; the t tokens are written at slots [cache.length, cache.length + t).
     last_only: return logits for the last slot only ([b, 1, v]), as prefill needs.
-    adapter: LoRA experts and per-row routes (morse_jax.lora.Adapter); None for the bare backbone.
+    adapter: per-row adapters (`Adapter`, e.g. morse_jax.lora's experts and routes); None for the
+      bare backbone.
     segments: [b, t] int, no cache: several sequences in one row that share a prefix. Segment 0
       (the prefix) is seen by every later token; a token of segment k >= 1 sees only segment 0
       and earlier tokens of segment k (rl.shared_prefix). None: one sequence per row.

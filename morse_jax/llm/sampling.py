@@ -176,7 +176,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     gen_len: static capacity of the output and of the cache beyond the prompt.
     unstack: run the decode loop over per-layer weight copies (see `unstack_layers`); faster on
       CPU, where sliced weights are copied every step, at the cost of one copy of the layers.
-    adapter: optional morse_jax.lora Adapter: each row runs with its own mixture of experts.
+    adapter: optional per-row adapter (`model.Adapter`; morse_jax.lora.Adapter: each row runs
+      with its own mixture of experts).
     mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
       kv heads over the model axis) instead of wherever propagation would put it.
     active: [b] bool, False for padding rows: they count as finished from the start, so the loop
@@ -196,8 +197,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
   cache = init_cache(config, b // r, p + gen_len, params.embed.dtype)
   if r == 1:
     cache = constrain(cache)
-  prefill_adapter = None if adapter is None else dataclasses.replace(
-      adapter, routes=jax.tree.map(firsts, adapter.routes))
+  prefill_adapter = None if adapter is None else adapter.map_rows(firsts)
   logits, cache = prefill(params, config, firsts(tokens), firsts(attention_mask), cache,
                           prefill_adapter, prefill_chunk)
   if r > 1:
@@ -250,11 +250,11 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, rows: int, pad_id: i
 
 def _pad_routes(adapter, n: int, rows: int):
   """Routes for the bucketed rows: padding rows repeat row 0's route (their output is dropped)."""
-  if adapter.routes.idx.shape[0] != n:
-    raise ValueError(f"sample: adapter.routes has {adapter.routes.idx.shape[0]} rows for "
-                     f"{n} prompts")
+  have = jax.tree.leaves(adapter.row_data)[0].shape[0]
+  if have != n:
+    raise ValueError(f"sample: the adapter has routes for {have} rows, not the {n} prompts")
   pad = lambda a: jnp.concatenate([a, jnp.repeat(a[:1], rows - n, axis=0)], axis=0)
-  return dataclasses.replace(adapter, routes=jax.tree.map(pad, adapter.routes))
+  return adapter.map_rows(pad)
 
 
 def _check_runs(prompts, adapter, r: int) -> None:
@@ -262,11 +262,10 @@ def _check_runs(prompts, adapter, r: int) -> None:
   if not isinstance(r, int) or r < 1 or len(prompts) % r:
     raise ValueError(f"sample: prompt_repeats={r!r} must be an int >= 1 dividing the "
                      f"{len(prompts)} prompts")
-  routes = None if adapter is None else jax.tree.map(np.asarray, adapter.routes)
+  routes = [] if adapter is None else [np.asarray(a) for a in jax.tree.leaves(adapter.row_data)]
   for i in range(0, len(prompts), r):
     for j in range(i + 1, i + r):
-      same_route = routes is None or all(np.array_equal(a[j], a[i]) for a in (routes.idx,
-                                                                               routes.w))
+      same_route = all(np.array_equal(a[j], a[i]) for a in routes)
       if list(prompts[j]) != list(prompts[i]) or not same_route:
         raise ValueError(f"sample: prompt_repeats={r}: row {j} differs from row {i} of its run "
                          f"({'prompt' if same_route else 'route'})")

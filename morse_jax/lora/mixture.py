@@ -60,6 +60,17 @@ class Adapter:
     slot = self.layers.index(layer)
     return {t: (e.a[slot], e.b[slot]) for t, e in self.experts.items()}
 
+  def project(self, x, w, bias, weights):
+    """llm.model.Adapter: x through w (+ bias) plus this layer's mixture (weights = (a, b))."""
+    return adapted_linear(x, w, bias, *weights, self.routes, self.scale, self.kernel)
+
+  @property
+  def row_data(self) -> Routes:
+    return self.routes
+
+  def map_rows(self, fn) -> "Adapter":
+    return dataclasses.replace(self, routes=jax.tree.map(fn, self.routes))
+
   def stacked_over(self, num_layers: int):
     """{target: (a, b)} with a leading axis over all layers (zeros where not adapted), for scan."""
     rows = jnp.asarray(self.layers)

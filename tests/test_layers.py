@@ -1,0 +1,15 @@
+"""Package layering: lower layers never import higher ones (checked in a fresh interpreter)."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("package,forbidden", [("morse_jax.llm", "morse_jax.lora")])
+def test_package_does_not_import(package, forbidden):
+  code = (f"import sys, {package}\n"
+          f"bad = sorted(m for m in sys.modules if m.startswith({forbidden!r}))\n"
+          "print(bad)\nsys.exit(1 if bad else 0)")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, f"{package} imports {run.stdout.strip()}{run.stderr[-500:]}"
