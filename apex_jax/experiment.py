@@ -39,7 +39,8 @@ from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
 
-SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder"), ("word", "ngram", "index"), \
+SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder", "hotpotqa", "twowiki"), \
+    ("word", "ngram", "index"), \
     ("backbone_mean", "sentence"), ("inprocess", "http")
 
 
@@ -79,13 +80,31 @@ class Experiment:
 
 
 def load_data(c) -> tuple[list, list, list]:
-  """(train, test, passages) of the synthetic world or of a folder World.write wrote."""
+  """(train, test, passages) of the synthetic world, of a folder World.write wrote, or of
+  HotpotQA / 2WikiMultiHopQA (data.folder: the official file folder; data.train_split /
+  data.test_split; read through `apex_jax.datasets.sources`: array_record, random access,
+  built once under data.cache_dir). For the official sets the passages (the word / ngram
+  searches' corpus) are the questions' own context paragraphs, first text per title."""
   from apex_jax.tools.passages import read_corpus
 
-  if _choice(c.data.source, "data.source", SOURCES) == "world":
+  kind = _choice(c.data.source, "data.source", SOURCES)
+  if kind == "world":
     world = World.generate(c.data.world_seed, c.data.entities, c.data.questions)
     train, test = split_examples(world.examples, c.data.test_fraction, c.data.world_seed)
     passages = world.passages
+  elif kind in ("hotpotqa", "twowiki"):
+    from apex_jax.datasets import sources
+
+    cache = c.data.get("cache_dir") or None
+    train, test = (sources.source(kind, c.data.folder, c.data.get(f"{s}_split", s),
+                                  cache_dir=cache) for s in ("train", "test"))
+    passages = []
+    if c.search.kind != "index":  # only the in-process searches need the passages
+      seen = {}
+      for ex in list(train) + list(test):
+        for p in ex.passages:
+          seen.setdefault(p.title, p)
+      passages = list(seen.values())
   else:
     corpus = os.path.join(c.data.folder, "corpus.jsonl")
     passages = list(read_corpus(corpus))
@@ -155,7 +174,7 @@ def check_paths(c, *, model_given: bool = False) -> None:
   judge model that does not exist."""
   needed = [] if model_given else ["model.path"]
   needed += [f for f in c.get("required", ()) if f != "model.path" or not model_given]
-  if c.data.source == "folder":
+  if c.data.source != "world":
     needed.append("data.folder")
   if c.search.kind == "index":
     needed.append("search.index")

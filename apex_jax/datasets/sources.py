@@ -162,7 +162,8 @@ def _builders() -> dict:
 
 
 class Source:
-  """Random access to one built split: len, [i] -> QAExample (negative i from the end)."""
+  """Random access to one built split: len, [i] -> QAExample (negative i from the end),
+  [a:b] -> a list of them."""
 
   def __init__(self, name: str, split: str, files: Sequence[str], data_dir: str, records):
     self.name, self.split, self.files, self.data_dir = name, split, list(files), data_dir
@@ -171,7 +172,9 @@ class Source:
   def __len__(self) -> int:
     return len(self._records)
 
-  def __getitem__(self, i: int) -> QAExample:
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[j] for j in range(*i.indices(len(self)))]
     if isinstance(i, bool) or not isinstance(i, int):
       raise TypeError(f"{self.name} {self.split}: index must be an int, got {i!r}")
     n = len(self)

@@ -7,7 +7,9 @@ The argument: comma-separated key=value (a bare value is the model): model (the 
 three modules' adapters), judge (a model folder, judged in process, or an OpenAI-compatible
 URL such as a vLLM server, as the authors serve Qwen3-32B), embedder (the memory bank's
 sentence-transformers folder; empty: the packaged MiniLM), data (a folder of train/test/
-corpus.jsonl as World.write writes them), index (a search index folder, launchers.build_index).
+corpus.jsonl as World.write writes them, or hotpotqa:FOLDER / twowiki:FOLDER of the official
+JSON files: train and dev_distractor / dev splits, read as cached array_record through
+apex_jax.datasets.sources), index (a search index folder, launchers.build_index).
 The config always builds; `apex_jax.experiment.build` refuses an empty path, naming its field.
 
 The numbers are the authors' run scripts (J-Ding519/APEx), which the paper's tables report:
@@ -26,6 +28,7 @@ Not the paper's (ours): lora, memory_build.questions, eval, seed, workdir.
 import ml_collections
 
 KEYS = ("model", "judge", "embedder", "data", "index")
+TEST_SPLITS = {"hotpotqa": "dev_distractor", "twowiki": "dev"}  # the labelled held-out files
 
 
 def parse_arg(arg) -> dict:
@@ -61,8 +64,11 @@ def get_config(arg=None):
   # the paths apex_jax.experiment.build refuses when empty (besides data / index / judge url)
   c.required = ("model.path", "judges.url" if judge_url else "judges.path")
   c.model = dict(path=paths["model"], dtype="bfloat16")
-  c.data = dict(source="folder", folder=paths["data"], world_seed=0, entities=0, questions=0,
-                test_fraction=0.0)
+  kind, sep, folder = paths["data"].partition(":")
+  kind, folder = (kind, folder) if sep and kind in TEST_SPLITS else ("folder", paths["data"])
+  c.data = dict(source=kind, folder=folder, train_split="train",
+                test_split=TEST_SPLITS.get(kind, "test"), cache_dir="",  # "": the default cache
+                world_seed=0, entities=0, questions=0, test_fraction=0.0)
   # the authors' retrieval server: e5 + faiss flat, 3 passages per query
   # (Planner-Train/.../run_mmsearch_grpo.sh: retrieval_server.py --topk 3)
   c.search = dict(kind="index", index=paths["index"], topk=3)

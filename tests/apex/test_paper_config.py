@@ -82,3 +82,33 @@ def test_builds_on_a_tiny_model(tmp_path):
   assert [s.rollout_fn.agent_config.max_tool_tokens for s in built] == [4096, 8192]
   assert experiment.agents_for(exp, c.ttrl).max_context_tokens == 24576 + 8192
   exp.bank.close()
+
+
+def test_hotpotqa_data_through_the_array_record_source(tmp_path):
+  import shutil
+
+  from apex_jax.datasets import hotpotqa
+  from morse_jax import llm
+  from tests.apex.agents import fakes
+  from tests.apex.datasets.test_loaders import HOTPOT_DEV
+  from tests.apex.memory.fakes import HashEmbedder
+  from tests.apex.training.conftest import CONFIG, Tiny
+
+  folder = tmp_path / "hotpot"
+  folder.mkdir()
+  for name in ("hotpot_train_v1.1.json", "hotpot_dev_distractor_v1.json"):
+    shutil.copy(HOTPOT_DEV, folder / name)
+  c = paper.get_config(f"model=/m,judge=http://h/v1,data=hotpotqa:{folder}")
+  assert (c.data.source, c.data.folder, c.data.test_split) == ("hotpotqa", str(folder),
+                                                                "dev_distractor")
+  c.workdir, c.data.cache_dir = str(tmp_path / "run"), str(tmp_path / "cache")
+  c.search.kind = "ngram"  # in process, over the questions' own paragraphs
+  c.lora.last_n_layers = 2
+  model = llm.Model(CONFIG, Tiny().backbone, fakes.tokenizer(), stop_ids=(fakes.EOS,))
+  exp = experiment.build(c, model=model, generator=fakes.ScriptedGenerator(lambda *a: ""),
+                         embedder=HashEmbedder(64))
+  expected = hotpotqa.load(HOTPOT_DEV)
+  assert list(exp.train) == expected and exp.test[1] == expected[1]
+  assert exp.train[:2] == expected[:2]  # memory_build's slice
+  assert exp.searcher.search([expected[0].question])[0]
+  exp.bank.close()

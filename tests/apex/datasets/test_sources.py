@@ -42,6 +42,7 @@ def test_world_random_access_and_bounds(tmp_path, world_dir):
     for i in (n // 2, 0, n - 1, 1, -1):  # any order, negative from the end
       assert src[i] == expected[i]
     assert src[0].chain and src[0].passages  # gold chain and passages kept
+    assert src[1:3] == expected[1:3] and src[:100] == expected
   with pytest.raises(IndexError, match=f"index {n} out of range \\({n} records\\)"):
     src[n]
   with pytest.raises(TypeError):
