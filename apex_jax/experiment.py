@@ -182,8 +182,8 @@ def check_paths(c, *, model_given: bool = False) -> None:
     needed.append("judges.url")
   for name in dict.fromkeys(needed):
     if not _field(c, name):
-      hint = " (e.g. the toy, assets/toy_apex)" if name == "model.path" else ""
-      raise ValueError(f"config.{name} is empty: give it{hint}")
+      raise ValueError(f"config.{name} is empty: give it (--config.{name}=..., or through the "
+                       f"config file's argument, e.g. configs/apex/paper.py:model=...)")
   judge = c.judges.get("path")
   if judge and not os.path.exists(judge):
     raise ValueError(f"config.judges.path {judge!r} does not exist")
