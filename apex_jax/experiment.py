@@ -39,7 +39,8 @@ from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
 
-SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder"), ("word", "ngram", "index"), \
+SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder", "hotpotqa", "twowiki"), \
+    ("word", "ngram", "index"), \
     ("backbone_mean", "sentence"), ("inprocess", "http")
 
 
@@ -79,13 +80,31 @@ class Experiment:
 
 
 def load_data(c) -> tuple[list, list, list]:
-  """(train, test, passages) of the synthetic world or of a folder World.write wrote."""
+  """(train, test, passages) of the synthetic world, of a folder World.write wrote, or of
+  HotpotQA / 2WikiMultiHopQA (data.folder: the official file folder; data.train_split /
+  data.test_split; read through `apex_jax.datasets.sources`: array_record, random access,
+  built once under data.cache_dir). For the official sets the passages (the word / ngram
+  searches' corpus) are the questions' own context paragraphs, first text per title."""
   from apex_jax.tools.passages import read_corpus
 
-  if _choice(c.data.source, "data.source", SOURCES) == "world":
+  kind = _choice(c.data.source, "data.source", SOURCES)
+  if kind == "world":
     world = World.generate(c.data.world_seed, c.data.entities, c.data.questions)
     train, test = split_examples(world.examples, c.data.test_fraction, c.data.world_seed)
     passages = world.passages
+  elif kind in ("hotpotqa", "twowiki"):
+    from apex_jax.datasets import sources
+
+    cache = c.data.get("cache_dir") or None
+    train, test = (sources.source(kind, c.data.folder, c.data.get(f"{s}_split", s),
+                                  cache_dir=cache) for s in ("train", "test"))
+    passages = []
+    if c.search.kind != "index":  # only the in-process searches need the passages
+      seen = {}
+      for ex in list(train) + list(test):
+        for p in ex.passages:
+          seen.setdefault(p.title, p)
+      passages = list(seen.values())
   else:
     corpus = os.path.join(c.data.folder, "corpus.jsonl")
     passages = list(read_corpus(corpus))
@@ -121,9 +140,8 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   stand-in sampler (tests), else an AdapterGenerator with the three role experts; embedder:
   the memory bank's (else config.memory.embedder)."""
   c = config
+  check_paths(c, model_given=model is not None)
   if model is None:
-    if not c.model.path:
-      raise ValueError("config.model.path is empty: give a model folder (e.g. the toy)")
     model = llm.load(c.model.path, dtype=c.model.dtype)
   train, test, passages = load_data(c)
   lora = lora_lib.LoraConfig(targets=tuple(c.lora.targets), last_n_layers=c.lora.last_n_layers,
@@ -140,6 +158,51 @@ def build(config, *, model: llm.Model | None = None, generator=None,
                     embedder or _embedder(c, model), config=MemoryConfig(**dict(c.memory.bank)))
   return Experiment(c, model, train, test, _searcher(c, passages), bank,
                     AgentConfig(**dict(c.agents)), generator, updater, experts)
+
+
+def _field(c, dotted: str):
+  value = c
+  for part in dotted.split("."):
+    value = value.get(part) if hasattr(value, "get") else None
+  return value
+
+
+def check_paths(c, *, model_given: bool = False) -> None:
+  """Refuses, naming the field, every path the run needs that the config leaves empty: the
+  model (unless one is given), the ones `config.required` lists (configs/apex/paper.py: the
+  paths the user gives), the data folder, the search index, the judge server, and a separate
+  judge model that does not exist."""
+  needed = [] if model_given else ["model.path"]
+  needed += [f for f in c.get("required", ()) if f != "model.path" or not model_given]
+  if c.data.source != "world":
+    needed.append("data.folder")
+  if c.search.kind == "index":
+    needed.append("search.index")
+  if c.judges.kind == "http":
+    needed.append("judges.url")
+  for name in dict.fromkeys(needed):
+    if not _field(c, name):
+      raise ValueError(f"config.{name} is empty: give it (--config.{name}=..., or through the "
+                       f"config file's argument, e.g. configs/apex/paper.py:model=...)")
+  judge = c.judges.get("path")
+  if judge and not os.path.exists(judge):
+    raise ValueError(f"config.judges.path {judge!r} does not exist")
+
+
+def agents_for(exp: "Experiment", phase) -> AgentConfig:
+  """The agents' settings inside one stage or TTRL: the experiment's, with the phase's
+  `agents` overrides (configs/apex/paper.py: the paper's tool-output and context lengths per
+  module); none given: the experiment's own."""
+  overrides = phase.get("agents")
+  return dataclasses.replace(exp.agents, **dict(overrides)) if overrides else exp.agents
+
+
+def phase_steps(phase, n: int) -> int:
+  """`steps`, or `epochs` passes over n inputs at `batch_size` per step (rounded up)."""
+  epochs = phase.get("epochs")
+  if not epochs:
+    return phase.steps
+  return max(1, -(-int(epochs) * n // phase.batch_size))
 
 
 def _fresh_bank_path(workdir: str) -> str:
@@ -256,19 +319,20 @@ def stages(exp: Experiment) -> list[Stage]:
   out = []
   for module in STAGE_ORDER:
     s = exp.config.stages[module]
-    if s.steps == 0:
+    if s.steps == 0 and not s.get("epochs"):
       continue
-    cfg = StageConfig(module, s.steps, s.batch_size, s.group_size, s.learning_rate,
-                      s.temperature, s.max_new_tokens)
+    agents = agents_for(exp, s)
     if module == "executor":
-      data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, exp.agents)
+      data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, agents)
     elif module == "planner":
-      data, fn = exp.train, rollouts.PlannerRollout(exp.searcher, exp.bank, exp.agents)
+      data, fn = exp.train, rollouts.PlannerRollout(exp.searcher, exp.bank, agents)
     else:
-      data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(exp.bank, exp.agents)
+      data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(exp.bank, agents)
       if not data:
         raise ValueError("the distiller stage has no bucket with memories: run memory_build "
                          "first (config.memory_build.questions > 0)")
+    cfg = StageConfig(module, phase_steps(s, len(data)), s.batch_size, s.group_size,
+                      s.learning_rate, s.temperature, s.max_new_tokens)
     out.append(Stage(cfg, data, fn))
   return out
 
@@ -281,10 +345,19 @@ def judges(exp: Experiment) -> JudgeBackends:
   c = exp.config.judges
   if _choice(c.kind, "judges.kind", JUDGES) == "inprocess":
     from apex_jax.judges import InProcessChat
-    chat = InProcessChat(exp.model, seed=exp.config.seed)
+    model = exp.model  # judges.path: a separate judge model (the paper's); else the backbone
+    if c.get("path"):
+      model = llm.load(c.path, dtype=c.get("dtype") or exp.config.model.dtype)
+    chat = InProcessChat(model, seed=exp.config.seed)
   else:
     chat = ChatClient(c.url, c.model)
   return judge_panel(chat, c.max_tokens)
+
+
+def ttrl_config(t, n: int) -> TtrlConfig:
+  """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
+  return TtrlConfig(phase_steps(t, n), t.batch_size, t.group_size, t.learning_rate,
+                    t.temperature, t.max_new_tokens)
 
 
 def judge_panel(chat, max_tokens: int) -> JudgeBackends:
@@ -324,14 +397,14 @@ def run(config) -> dict:
   experts = staged.experts
   lap("stages")
   t = config.ttrl
-  if t.steps:
+  if t.steps or t.get("epochs"):
     queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
     panel = judges(exp)
     ttrl = run_ttrl(exp.updater, experts, queries, exp.bank, exp.generator,
-                    rollouts.TtrlEpisodes(exp.searcher, exp.bank, exp.agents, t.summarize),
+                    rollouts.TtrlEpisodes(exp.searcher, exp.bank, agents_for(exp, t),
+                                          t.summarize),
                     panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
-                    config=TtrlConfig(t.steps, t.batch_size, t.group_size, t.learning_rate,
-                                      t.temperature, t.max_new_tokens),
+                    config=ttrl_config(t, len(queries)),
                     rng=k_ttrl, logdir=logdir)
     results["ttrl"] = ttrl.history
     # replies the judges could not parse (scored by their fallbacks), then calls that failed
