@@ -1,0 +1,212 @@
+"""Property tests of every parser of model output (issue 19 item 4): on seeded hostile inputs
+(tests/hostile.py: truncated and deeply nested JSON, huge numbers, NaN / Infinity, duplicate
+keys, cycles, 10^4-node chains, odd unicode) each ends in a value or its documented error, in
+time linear in the input's length, and NaN / inf never become a score.
+
+The default run checks N_FAST inputs per parser (a few seconds); `-m slow` checks N_SLOW, the
+size of the probe that found the crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import pytest
+
+from apex_jax.judges.align import AlignJudge
+from apex_jax.judges.nogt import NoGtConfig, NoGtJudge
+from apex_jax.judges.replies import find_number, find_verdict
+from apex_jax.memory import MemoryBank, MemoryConfig
+from apex_jax.memory.schema import as_bucket
+from apex_jax.memory.skills import DistillerError, extract_json_object, parse_reply
+from apex_jax.tools.protocol import Answer, FormatError, ToolCall, parse_turn
+from morse_jax.mas.graph import GraphError, SubtaskGraph
+from morse_jax.mas.planner import parse_plan
+from tests import hostile
+from tests.apex.memory.fakes import HashEmbedder
+
+N_FAST, N_SLOW = 300, 3035
+CAP_S = 1.0  # per input: generous (the slowest here take ~50 ms)
+B = ("location", "text-only")
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+  """Judges log every counted failure; thousands of warnings would dominate the run time."""
+  logging.disable(logging.WARNING)
+  yield
+  logging.disable(logging.NOTSET)
+
+
+def _turn(text):
+  out = parse_turn(text, tools=("search", "web_image_to_image_search"))
+  assert isinstance(out, (ToolCall, Answer, FormatError))
+  if isinstance(out, Answer):
+    assert "<answer>" not in out.text and "</answer>" not in out.text
+
+
+def _plan(text):
+  try:
+    graph = parse_plan(text, max_nodes=10**4)
+  except GraphError:
+    return
+  assert graph.topological_order() and graph.waves()
+
+
+def _graph(obj):
+  try:
+    graph = (SubtaskGraph.from_json(obj, max_nodes=10**5) if isinstance(obj, str)
+             else SubtaskGraph.from_obj(obj, max_nodes=10**5))
+  except GraphError:
+    return
+  order = graph.topological_order()
+  assert sorted(order) == sorted(n.id for n in graph.nodes)
+
+
+def _skill(text):
+  try:
+    obj = extract_json_object(text)
+  except DistillerError:
+    obj = None
+  assert obj is None or isinstance(obj, dict)
+  try:
+    parse_reply(text, as_bucket(B), {"1": 1, "2": 2}, has_skill=True)
+  except DistillerError:
+    pass
+
+
+_ALIGN, _NOGT = AlignJudge(None), NoGtJudge(None)
+_NOGT_CLIP = NoGtJudge(None, NoGtConfig(out_of_range="clip"))
+
+
+def _judge(text):
+  score, how = find_number(text)
+  assert score is None or math.isfinite(score), (score, how)
+  verdict, _ = find_verdict(text, {"A": "correct", "B": "incorrect"})
+  assert verdict in (None, "correct", "incorrect")
+  a = _ALIGN.parse(text)
+  assert math.isfinite(a.score) and 0.0 <= a.score <= 1.0, a
+  for judge in (_NOGT, _NOGT_CLIP):
+    e = judge.parse_evaluator(text)
+    assert math.isfinite(e.score) and 1.0 <= e.score <= 10.0, e
+    assert judge.parse_verdict(text)[0] in (None, "correct", "incorrect")
+
+
+def graph_inputs(n: int, seed: int = 0) -> list:
+  """Plan JSON texts (mutated), plus every 50th a 10^4-node chain, a cycle through all of it, or
+  a node depending on itself."""
+  out: list = []
+  for i, text in enumerate(hostile.texts("plan", n, seed)):
+    if i % 50 == 1:
+      out.append(hostile.chain(10**4, cycle=bool(i % 100 == 1)))
+    elif i % 50 == 2:
+      out.append([{"id": "a", "title": "t", "description": "d", "depends_on": ["a"]}])
+    else:
+      body = text.split("```json\n", 1)[-1].split("\n```", 1)[0]
+      out.append(body)
+  return out
+
+
+PARSERS = {  # name -> (check one input, inputs)
+    "tool calls": (_turn, lambda n: hostile.texts("turn", n)),
+    "plans": (_plan, lambda n: hostile.texts("plan", n)),
+    "graphs": (_graph, graph_inputs),
+    "skills": (_skill, lambda n: hostile.texts("skill", n)),
+    "judges": (_judge, lambda n: hostile.texts("score", n // 2) + hostile.texts("verdict",
+                                                                                 n - n // 2)),
+}
+
+
+def _check_all(name: str, n: int):
+  check, inputs = PARSERS[name]
+  slowest = (0.0, None)
+  for i, x in enumerate(inputs(n)):
+    t = time.perf_counter()
+    try:
+      check(x)
+    except Exception as e:  # noqa: BLE001 - the test reports which input failed how
+      raise AssertionError(f"{name} input {i} ({str(x)[:80]!r}...): {type(e).__name__}: "
+                           f"{str(e)[:200]}") from e
+    slowest = max(slowest, (time.perf_counter() - t, i))
+  assert slowest[0] < CAP_S, f"{name}: input {slowest[1]} took {slowest[0]:.2f} s"
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+def test_parser_never_crashes(name):
+  _check_all(name, N_FAST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PARSERS))
+def test_parser_never_crashes_full_probe(name):
+  _check_all(name, N_SLOW)
+
+
+def test_distiller_reply_applied_or_rejected(tmp_path):
+  """apply_distiller_reply on a real bank: every hostile reply is applied or a counted
+  DistillerError, never an exception (a step "²" raised ValueError)."""
+  bank = MemoryBank(str(tmp_path / "m.db"), HashEmbedder(), config=MemoryConfig())
+  for i in range(3):
+    bank.add(f"where is place {i}", f"1. search {i}", True, category="location")
+  replies = hostile.texts("skill", 120, seed=1) + [
+      '{"operation": "create", "skill": {"description": "d", "procedure": [{"step": "²", '
+      '"action": "a", "purpose": "p"}], "pitfalls": []}, "absorbed_ids": []}',
+      '{"operation": "create", "skill": {"description": "\\ud800", "procedure": [{"step": 1, '
+      '"action": "a", "purpose": "p"}], "pitfalls": ["\\u0000"]}, "absorbed_ids": []}']
+  for reply in replies:
+    result = bank.apply_distiller_reply(B, reply)
+    assert result.applied or isinstance(result.error, DistillerError)
+  assert not bank.apply_distiller_reply(B, replies[-2]).applied
+
+
+def _seconds(f, x, repeat: int = 3) -> float:
+  best = math.inf
+  for _ in range(repeat):
+    t = time.perf_counter()
+    f(x)
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
+def _swallow(f, *errors):
+  def run(x):
+    try:
+      f(x)
+    except errors:
+      pass
+  return run
+
+
+# families that were super-linear (cubic, quadratic) or hung: time(4n) / time(n) must stay < 6,
+# or 4n take under CAP_S (the chain: memory effects alone give ~6x on a busy machine; the old
+# code took minutes)
+SCALING = {
+    "extract_json_object open braces": (
+        _swallow(extract_json_object, DistillerError),
+        lambda n: "{" * n + '{"a":1}' * n, 2000),
+    "extract_json_object nested broken": (
+        _swallow(extract_json_object, DistillerError),
+        lambda n: '{"a":' * n + "1,", 2000),
+    "extract_json_object many broken": (
+        _swallow(extract_json_object, DistillerError), lambda n: "{x}" * n, 5000),
+    "find_verdict punctuation run": (
+        lambda s: find_verdict(s, {"A": "correct"}), lambda n: "A" + "." * n + "x", 20000),
+    "find_number digits": (find_number, lambda n: "score: " + "9" * n + " /10", 20000),
+    "parse_turn tags out of order": (
+        parse_turn, lambda n: "<think>x</think>" + "</answer>" * n + "<answer>" * n, 5000),
+    "parse_plan nested": (_swallow(parse_plan, GraphError), lambda n: "[" * n, 20000),
+    "graph chain": (lambda n: SubtaskGraph.from_obj(hostile.chain(n), 10**6).waves(),
+                    lambda n: n, 2500),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALING))
+def test_parser_time_is_linear(name):
+  f, make, n = SCALING[name]
+  small, large = make(n), make(4 * n)
+  f(small)  # warm up
+  t_small, t_large = _seconds(f, small), _seconds(f, large)
+  assert t_large < 6 * t_small + 0.02 or t_large < CAP_S / 4, \
+      f"{name}: {t_small:.4f} s at n, {t_large:.4f} s at 4n"
