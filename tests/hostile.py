@@ -82,6 +82,10 @@ def _mutate(text: str, kind: str, rng: random.Random) -> str:
   if op == 6:  # tags repeated, nested, crossed
     tag = rng.choice(["think", "answer", "tool_call"])
     return rng.choice([f"<{tag}>{text}</{tag}>", text + f"<{tag}>" * 50,
+                       text.replace(f"<{tag}>", f"<{tag}><{tag}>").replace(f"</{tag}>",
+                                                                          f"</{tag}></{tag}>"),
+                       text.replace("<tool_call>\n", "<tool_call>\n" + "[" * 2000),
+                       text.replace("<tool_call>\n", "<tool_call>\n" + '{"a":' * 1500),
                        f"</{tag}>" * 200 + f"<{tag}>" * 200 + text,
                        f"<{tag}><{tag}>x</{tag}></{tag}>", text.replace(">", "><think>", 1)])
   if op == 7:  # a long repeated run of a structural character
@@ -117,10 +121,12 @@ def texts(kind: str, n: int, seed: int = 0) -> list[str]:
   out = []
   for i in range(n):
     text = _valid(kind, rng)
+    # a turn keeps its <think> block half the time, so the mutations reach the action parser
+    head, text = (text.split("\n", 1) if kind == "turn" and rng.random() < 0.5 else ("", text))
     if i % 8:
       for _ in range(rng.randint(1, 3)):
         text = _mutate(text, kind, rng)
-    out.append(text)
+    out.append(head + "\n" + text if head else text)
   return out
 
 
