@@ -210,3 +210,26 @@ def test_parser_time_is_linear(name):
   t_small, t_large = _seconds(f, small), _seconds(f, large)
   assert t_large < 6 * t_small + 0.02 or t_large < CAP_S / 4, \
       f"{name}: {t_small:.4f} s at n, {t_large:.4f} s at 4n"
+
+
+def test_ttrl_judging_survives_a_judge_that_raises():
+  """TTRL's judge wrapper counts any parse failure as 0 (an OverflowError from a 400-digit
+  score once ended the run)."""
+  from apex_jax.training.ttrl import _Judging
+
+  class Raising:
+    def __init__(self, error):
+      self.error = error
+
+    def arbiter(self, question, workflow, answer):
+      raise self.error
+
+    def alignment(self, plan, skill):
+      return float("nan")
+
+  for error in (OverflowError("int too large to convert to float"), RecursionError("deep"),
+                ValueError("x"), ZeroDivisionError("y")):
+    judging = _Judging(Raising(error))
+    assert judging.arbiter("q", "w", "a") == 0.0
+    assert judging.alignment("p", None) == 0.0
+    assert judging.failures == {"arbiter_error": 1, "alignment_bad_value": 1}
