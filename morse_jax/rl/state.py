@@ -141,7 +141,7 @@ def array_checksums(tree: Any) -> dict[str, dict]:
   return out
 
 
-def _temporary_path_class(token: str):
+def unique_temporary_path_class(token: str):
   """An orbax TemporaryPath whose names are unique per save: `<step>.orbax-checkpoint-tmp-
   <token>-<n>` (orbax's own is fixed per step and deleted when found, so concurrent writers of
   one step destroyed each other's files). Step listing ignores every name with the tmp suffix."""
@@ -186,7 +186,7 @@ def _stale(lock: str, max_age_s: float = 3600.0) -> bool:
   return False
 
 
-def _run_token() -> str:
+def run_token() -> str:
   """A random token, the same on every process of a multi-host run."""
   token = uuid.uuid4().hex[:12]
   if jax.process_count() > 1:
@@ -275,11 +275,11 @@ class Checkpoints:
     self.metadata = _as_json(metadata)
     self.identity = None if identity is None else _as_json(identity)
     self.skipped: dict[int, str] = {}  # corrupt steps the last fallback restore passed over
-    self._token = _run_token()
+    self._token = run_token()
     self._manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True,
-            temporary_path_class=_temporary_path_class(self._token)),
+            temporary_path_class=unique_temporary_path_class(self._token)),
         item_handlers=self._handlers())
     if self.identity is not None:
       self._claim(continue_other_run)
