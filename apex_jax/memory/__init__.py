@@ -27,9 +27,9 @@ from apex_jax.memory.store import MemoryBank
 
 __all__ = [
     "AddResult", "Bucket", "CATEGORIES", "CATEGORY_DESCRIPTIONS", "CATEGORY_EXAMPLES",
-    "CentroidClassifier", "DATABASE_CAUSES", "DistillerError", "DistillerResult", "ERROR_KINDS", "LLMClassifier",
-    "MODALITIES", "Memory", "MemoryBank", "MemoryBankDatabaseError", "MemoryBankError", "MemoryConfig", "NewMemory",
-    "OPERATIONS", "OUTCOMES", "OutcomeResult", "PlannerContext", "ProcedureStep", "Retrieval",
-    "SCHEMA_VERSION", "ScoredMemory", "Skill", "confidence", "extract_json_object",
-    "format_batch", "modality_of", "parse_category",
+    "CentroidClassifier", "DATABASE_CAUSES", "DistillerError", "DistillerResult", "ERROR_KINDS",
+    "LLMClassifier", "MODALITIES", "Memory", "MemoryBank", "MemoryBankDatabaseError",
+    "MemoryBankError", "MemoryConfig", "NewMemory", "OPERATIONS", "OUTCOMES", "OutcomeResult",
+    "PlannerContext", "ProcedureStep", "Retrieval", "SCHEMA_VERSION", "ScoredMemory", "Skill",
+    "confidence", "extract_json_object", "format_batch", "modality_of", "parse_category",
 ]
