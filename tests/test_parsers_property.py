@@ -233,3 +233,41 @@ def test_ttrl_judging_survives_a_judge_that_raises():
     assert judging.arbiter("q", "w", "a") == 0.0
     assert judging.alignment("p", None) == 0.0
     assert judging.failures == {"arbiter_error": 1, "alignment_bad_value": 1}
+
+
+def test_the_reported_cases():
+  """The probe's findings one by one (issue 19 item 4)."""
+  deep = "[" * 1000
+  assert find_number('{"score": ' + "1" * 400 + "}") == (None, "")
+  assert find_number("Score: " + "1" * 400) == (None, "")
+  assert find_number('{"score": NaN}') == (None, "") and find_number('{"score": 7}') == (7.0,
+                                                                                         "json")
+  turn = parse_turn("<think>t</think><tool_call>" + deep + "</tool_call>")
+  assert isinstance(turn, FormatError) and turn.code == "invalid_json"
+  assert "nested deeper than" in turn.message
+  nested = parse_turn("<think>t</think><answer><answer>x</answer></answer>")
+  assert isinstance(nested, FormatError) and nested.code == "unbalanced_tags"
+  assert "<answer> inside <answer>" in nested.message
+  with pytest.raises(GraphError, match="nested deeper than"):
+    parse_plan(deep + "]" * 1000)
+  with pytest.raises(DistillerError):
+    extract_json_object("{" + deep)
+  step = ('{"operation": "create", "skill": {"description": "d", "procedure": [{"step": "²", '
+          '"action": "a", "purpose": "p"}], "pitfalls": []}, "absorbed_ids": []}')
+  with pytest.raises(DistillerError, match=r"field 'step' must be an integer; got '²'") as err:
+    parse_reply(step, as_bucket(B), {}, has_skill=False)
+  assert err.value.kind == "wrong_type"
+  t = time.perf_counter()
+  with pytest.raises(DistillerError):
+    extract_json_object("{" * 800 + '{"a":1}' * 800)  # was 2 s (cubic)
+  assert time.perf_counter() - t < 0.5
+  assert math.isfinite(_ALIGN.parse('{"score": NaN}').score)
+  assert _ALIGN.parse("1" * 400).failure == "no_score"
+  for reply in ('{"score": NaN}', "Score: " + "9" * 400, '{"score": Infinity}'):
+    e = _NOGT_CLIP.parse_evaluator(reply)
+    assert e.failure == "no_score" and e.score == 1.0
+  chain = hostile.chain(10**4)
+  graph = SubtaskGraph.from_obj(chain, 10**4)
+  assert len(graph.waves()) == 10**4 and graph.topological_order()[-1] == str(10**4 - 1)
+  with pytest.raises(GraphError, match="dependency cycle"):
+    SubtaskGraph.from_obj(hostile.chain(10**4, cycle=True), 10**4)
