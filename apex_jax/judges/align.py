@@ -127,7 +127,7 @@ class AlignJudge:
       score /= 10.0
     if score is None:
       numbers = re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\d)", body)
-      score = float(numbers[0]) if len(numbers) == 1 else None
+      score = replies.finite_number(numbers[0]) if len(numbers) == 1 else None  # None for 1e400
     if score is None:
       self.failures.add("no_score", body[:120])
       return Alignment(self.config.failure_score, "no_score", reply)

@@ -8,7 +8,10 @@ failure with a defined score (DESIGN.md section 6).
 from __future__ import annotations
 
 import collections
+import copy
+import functools
 import logging
+import math
 import re
 import threading
 from typing import Sequence
@@ -37,7 +40,15 @@ def strip_think(text: str) -> str:
 
 
 def find_json_object(text: str) -> dict | None:
-  """The first JSON object anywhere in the reply (fenced or in prose), or None."""
+  """The first JSON object anywhere in the reply (fenced or in prose), or None. A judge reads one
+  reply several times (score, reason, verdict): the last replies' objects are cached, and each
+  caller gets its own copy."""
+  found = _json_object(text)
+  return copy.deepcopy(found) if found is not None else None
+
+
+@functools.lru_cache(maxsize=64)
+def _json_object(text: str) -> dict | None:
   try:
     return extract_json_object(text)
   except MemoryBankError:
@@ -48,24 +59,39 @@ def find_number(text: str, label: str = "score") -> tuple[float | None, str]:
   """A number the reply gives for `label`, and how it was found.
 
   Tried in order: a JSON object's `label` field; `label: 7` (markdown bold, "- " bullets and a
-  "/10" suffix allowed); `7/10`; the reply being a bare number. Returns (None, "") when none."""
+  "/10" suffix allowed); `7/10`; the reply being a bare number. Returns (None, "") when none.
+  A number that is not finite as a float (NaN, Infinity, 400 digits) is never returned: the
+  method that found it counts as a miss, so NaN / inf never become a score."""
   obj = find_json_object(text)
   if obj is not None:
     value = obj.get(label)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-      return float(value), "json"
+      number = finite_number(value)
+      if number is not None:
+        return number, "json"
     if isinstance(value, str) and re.fullmatch(rf"\s*{_NUMBER}\s*(?:/\s*10)?\s*", value):
-      return float(re.match(rf"\s*({_NUMBER})", value).group(1)), "json"
-  labelled = re.search(rf"{label}\**\s*[:=]\s*\**\s*({_NUMBER})", text, re.IGNORECASE)
-  if labelled:
-    return float(labelled.group(1)), "label"
-  out_of_ten = re.search(rf"(?<![\w.])({_NUMBER})\s*/\s*10\b", text)
-  if out_of_ten:
-    return float(out_of_ten.group(1)), "ratio"
-  bare = re.fullmatch(rf"[\s*`\"']*({_NUMBER})[\s*`\"'.]*", text)
-  if bare:
-    return float(bare.group(1)), "bare"
+      number = finite_number(re.match(rf"\s*({_NUMBER})", value).group(1))
+      if number is not None:
+        return number, "json"
+  for how, match in (
+      ("label", lambda: re.search(rf"{label}\**\s*[:=]\s*\**\s*({_NUMBER})", text, re.I)),
+      ("ratio", lambda: re.search(rf"(?<![\w.])({_NUMBER})\s*/\s*10\b", text)),
+      ("bare", lambda: re.fullmatch(rf"[\s*`\"']*({_NUMBER})[\s*`\"'.]*", text))):
+    found = match()
+    if found:
+      number = finite_number(found.group(1))
+      if number is not None:
+        return number, how
   return None, ""
+
+
+def finite_number(value) -> float | None:
+  """float(value) when that is a finite number, else None (never raises)."""
+  try:
+    number = float(value)
+  except (OverflowError, ValueError):  # an int too large for a float
+    return None
+  return number if math.isfinite(number) else None
 
 
 def find_reason(text: str) -> str:
@@ -127,9 +153,19 @@ _LABELLED = re.compile(
 _LEADING = re.compile(r"^\W*([A-Za-z])\s*[:.)\-–]")
 
 
+_LEAD = frozenset("*`\"'([")
+_TRAIL = frozenset("*`\"'.:)]!")
+
+
 def _token(text: str) -> str:
-  """Upper case without surrounding markdown, quotes, brackets and end punctuation."""
-  return re.sub(r"^[\s*`\"'(\[]+|[\s*`\"'.:)\]!]+$", "", text).upper().replace("_", " ")
+  """Upper case without surrounding markdown, quotes, brackets and end punctuation (a scan, not
+  a regex: `[...]+$` is quadratic on a long run of those characters not at the end)."""
+  i, j = 0, len(text)
+  while i < j and (text[i].isspace() or text[i] in _LEAD):
+    i += 1
+  while j > i and (text[j - 1].isspace() or text[j - 1] in _TRAIL):
+    j -= 1
+  return text[i:j].upper().replace("_", " ")
 
 
 def find_verdict(text: str, choices: dict[str, str]) -> tuple[str | None, str]:

@@ -18,7 +18,8 @@ from apex_jax.memory.buckets import (CATEGORY_DESCRIPTIONS, CATEGORY_EXAMPLES, C
 from apex_jax.memory.evolution import DistillerResult
 from apex_jax.memory.records import (AddResult, Memory, NewMemory, OutcomeResult, PlannerContext,
                                      ProcedureStep, Retrieval, ScoredMemory, Skill)
-from apex_jax.memory.schema import (CATEGORIES, MODALITIES, OUTCOMES, SCHEMA_VERSION, Bucket,
+from apex_jax.memory.schema import (CATEGORIES, DATABASE_CAUSES, MODALITIES, OUTCOMES,
+                                    SCHEMA_VERSION, Bucket, MemoryBankDatabaseError,
                                     MemoryBankError, MemoryConfig)
 from apex_jax.memory.skills import (ERROR_KINDS, OPERATIONS, DistillerError, confidence,
                                     extract_json_object, format_batch)
@@ -26,9 +27,9 @@ from apex_jax.memory.store import MemoryBank
 
 __all__ = [
     "AddResult", "Bucket", "CATEGORIES", "CATEGORY_DESCRIPTIONS", "CATEGORY_EXAMPLES",
-    "CentroidClassifier", "DistillerError", "DistillerResult", "ERROR_KINDS", "LLMClassifier",
-    "MODALITIES", "Memory", "MemoryBank", "MemoryBankError", "MemoryConfig", "NewMemory",
-    "OPERATIONS", "OUTCOMES", "OutcomeResult", "PlannerContext", "ProcedureStep", "Retrieval",
-    "SCHEMA_VERSION", "ScoredMemory", "Skill", "confidence", "extract_json_object",
-    "format_batch", "modality_of", "parse_category",
+    "CentroidClassifier", "DATABASE_CAUSES", "DistillerError", "DistillerResult", "ERROR_KINDS",
+    "LLMClassifier", "MODALITIES", "Memory", "MemoryBank", "MemoryBankDatabaseError",
+    "MemoryBankError", "MemoryConfig", "NewMemory", "OPERATIONS", "OUTCOMES", "OutcomeResult",
+    "PlannerContext", "ProcedureStep", "Retrieval", "SCHEMA_VERSION", "ScoredMemory", "Skill",
+    "confidence", "extract_json_object", "format_batch", "modality_of", "parse_category",
 ]

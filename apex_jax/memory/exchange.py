@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from apex_jax.memory.schema import (OUTCOMES, SCHEMA_VERSION, MemoryBankError, check_category,
-                                    check_modality)
+from apex_jax.memory.schema import (OUTCOMES, SCHEMA_VERSION, MemoryBankDatabaseError,
+                                    MemoryBankError, check_category, check_modality)
 from apex_jax.memory.skills import skill_from_doc, skill_to_doc
 from morse_jax import atomic
 
@@ -177,8 +177,12 @@ def load(conn: sqlite3.Connection, data: dict, path: str, *, replace: bool) -> i
                      [(c, m, d) for c, m, _, d in skill_rows])
     conn.executemany("INSERT INTO skill_history VALUES (?, ?, ?, ?)", history)
     conn.executemany("INSERT INTO buckets VALUES (?, ?, ?)", buckets)
-  except sqlite3.IntegrityError as err:  # e.g. two skills for one bucket
+  except sqlite3.IntegrityError as err:  # e.g. two skills for one bucket (a plain connection)
     raise MemoryBankError(f"{path}: inconsistent export ({err})") from err
+  except MemoryBankDatabaseError as err:  # the bank's connection names its sqlite3 errors
+    if err.cause != "constraint":
+      raise
+    raise MemoryBankError(f"{path}: inconsistent export ({err.__cause__})") from err
   # Inserting explicit ids moved the sequence to the largest one; the export's next id may be
   # higher (memories deleted before the export), and must win.
   conn.execute("DELETE FROM sqlite_sequence WHERE name = 'memories'")

@@ -27,6 +27,55 @@ class MemoryBankError(Exception):
   the file and the offending value."""
 
 
+class MemoryBankDatabaseError(MemoryBankError):
+  """An SQLite failure on the bank's file, named: `cause` is one of DATABASE_CAUSES."""
+
+  def __init__(self, message: str, cause: str):
+    super().__init__(message)
+    self.cause = cause
+
+
+DATABASE_CAUSES = ("locked", "disk_full", "corrupt", "io", "readonly", "cannot_open",
+                   "constraint", "sqlite")
+_CAUSES = {"SQLITE_BUSY": "locked", "SQLITE_LOCKED": "locked", "SQLITE_FULL": "disk_full",
+           "SQLITE_CORRUPT": "corrupt", "SQLITE_NOTADB": "corrupt", "SQLITE_IOERR": "io",
+           "SQLITE_READONLY": "readonly", "SQLITE_CANTOPEN": "cannot_open",
+           "SQLITE_PERM": "readonly", "SQLITE_AUTH": "readonly",
+           "SQLITE_CONSTRAINT": "constraint"}
+
+
+def database_error(err: sqlite3.Error, path: str, timeout: float | None = None,
+                   doing: str = "") -> MemoryBankDatabaseError:
+  """A MemoryBankDatabaseError naming the file and the cause of an sqlite3 error."""
+  name = getattr(err, "sqlite_errorname", "") or ""
+  cause = _CAUSES.get("_".join(name.split("_")[:2]))  # SQLITE_IOERR_WRITE -> SQLITE_IOERR
+  text = str(err)
+  if cause is None:  # errors raised without a code (e.g. by the module itself)
+    low = text.lower()
+    cause = ("locked" if "locked" in low or "busy" in low else
+             "disk_full" if "full" in low else
+             "corrupt" if "malformed" in low or "not a database" in low else "sqlite")
+  during = f" while {doing}" if doing else ""
+  if cause == "locked":
+    waited = "" if timeout is None else f"; waited {timeout:g} s for the lock"
+    message = (f"{path}: locked by another connection{during}{waited} ({text}). Another "
+               f"process is writing the bank; retry, or open it with a longer timeout")
+  elif cause == "disk_full":
+    message = f"{path}: the disk is full{during} ({text}); nothing of this write was stored"
+  elif cause == "corrupt":
+    message = f"{path}: not a usable memory database: the file is damaged{during} ({text})"
+  elif cause == "io":
+    message = f"{path}: disk I/O error{during} ({text})"
+  elif cause == "constraint":
+    message = f"{path}: a constraint of the schema was violated{during} ({text})"
+  elif cause in ("readonly", "cannot_open"):
+    message = f"{path}: cannot {'write' if cause == 'readonly' else 'open'} the file{during} " \
+              f"({text})"
+  else:
+    message = f"{path}: SQLite error{during} ({name or type(err).__name__}: {text})"
+  return MemoryBankDatabaseError(message, cause)
+
+
 class Bucket(NamedTuple):
   category: str
   modality: str
@@ -167,6 +216,13 @@ def migrate(conn: sqlite3.Connection, path: str, upto: int = SCHEMA_VERSION) -> 
   migrate it once. A file from a newer version of this code, or another program's SQLite
   database, is refused, not touched.
   """
+  # A read first: opening an up-to-date bank must not wait for (or take) the write lock.
+  version = user_version(conn)
+  if version > SCHEMA_VERSION:
+    raise MemoryBankError(f"{path}: schema version {version} is newer than this code's "
+                          f"{SCHEMA_VERSION}; upgrade apex_jax to open it")
+  if version >= upto:
+    return version
   while True:
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -186,5 +242,6 @@ def migrate(conn: sqlite3.Connection, path: str, upto: int = SCHEMA_VERSION) -> 
       conn.execute(f"PRAGMA user_version = {version + 1}")
       conn.execute("COMMIT")
     except BaseException:
-      conn.execute("ROLLBACK")
+      if conn.in_transaction:
+        conn.execute("ROLLBACK")
       raise

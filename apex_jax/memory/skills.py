@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 from apex_jax.memory.records import ProcedureStep, Skill
 from apex_jax.memory.schema import Bucket, MemoryBankError
+from morse_jax import jsonsafe
 
 OPERATIONS = ("synthesize", "refine", "create", "skip")
 ERROR_KINDS = ("not_json", "missing_field", "wrong_type", "bad_value")
@@ -72,41 +73,124 @@ def extract_json_object(text: Any) -> dict:
   """The first JSON object in a model reply.
 
   Looks after the last '</think>', then in ```json fences (then other fences), then at each '{'
-  in turn with a real JSON decoder, so leading and trailing prose and braces inside strings are
-  handled. An object that lies inside a '{' that did not parse (more '{' than '}' since it) is
-  part of a broken reply, not the reply: it is skipped, and a reply with nothing else raises
-  DistillerError('not_json') with the decoder's message for the broken object, e.g. a list
-  left open. Raises DistillerError('not_json') naming what was seen.
+  that is not inside an earlier one, with a real JSON decoder, so leading and trailing prose and
+  braces inside strings are handled. An object that lies inside a '{' that did not parse (more
+  '{' than '}' since it) is part of a broken reply, not the reply: it is skipped, and a reply with
+  nothing else raises DistillerError('not_json') with the decoder's message for the broken
+  object, e.g. a list left open. Raises DistillerError('not_json') naming what was seen.
+
+  Never raises anything else, and runs in time linear in the reply's length: braces are matched
+  in one pass (quotes count only inside braces), each top-level brace is decoded once, and an
+  object inside a broken one is looked for without decoding the same text twice (a brace that
+  ends before the point where the decoder failed was decoded without error, so it is an object;
+  one holding that point fails at it too). Nesting deeper than `jsonsafe.MAX_DEPTH` and the
+  constants NaN / Infinity do not parse (`morse_jax.jsonsafe`).
   """
   if not isinstance(text, str):
     raise DistillerError("not_json", f"reply must be a string; got {type(text).__name__}")
   body = text.rsplit("</think>", 1)[-1]
   fences = sorted(_FENCE.findall(body), key=lambda f: f[0].lower() != "json")
-  decoder = json.JSONDecoder()
-  broken = None  # (start, error) of the first failed '{' that an object was found inside
+  broken = None  # (source, start, error) of the first failed '{' with an object inside
   for source in [f[1] for f in fences] + [body]:
-    failed: list[tuple[int, json.JSONDecodeError]] = []
-    start = source.find("{")
-    while start >= 0:
+    for root in _brace_tree(source):
       try:
-        obj, end = decoder.raw_decode(source, start)
+        return _decode(source, root)  # a decode at a '{' gives a dict
       except json.JSONDecodeError as e:
-        failed.append((start, e))
-        start = source.find("{", start + 1)
-        continue
-      inside = [(f, e) for f, e in failed
-                if source.count("{", f, start) > source.count("}", f, start)]
-      if not inside:  # raw_decode at a '{' gives a dict
-        return obj
-      if inside and broken is None:
-        broken = inside[0]
-      start = source.find("{", end if inside else start + 1)
+        if broken is None and _holds_object(source, root, root.start + e.pos):
+          broken = (source, root.start, e)
   if broken is not None:
-    at, err = broken
+    source, at, err = broken
+    err = json.JSONDecodeError(err.msg, source, at + err.pos)  # line and column in the source
     raise DistillerError("not_json", f"reply's JSON object at char {at} does not parse: "
                                      f"{err.msg} (line {err.lineno} column {err.colno})")
   snippet = body.strip()[:120]
   raise DistillerError("not_json", f"reply holds no JSON object: {snippet!r}")
+
+
+class _Brace(NamedTuple):
+  start: int
+  end: int | None  # the matching '}', None when never closed
+  children: list
+  level: int  # 0 for a top-level brace
+  height: int  # 1 + the deepest nesting of braces inside (1: none inside)
+
+
+def _decode(source: str, node: _Brace, max_depth: int | None = jsonsafe.MAX_DEPTH) -> dict:
+  """The object at `node`, decoded from its own span (error positions relative to node.start:
+  an error built on the whole source would count its lines, quadratic over many braces)."""
+  span = source[node.start:None if node.end is None else node.end + 1]
+  return jsonsafe.raw_decode(span, 0, max_depth)[0]
+
+
+# a whole JSON string, or a lone quote (a string left open: the rest of the reply), or a brace
+_BRACE_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}"]', re.DOTALL)
+
+
+def _brace_tree(source: str) -> list[_Brace]:
+  """The top-level '{' ... '}' spans of `source` with the spans nested in them, in one pass.
+  Outside braces only '{' counts (prose quotes are not strings); inside, strings are skipped."""
+  roots: list[_Brace] = []
+  i = 0
+  while True:
+    at = source.find("{", i)
+    if at < 0:
+      return roots
+    stack: list[list] = [[at, [], 1]]  # start, children, height
+    for m in _BRACE_TOKENS.finditer(source, at + 1):
+      c = m.group()
+      if c == "{":
+        stack.append([m.start(), [], 1])
+      elif c == "}":
+        start, children, height = stack.pop()
+        node = _Brace(start, m.start(), children, len(stack), height)
+        if stack:
+          stack[-1][1].append(node)
+          stack[-1][2] = max(stack[-1][2], height + 1)
+        else:
+          roots.append(node)
+          i = m.end()
+          break
+      elif c == '"':  # a string never closed: nothing after it counts
+        break
+    if stack:  # never closed: everything open stays open
+      while stack:
+        start, children, height = stack.pop()
+        node = _Brace(start, None, children, len(stack), height)
+        if stack:
+          stack[-1][1].append(node)
+          stack[-1][2] = max(stack[-1][2], height + 1)
+        else:
+          roots.append(node)
+      return roots
+
+
+def _holds_object(source: str, node: _Brace, failed_at: int) -> bool:
+  """Whether a '{' nested in `node`, whose decoding failed at `failed_at`, is a JSON object.
+
+  Iterative. A brace holding braces nested deeper than jsonsafe.MAX_DEPTH is not an object
+  (as at the top level) and is not decoded, only looked into. A decode that fails at a known
+  point reads text no other decode here reads; one that fails without a point (an integer too
+  long, brackets nested past the decoder's recursion limit) is reported at its start and its
+  children are decoded again, so the work is linear in the reply's length (at worst
+  MAX_DEPTH times it, for such rare replies)."""
+  todo = [(node, failed_at)]
+  while todo:
+    node, failed_at = todo.pop()
+    for child in node.children:
+      if child.end is not None and child.end < failed_at:
+        return True  # decoded without error as part of `node`: an object
+      if child.start < failed_at:  # holds the failure point: fails there too
+        todo.append((child, failed_at))
+        continue
+      if child.height > jsonsafe.MAX_DEPTH:
+        todo.append((child, child.start))
+        continue
+      try:
+        _decode(source, child, max_depth=None)
+        return True
+      except json.JSONDecodeError as e:
+        todo.append((child, child.start + e.pos))
+  return False
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -125,7 +209,18 @@ def _field(obj: dict, name: str, types, where: str, required: bool = True):
   if not value_ok:
     names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
     raise DistillerError("wrong_type", f"{where}: field {name!r} must be {names}; got {value!r}")
+  _storable(value, f"{where}: field {name!r}")
   return value
+
+
+def _storable(value, where: str) -> None:
+  """A string the bank can store: JSON allows lone surrogates ("\\ud800"), UTF-8 does not."""
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise DistillerError("bad_value", f"{where} holds {value[e.start:e.end]!r} at char "
+                                        f"{e.start}, not storable as UTF-8") from None
 
 
 def _procedure(raw: list, where: str) -> tuple[ProcedureStep, ...]:
@@ -138,7 +233,8 @@ def _procedure(raw: list, where: str) -> tuple[ProcedureStep, ...]:
       raise DistillerError("wrong_type", f"{at} must be an object; got {item!r}")
     step = _field(item, "step", (int, str), at)
     if isinstance(step, str):
-      if not step.strip().isdigit():
+      # ASCII digits only: "²".isdigit() is True but int("²") raises; no more than 18 of them
+      if not re.fullmatch(r"[0-9]{1,18}", step.strip()):
         raise DistillerError("wrong_type", f"{at}: field 'step' must be an integer; got {step!r}")
       step = int(step)
     steps.append(ProcedureStep(step, _field(item, "action", str, at),
@@ -210,6 +306,7 @@ def parse_reply(text: Any, bucket: Bucket, batch_ids: dict[str, int], has_skill:
   for i, p in enumerate(pitfalls):
     if not isinstance(p, str):
       raise DistillerError("wrong_type", f"skill: pitfalls[{i}] must be a string; got {p!r}")
+    _storable(p, f"skill: pitfalls[{i}]")
   fields["pitfalls"] = tuple(pitfalls)
   # Checked so a malformed reply is caught, then ignored (see the module docstring).
   rate = _field(skill, "win_rate", (int, float), "skill", False)

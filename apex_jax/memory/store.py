@@ -16,6 +16,17 @@
   win rate is at or above the gate is kept and the new one added too ('added_duplicate').
 
 One bank may be shared by threads (calls are serialised by a lock); processes each open their own.
+
+Failures of the file (issue 19 item 6): every sqlite3 error, wherever it happens (open, read,
+write, commit, a row fetched later), comes out as a `MemoryBankDatabaseError` (a MemoryBankError)
+naming the file and the cause (`cause`: locked, disk_full, corrupt, io, readonly, cannot_open,
+sqlite); "locked" names the timeout waited. Opening an up-to-date bank only reads (the write lock
+is taken to create or migrate the schema, or to switch a file to WAL), checks the file with
+`PRAGMA quick_check` and checks the schema's tables and columns and the stored dimension. A
+stored embedding of the wrong size or not finite (a damaged or foreign file) is left out of
+retrieval with a warning (counted in `counters["bad_stored_embedding"]`) instead of turning every
+score of its bucket into NaN / 1.0. New embeddings are refused at insert when not finite, zero,
+or with a norm float32 cannot hold, with an error naming the field and the text.
 """
 
 from __future__ import annotations
@@ -36,13 +47,87 @@ from apex_jax.memory.evolution import SkillOps
 from apex_jax.memory.records import (AddResult, Memory, NewMemory, OutcomeResult, PlannerContext,
                                      Retrieval, ScoredMemory)
 from apex_jax.memory.retrieval import BucketCache, rank, unit
-from apex_jax.memory.schema import (Bucket, MemoryBankError, MemoryConfig, as_bucket, as_outcome,
-                                    check_category, check_modality, migrate)
+from apex_jax.memory.schema import (Bucket, MemoryBankDatabaseError, MemoryBankError,
+                                    MemoryConfig, as_bucket, as_outcome, check_category,
+                                    check_modality, database_error, migrate)
 
 log = logging.getLogger(__name__)
 
 _MEMORY_COLUMNS = ("id, category, modality, question, workflow_summary, outcome, success_count, "
                    "usage_count, caption, data_id")
+
+
+class _Cursor(sqlite3.Cursor):
+  """A cursor whose sqlite3 errors come out as MemoryBankDatabaseError (see the docstring)."""
+
+  def _fail(self, err: sqlite3.Error, doing: str):
+    conn = self.connection
+    return database_error(err, conn.bank_path, conn.bank_timeout, doing)
+
+  def execute(self, sql, *args):
+    try:
+      return super().execute(sql, *args)
+    except sqlite3.Error as err:
+      raise self._fail(err, f"running {sql.split(None, 2)[:2]}") from err
+
+  def executemany(self, sql, *args):
+    try:
+      return super().executemany(sql, *args)
+    except sqlite3.Error as err:
+      raise self._fail(err, f"running {sql.split(None, 2)[:2]}") from err
+
+  def fetchone(self):
+    try:
+      return super().fetchone()
+    except sqlite3.Error as err:
+      raise self._fail(err, "reading rows") from err
+
+  def fetchall(self):
+    try:
+      return super().fetchall()
+    except sqlite3.Error as err:
+      raise self._fail(err, "reading rows") from err
+
+  def fetchmany(self, *args):
+    try:
+      return super().fetchmany(*args)
+    except sqlite3.Error as err:
+      raise self._fail(err, "reading rows") from err
+
+  def __next__(self):
+    try:
+      return super().__next__()
+    except sqlite3.Error as err:
+      raise self._fail(err, "reading rows") from err
+
+
+class _Connection(sqlite3.Connection):
+  """Every statement runs on a _Cursor (the C Connection.execute would bypass `cursor()`)."""
+  bank_path = ""
+  bank_timeout: float | None = None
+
+  def cursor(self, factory=_Cursor):
+    return super().cursor(factory)
+
+  def execute(self, sql, parameters=()):
+    return self.cursor().execute(sql, parameters)
+
+  def executemany(self, sql, parameters):
+    return self.cursor().executemany(sql, parameters)
+
+  def close(self):
+    try:
+      super().close()
+    except sqlite3.Error as err:
+      raise database_error(err, self.bank_path, self.bank_timeout, "closing") from err
+
+
+# table -> columns the code reads (an older or foreign file lacking one is refused at open)
+_SCHEMA = {"memories": ("id", "category", "modality", "question", "caption", "workflow_summary",
+                        "outcome", "success_count", "usage_count", "q_emb", "c_emb", "data_id"),
+           "skills": ("category", "modality", "doc"), "meta": ("key", "value"),
+           "skill_history": ("category", "modality", "version", "doc"),
+           "buckets": ("category", "modality", "evolved_upto_id")}
 
 
 def _text(value: Any, field: str, allow_empty: bool = False) -> str:
@@ -85,22 +170,46 @@ class MemoryBank(SkillOps):
   def _open(self, timeout: float) -> sqlite3.Connection:
     try:
       conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
-                             check_same_thread=False)
+                             check_same_thread=False, factory=_Connection)
     except sqlite3.Error as err:
-      raise MemoryBankError(f"{self.path}: cannot open the memory database ({err})") from err
+      raise database_error(err, self.path, timeout, "opening") from err
+    conn.bank_path, conn.bank_timeout = self.path, timeout
     try:
-      if self.path != ":memory:":
+      # Only a file not yet in WAL mode needs the lock that switching takes.
+      if self.path != ":memory:" and \
+          str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
         conn.execute("PRAGMA journal_mode = WAL")
       conn.execute("PRAGMA synchronous = FULL")
       migrate(conn, self.path)
-      conn.execute("SELECT count(*) FROM memories").fetchone()
-    except sqlite3.DatabaseError as err:
-      conn.close()
-      raise MemoryBankError(f"{self.path}: not a usable memory database ({err})") from err
+      self._check_file(conn)
     except BaseException:
-      conn.close()
+      try:
+        conn.close()
+      except MemoryBankError:
+        pass
       raise
     return conn
+
+  def _check_file(self, conn: sqlite3.Connection) -> None:
+    """quick_check, the schema's tables and columns, and the stored dimension."""
+    problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+    if problems != ["ok"]:
+      raise MemoryBankDatabaseError(f"{self.path}: not a usable memory database: the file is "
+                                    f"damaged (quick_check: {'; '.join(problems[:3])})",
+                                    "corrupt")
+    for table, columns in _SCHEMA.items():
+      have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall()}
+      missing = [c for c in columns if c not in have]
+      if missing:
+        raise MemoryBankDatabaseError(
+            f"{self.path}: not a usable memory database: table {table} "
+            f"{'is missing' if not have else 'lacks column(s) ' + ', '.join(missing)}", "corrupt")
+    row = conn.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
+    if row is not None and not (isinstance(row[0], str) and row[0].isascii() and
+                                row[0].isdigit() and 0 < int(row[0]) < 1 << 20):
+      raise MemoryBankDatabaseError(f"{self.path}: not a usable memory database: stored "
+                                    f"embedding dim {row[0]!r} is not a positive integer",
+                                    "corrupt")
 
   def close(self) -> None:
     with self._lock:
@@ -151,9 +260,35 @@ class MemoryBank(SkillOps):
     if cache is None:
       rows = self._conn.execute(
           "SELECT id, q_emb, c_emb, outcome, success_count, usage_count FROM memories "
-          "WHERE category = ? AND modality = ? ORDER BY id", bucket)
+          "WHERE category = ? AND modality = ? ORDER BY id", bucket).fetchall()
+      rows = [r for r in rows if self._good_stored_row(r)]
       cache = self._caches[bucket] = BucketCache.from_rows(self.dim or 1, rows)
     return cache
+
+  def _good_stored_row(self, row) -> bool:
+    """Whether a stored memory's embeddings can be scored: blobs of dim float32 values, finite,
+    not zero. Others (a damaged or foreign file; this code never writes them) are left out of
+    retrieval with a warning, not allowed to turn every score of the bucket into NaN / 1.0."""
+    size = 4 * (self.dim or 1)
+    for name, blob in (("q_emb", row[1]), ("c_emb", row[2])):
+      if blob is None and name == "c_emb":
+        continue
+      reason = None
+      if not isinstance(blob, bytes) or len(blob) != size:
+        reason = f"is {len(blob) if isinstance(blob, bytes) else type(blob).__name__} bytes, " \
+                 f"not {size}"
+      else:
+        v = np.frombuffer(blob, np.float32)
+        if not np.isfinite(v).all():
+          reason = "holds NaN or infinity"
+        elif not np.isfinite(np.linalg.norm(v)) or not np.any(v):
+          reason = "is zero or its norm overflows float32"
+      if reason:
+        self.counters["bad_stored_embedding"] += 1
+        log.warning("%s: memory %s's %s %s; left out of retrieval", self.path, row[0], name,
+                    reason)
+        return False
+    return True
 
   def _embed(self, texts: list[str], field: str) -> np.ndarray:
     """[n, d] float32 from the embedder, checked: shape, finiteness, the bank's dimension."""
@@ -172,6 +307,17 @@ class MemoryBank(SkillOps):
     if bad.size:
       raise MemoryBankError(f"embedder returned non-finite values for {field} "
                             f"{texts[bad[0]]!r}")
+    # Embeddings need not be unit-norm (stored as returned, normalised when scored: unit()),
+    # but a zero vector has no direction, and a norm float32 cannot hold becomes 0 or inf.
+    with np.errstate(over="ignore", under="ignore"):
+      norms = np.linalg.norm(out, axis=1)
+    bad = np.flatnonzero(~np.isfinite(norms) | (norms < np.finfo(np.float32).tiny))
+    if bad.size:
+      what = "is all zeros" if not np.any(out[bad[0]]) else \
+          f"has norm {float(np.linalg.norm(out[bad[0]].astype(np.float64))):.3g}, outside " \
+          f"float32's range"
+      raise MemoryBankError(f"embedder output for {field} {texts[bad[0]]!r} {what}: not a "
+                            f"usable embedding")
     if self.dim is not None and out.shape[1] != self.dim:
       raise MemoryBankError(f"embedding dim {out.shape[1]} of {field} texts does not match the "
                             f"bank's dim {self.dim} ({self.path})")

@@ -17,6 +17,8 @@ import json
 import re
 from typing import Callable, Sequence
 
+from morse_jax import jsonsafe
+
 FORMAT_ERRORS = ("no_think", "multiple_think", "unbalanced_tags", "no_action",
                  "tool_call_and_answer", "multiple_tool_calls", "multiple_answers",
                  "invalid_json", "not_an_object", "bad_tool_call", "unknown_tool",
@@ -89,11 +91,27 @@ _BLOCK = {tag: re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL)
           for tag in ("think", "tool_call", "answer")}
 
 
+_TAG = re.compile(r"<(/?)(think|tool_call|answer)>")
+
+
 def _unbalanced(text: str, tags: Sequence[str]) -> FormatError | None:
+  """A FormatError unless each of `tags` opens and closes in turn (<a>..</a><a>..</a>): counts
+  that differ, a close before its open, or a block nested in one of its own kind
+  (`<answer><answer>x</answer></answer>`, which a non-greedy match would read as '<answer>x').
+  One pass over the tags, so the block matches that follow stay linear."""
   for tag in tags:
     opened, closed = text.count(f"<{tag}>"), text.count(f"</{tag}>")
     if opened != closed:
       return FormatError("unbalanced_tags", f"<{tag}> opened {opened} time(s), closed {closed}")
+  open_ = dict.fromkeys(tags, False)
+  for m in _TAG.finditer(text):
+    closing, tag = m.group(1) == "/", m.group(2)
+    if tag not in open_:
+      continue
+    if open_[tag] == (not closing):
+      what = f"<{tag}> inside <{tag}>" if not closing else f"</{tag}> before its <{tag}>"
+      return FormatError("unbalanced_tags", f"{what} at char {m.start()}")
+    open_[tag] = not closing
   return None
 
 
@@ -138,8 +156,8 @@ def parse_turn(text: str, tools: Sequence[str] = ("search",), require_think: boo
 def _parse_call(payload: str, think: str, tools: Sequence[str],
                 max_queries: int | None) -> ToolCall | FormatError:
   try:
-    call = json.loads(payload.strip())
-  except json.JSONDecodeError as e:
+    call = jsonsafe.loads(payload.strip())
+  except json.JSONDecodeError as e:  # also too deep, NaN, an integer too long (jsonsafe)
     return FormatError("invalid_json", f"tool call is not valid JSON: {e.msg} at column "
                                        f"{e.colno}: {payload.strip()[:80]!r}")
   if not isinstance(call, dict):

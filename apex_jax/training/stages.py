@@ -24,9 +24,10 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from morse_jax.rl import metrics as metrics_lib
-from morse_jax.rl.state import Checkpoints, TrainState
+from morse_jax.rl.state import Checkpoints, TrainState, fingerprint
 
 from apex_jax.agents.trajectory import MODULES, Trajectory
 from apex_jax.training.grpo import ModuleUpdater
@@ -116,8 +117,13 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
   done, opt, resumed = 0, None, False
   ckpt = None
   if checkpoint_dir is not None:
+    raw_key = (jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+               else rng)
+    # The directory belongs to one run: these stages, from this key (the seed).
     ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every or 10**9, keep=keep,
-                       metadata=_metadata(updater, stages))
+                       metadata=_metadata(updater, stages),
+                       identity={"stages": _metadata(updater, stages),
+                                 "rng": fingerprint(np.asarray(raw_key).tolist())})
     if ckpt.latest_step() is not None:
       template = TrainState(step=jnp.int32(0), experts=experts, router=None,
                             opt_states=updater.init_opt_state(experts), rng=rng,

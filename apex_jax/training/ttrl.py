@@ -133,7 +133,7 @@ class _Judging:
   def _score(self, kind: str, call) -> float:
     try:
       value = call()
-    except (JudgeError, ValueError, TypeError) as err:
+    except (JudgeError, ValueError, TypeError, ArithmeticError, RecursionError) as err:
       self.failures[f"{kind}_error"] += 1
       log.warning("%s judge failed (%s): %s", kind, type(err).__name__, err)
       return 0.0

@@ -82,7 +82,10 @@ def base() -> ml_collections.ConfigDict:
       # Merge calls (nodes with several parents) sampled per executor row and trained with the
       # node's reward, as the authors train their aggregate expert; False: greedy, untrained.
       train_merges=True,
-      max_minutes=0.0))  # > 0: stop after the first batch that ends past this budget
+      max_minutes=0.0,  # > 0: stop after the first batch that ends past this budget
+      # True: train on in a workdir whose checkpoints belong to another run identity (another
+      # seed, task, data or base weights); False refuses it, naming both (morse_jax.rl.state)
+      continue_other_run=False))
   # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them);
   # eval.record_prompts: the eval records (eval_<split>.jsonl) also hold each executor prompt
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before="",

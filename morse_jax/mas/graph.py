@@ -6,9 +6,13 @@ cycle (with its nodes), duplicate id, empty graph, too many nodes, missing or mi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import json
 from typing import Any, Mapping, Sequence
+
+from morse_jax import jsonsafe
 
 MAX_NODES = 12
 
@@ -36,21 +40,42 @@ def _node(raw: Any, index: int) -> Subtask:
     if field not in raw:
       raise GraphError(f"node {index}: missing field {field!r}")
   node_id = raw["id"]
-  if isinstance(node_id, bool) or not isinstance(node_id, (str, int)) or str(node_id) == "":
+  if isinstance(node_id, bool) or not isinstance(node_id, (str, int)) or _text(node_id) == "":
     raise GraphError(f"node {index}: field 'id' must be a non-empty string or integer, got "
-                     f"{node_id!r}")
+                     f"{_short(node_id)}")
   for field in ("title", "description"):
     if not isinstance(raw[field], str):
-      raise GraphError(f"node {index} (id {node_id!r}): field {field!r} must be a string, got "
-                       f"{raw[field]!r}")
+      raise GraphError(f"node {index} (id {_short(node_id)}): field {field!r} must be a string, "
+                       f"got {_short(raw[field])}")
   deps = raw.get("depends_on", [])
   if deps is None:
     deps = []
   if not isinstance(deps, (list, tuple)) or any(
       isinstance(d, bool) or not isinstance(d, (str, int)) for d in deps):
-    raise GraphError(f"node {index} (id {node_id!r}): field 'depends_on' must be a list of ids, "
-                     f"got {deps!r}")
-  return Subtask(str(node_id), raw["title"], raw["description"], tuple(str(d) for d in deps))
+    raise GraphError(f"node {index} (id {_short(node_id)}): field 'depends_on' must be a list of "
+                     f"ids, got {_short(deps)}")
+  ids = [_text(d) for d in deps]
+  if any(isinstance(d, int) and i == "" for d, i in zip(deps, ids)):
+    raise GraphError(f"node {index} (id {_short(node_id)}): an id in 'depends_on' is an integer "
+                     f"too long to write")
+  return Subtask(_text(node_id), raw["title"], raw["description"], tuple(ids))
+
+
+def _text(node_id: str | int) -> str:
+  """The id as a string; '' for an integer past Python's int-string limit (4300 digits)."""
+  try:
+    return str(node_id)
+  except ValueError:
+    return ""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+  """repr of a value from a plan, cut to `limit` characters (never raises)."""
+  try:
+    text = repr(value)
+  except (ValueError, RecursionError):
+    text = f"<{type(value).__name__}>"
+  return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,45 +103,55 @@ class SubtaskGraph:
   @classmethod
   def from_json(cls, text: str, max_nodes: int = MAX_NODES) -> "SubtaskGraph":
     try:
-      obj = json.loads(text)
-    except json.JSONDecodeError as e:
+      obj = jsonsafe.loads(text)
+    except json.JSONDecodeError as e:  # also too deep, NaN, an integer too long (jsonsafe)
       raise GraphError(f"plan is not valid JSON: {e}") from None
     return cls.from_obj(obj, max_nodes)
 
   def to_json(self) -> str:
     return json.dumps({"subtasks": [n.to_dict() for n in self.nodes]})
 
+  @functools.cached_property
+  def _by_id(self) -> dict[str, Subtask]:
+    return {n.id: n for n in self.nodes}
+
   def node(self, node_id: str) -> Subtask:
-    for n in self.nodes:
-      if n.id == node_id:
-        return n
-    raise KeyError(node_id)
+    return self._by_id[node_id]
 
   def parents(self, node_id: str) -> tuple[str, ...]:
     return self.node(node_id).depends_on
 
   def waves(self) -> list[list[str]]:
     """Nodes grouped by depth: every node's parents lie in earlier waves (input order kept)."""
-    depth: dict[str, int] = {}
-    for node_id in self.topological_order():
-      depth[node_id] = 1 + max((depth[p] for p in self.parents(node_id)), default=-1)
+    depth = self._depths()
     out: list[list[str]] = [[] for _ in range(max(depth.values()) + 1)]
     for n in self.nodes:
       out[depth[n.id]].append(n.id)
     return out
 
   def topological_order(self) -> list[str]:
-    """Kahn's order; among ready nodes the earliest in the input comes first."""
-    remaining = {n.id: set(n.depends_on) for n in self.nodes}
-    order: list[str] = []
-    while remaining:
-      ready = [n.id for n in self.nodes if n.id in remaining and not remaining[n.id]]
-      for node_id in ready:
-        del remaining[node_id]
-        for deps in remaining.values():
-          deps.discard(node_id)
-      order += ready
-    return order
+    """Kahn's order in rounds: each round takes every node whose parents are all taken, in input
+    order (so the order is the waves, one after another). Linear in nodes + edges."""
+    return [node_id for wave in self.waves() for node_id in wave]
+
+  def _depths(self) -> dict[str, int]:
+    """Each node's depth (0 without parents, else 1 + its deepest parent's), computed in a
+    Kahn order (a queue, not rounds): linear in nodes + edges."""
+    children: dict[str, list[str]] = {n.id: [] for n in self.nodes}
+    waiting = {n.id: len(set(n.depends_on)) for n in self.nodes}
+    for n in self.nodes:
+      for d in set(n.depends_on):
+        children[d].append(n.id)
+    depth = {n.id: 0 for n in self.nodes}
+    queue = collections.deque(n.id for n in self.nodes if not waiting[n.id])
+    while queue:
+      u = queue.popleft()
+      for v in children[u]:
+        depth[v] = max(depth[v], depth[u] + 1)
+        waiting[v] -= 1
+        if not waiting[v]:
+          queue.append(v)
+    return depth
 
 
 def single_node(statement: str, title: str = "Solve the task") -> SubtaskGraph:
@@ -144,24 +179,30 @@ def validate(nodes: Sequence[Subtask]) -> None:
 
 
 def _find_cycle(nodes: Sequence[Subtask]) -> list[str] | None:
-  """One cycle as [a, b, ..., a] (depth-first search over depends_on), or None."""
+  """One cycle as [a, b, ..., a] (depth-first search over depends_on, with an explicit stack:
+  a 10^4-node chain must not hit Python's recursion limit), or None. Linear in nodes + edges."""
   deps = {n.id: n.depends_on for n in nodes}
-  state: dict[str, int] = {}  # 1 on the stack, 2 done
-  stack: list[str] = []
-
-  def visit(u: str) -> list[str] | None:
-    state[u] = 1
-    stack.append(u)
-    for v in deps[u]:
-      if state.get(v) == 1:
-        return stack[stack.index(v):] + [v]
-      if v not in state and (found := visit(v)):
-        return found
-    stack.pop()
-    state[u] = 2
-    return None
-
+  state: dict[str, int] = {}  # 1 on the path, 2 done
   for n in nodes:
-    if n.id not in state and (found := visit(n.id)):
-      return found
+    if n.id in state:
+      continue
+    path: list[str] = [n.id]
+    where: dict[str, int] = {n.id: 0}  # node -> index on the path
+    todo = [iter(deps[n.id])]
+    state[n.id] = 1
+    while todo:
+      v = next(todo[-1], None)
+      if v is None:
+        todo.pop()
+        u = path.pop()
+        del where[u]
+        state[u] = 2
+        continue
+      if state.get(v) == 1:
+        return path[where[v]:] + [v]
+      if v not in state:
+        state[v] = 1
+        where[v] = len(path)
+        path.append(v)
+        todo.append(iter(deps[v]))
   return None

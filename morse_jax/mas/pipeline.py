@@ -175,10 +175,13 @@ def train(config) -> dict:
   state = trainer.init_state(jax.random.key(config.seed))
   workdir = os.path.abspath(config.workdir)
   ckpt = Checkpoints(os.path.join(workdir, "ckpt"), every=1, keep=config.train.keep,
-                     metadata=trainer.metadata())
-  resume = ckpt.latest_step()
-  if resume is not None:
-    state = ckpt.restore(state)
+                     metadata=trainer.metadata(),
+                     identity=run_identity(config, trainer.metadata(), problems),
+                     continue_other_run=bool(config.train.get("continue_other_run", False)))
+  resume = None
+  if ckpt.latest_step() is not None:
+    state = ckpt.restore(state)  # the newest good step; corrupt newer ones skipped and named
+    resume = int(state.step)
     print(f"resumed from step {resume} (cursor {int(state.cursor)})")
   print(f"{len(problems)} training problems; {config.train.steps} updates; "
         f"B={config.train.routes_per_node} M={config.train.group_size} algo={config.algo}")
@@ -213,6 +216,25 @@ def train(config) -> dict:
       ckpt.maybe_save(state, force=True)
   ckpt.close()
   return last
+
+
+def run_identity(config, metadata: dict, problems) -> dict:
+  """What makes a training run this run and not another (checkpoints refuse another's folder):
+  the trainer's metadata (model, LoRA, router, step configs), the seed, the system / mixture /
+  algorithm, the task config, a fingerprint of the training problems (ids and statements, in
+  order) and of the base weights (`files_fingerprint` of model.path: names, sizes and mtimes of
+  its files, not their bytes; '' for none). Train length, checkpoint cadence, time budgets and
+  evaluation settings are left out: changing them continues the same run."""
+  from morse_jax.rl.state import fingerprint, files_fingerprint
+
+  data = fingerprint([[p.id, p.statement] for p in problems])
+  return json.loads(json.dumps({
+      "trainer": metadata, "seed": config.seed, "system": config.system,
+      "mixture": config.get("mixture"), "algo": config.get("algo"),
+      "task": config.task.to_dict(), "data": data,
+      "base_weights": {"path": os.path.abspath(os.path.expanduser(config.model.path))
+                                if config.model.path else "",
+                       "files": files_fingerprint(config.model.path)}}))
 
 
 def plan(config, out: str, split: str = "test") -> dict:

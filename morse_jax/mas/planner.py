@@ -11,6 +11,7 @@ import os
 import re
 from typing import Callable, Sequence
 
+from morse_jax import jsonsafe
 from morse_jax.mas import prompts
 from morse_jax.mas.graph import MAX_NODES, GraphError, SubtaskGraph, single_node
 from morse_jax.tasks.base import Problem
@@ -22,7 +23,9 @@ _FENCE = re.compile(r"```(?:json)?\s*\n?(.*?)```", re.DOTALL)
 
 
 def parse_plan(text: str, max_nodes: int = MAX_NODES) -> SubtaskGraph:
-  """The graph in a reply: a ```json block, else the outermost {...} or [...]."""
+  """The graph in a reply: a ```json block, else the outermost {...} or [...].
+
+  Raises GraphError (a ValueError) and nothing else, in time linear in the reply's length."""
   candidates = [f.strip() for f in _FENCE.findall(text)]
   spans = []
   for open_, close in (("{", "}"), ("[", "]")):
@@ -35,8 +38,8 @@ def parse_plan(text: str, max_nodes: int = MAX_NODES) -> SubtaskGraph:
   error = None
   for c in candidates:
     try:
-      obj = json.loads(c)
-    except json.JSONDecodeError as e:
+      obj = jsonsafe.loads(c)
+    except json.JSONDecodeError as e:  # also too deep, NaN, an integer too long (jsonsafe)
       error = error or GraphError(f"plan is not valid JSON: {e}")
       continue
     return SubtaskGraph.from_obj(obj, max_nodes)
@@ -115,8 +118,8 @@ def load_plans(path: str, max_nodes: int = MAX_NODES) -> dict[str, SubtaskGraph]
       if not line.strip():
         continue
       try:
-        row = json.loads(line)
+        row = jsonsafe.loads(line)
         out[str(row["problem_id"])] = SubtaskGraph.from_obj(row["subtasks"], max_nodes)
-      except (json.JSONDecodeError, KeyError, TypeError, GraphError) as e:
+      except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError, GraphError
         raise GraphError(f"{path}:{line_no}: {type(e).__name__}: {e}") from None
   return out

@@ -1,5 +1,8 @@
 """LoRA-and-router-only orbax checkpoints: round trip, latest step, clear errors."""
 
+import json
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -42,3 +45,16 @@ def test_mismatch_and_missing_are_clear_errors(tmp_path):
   # The good checkpoint is still there and readable.
   experts, _, _ = checkpoint.restore(str(tmp_path), *trainables(0))
   np.testing.assert_array_equal(experts["v"].b, trainables(3)[0]["v"].b)
+
+
+def test_damaged_array_is_refused_naming_step_and_array(tmp_path):
+  checkpoint.save(str(tmp_path), 3, *trainables(3))
+  saved = tmp_path / "3" / "checksums" / "metadata"
+  doc = json.loads(saved.read_text())
+  name = sorted(doc["arrays"])[0]
+  # The same as a flipped bit in that array's data: the bytes no longer match the checksum.
+  doc["arrays"][name]["sha256"] = "0" * 64
+  saved.write_text(json.dumps(doc))
+  with pytest.raises(checkpoint.AdapterCheckpointError,
+                     match=rf"step 3: array {re.escape(name)} does not match its checksum"):
+    checkpoint.restore(str(tmp_path), *trainables(0))

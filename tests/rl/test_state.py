@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
+import shutil
+import socket
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +14,9 @@ import numpy as np
 import optax
 import pytest
 
-from morse_jax.rl.state import CheckpointError, Checkpoints, TrainState
+from morse_jax.rl.state import (IDENTITY_FILE, CheckpointError, Checkpoints,
+                                CorruptCheckpointError, TrainState, files_fingerprint,
+                                fingerprint)
 
 META = {"model": {"hidden_size": 64, "family": "llama"}, "lora": {"rank": 2, "targets": ["q"]},
         "router": {"dim": 4}, "step": {"expert_lr": 8e-5}}
@@ -151,10 +156,15 @@ def test_corrupt_newest_step_is_a_clear_error_and_older_survives(tmp_path, corru
   corrupt(os.path.join(tmp_path, "4"))
   before = files_under(str(tmp_path))
   with Checkpoints(str(tmp_path), every=2, keep=3, metadata=META) as ckpt:
-    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path}/4") as err:
-      ckpt.restore(make_state(0, a_shape=BIG))
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {tmp_path}/4") as err:
+      ckpt.restore(make_state(0, a_shape=BIG), fallback=False)
     assert err.value.__cause__ is not None or "missing" in str(err.value)
     assert files_under(str(tmp_path)) == before  # a failed restore changes nothing
+    # Resuming (the latest step, fallback on) passes over the corrupt step 4, and says so.
+    resumed = ckpt.restore(make_state(0, a_shape=BIG))
+    assert_same(resumed, make_state(2, step=2, cursor=2, a_shape=BIG))
+    assert list(ckpt.skipped) == [4] and f"{tmp_path}/4" in ckpt.skipped[4]
+    assert files_under(str(tmp_path)) == before
     older = ckpt.restore(make_state(0, a_shape=BIG), step=2)
     assert_same(older, make_state(2, step=2, cursor=2, a_shape=BIG))
     # Training on from step 2: step 4 exists (corrupt) and is not overwritten; 6 is new.
@@ -196,3 +206,193 @@ def test_restore_places_arrays_like_the_template(tmp_path, eight_devices):
     got = ckpt.restore(place(make_state(0, a_shape=(8, 3))))
   assert got.experts["q"]["a"].sharding == sharded
   assert_same(got, want)
+
+
+# ----------------------------------------------------------------- trust (issue 19 item 5)
+
+
+def _flip_bit_in_array_data(step_dir, offset_fraction=0.5):
+  """Flips one bit in the middle of the largest data file of the step's arrays."""
+  sizes = {os.path.join(root, name): os.path.getsize(os.path.join(root, name))
+           for root, _, names in os.walk(os.path.join(step_dir, "state")) for name in names}
+  path = max(sizes, key=sizes.get)
+  with open(path, "r+b") as f:
+    f.seek(int(sizes[path] * offset_fraction))
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_flipped_bit_is_refused_naming_step_and_array(tmp_path):
+  with Checkpoints(str(tmp_path), every=2, keep=3, metadata=META) as ckpt:
+    for s in (2, 4):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s, a_shape=BIG))
+  assert os.path.isdir(tmp_path / "4" / "checksums")
+  _flip_bit_in_array_data(os.path.join(tmp_path, "4"))
+  with Checkpoints(str(tmp_path), every=2, keep=3, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError,
+                       match=r"/4 \(step 4\): array \S+ does not match its checksum"):
+      ckpt.restore(make_state(0, a_shape=BIG), step=4)
+    with pytest.raises(CorruptCheckpointError, match="step 4"):
+      ckpt.restore(make_state(0, a_shape=BIG), fallback=False)
+
+
+def test_resume_falls_back_to_newest_good_step_and_says_so(tmp_path, caplog, capsys):
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    for s in (1, 2, 3):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s, a_shape=BIG))
+  _flip_bit_in_array_data(os.path.join(tmp_path, "3"))
+  _truncate_state(os.path.join(tmp_path, "2"))
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    got = ckpt.restore(make_state(0, a_shape=BIG))
+  assert_same(got, make_state(1, step=1, cursor=1, a_shape=BIG))
+  assert sorted(ckpt.skipped) == [2, 3]
+  assert "resuming from step 1" in capsys.readouterr().out
+  assert any("newer step(s) [2, 3] are corrupt" in r.getMessage() for r in caplog.records)
+
+
+def test_every_step_corrupt_raises_the_newest_error(tmp_path):
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    for s in (1, 2):
+      ckpt.maybe_save(make_state(s, step=s, a_shape=BIG))
+  for s in (1, 2):
+    _truncate_state(os.path.join(tmp_path, str(s)))
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/2"):
+      ckpt.restore(make_state(0, a_shape=BIG))
+
+
+def test_another_runs_step_is_not_fallen_back_over(tmp_path):
+  """A metadata mismatch is not damage: no fallback to an older step of the same folder."""
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    ckpt.maybe_save(make_state(1, step=1))
+  other = {**META, "lora": {"rank": 4, "targets": ["q"]}}
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=other) as ckpt:
+    with pytest.raises(CheckpointError, match="lora.rank=2, this run has 4") as err:
+      ckpt.restore(make_state(0))
+    assert not isinstance(err.value, CorruptCheckpointError)
+
+
+def test_saves_use_unique_temporary_names(tmp_path):
+  # Orbax's own temporary name for step 3 (what another writer may be writing right now): a
+  # save of step 3 here must neither reuse nor delete it.
+  theirs = tmp_path / "3.orbax-checkpoint-tmp"
+  theirs.mkdir()
+  (theirs / "in_progress").write_text("another writer's files")
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as a, \
+       Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as b:
+    assert a._token != b._token
+    assert a.maybe_save(make_state(3, step=3))
+  assert (theirs / "in_progress").read_text() == "another writer's files"
+  assert step_dirs(str(tmp_path)) == [3]
+
+
+def test_two_writers_of_one_step_do_not_collide(tmp_path, caplog):
+  """Orbax deletes an existing step directory before writing it: a second writer whose listing
+  is stale must not destroy the step the first committed, nor write while the first holds the
+  step's lock."""
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as a, \
+       Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as b:
+    b._manager.all_steps()  # b lists the folder before a saves
+    assert a.maybe_save(make_state(2, step=2))
+    assert not b.maybe_save(make_state(7, step=2))
+    assert any("already in" in r.getMessage() for r in caplog.records)
+    # another live writer (this process) holds step 3's lock: b skips, a's lock stays
+    lock = tmp_path / "3.saving.lock"
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    assert not b.maybe_save(make_state(7, step=3))
+    assert lock.exists() and any("being saved by another writer" in r.getMessage()
+                                 for r in caplog.records)
+    # a lock left by a process that is gone is taken over
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
+    assert b.maybe_save(make_state(3, step=3)) and not lock.exists()
+  assert step_dirs(str(tmp_path)) == [2, 3]
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    assert_same(ckpt.restore(make_state(0), step=2), make_state(2, step=2))
+
+
+IDENTITY = {"trainer": META, "seed": 0, "task": {"family": "synthetic"}, "data": "d0",
+            "base_weights": {"path": "/m", "files": "f0"}}
+
+
+def test_run_directory_belongs_to_one_identity(tmp_path):
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity=IDENTITY) as ckpt:
+    ckpt.maybe_save(make_state(1, step=1))
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity=IDENTITY) as ckpt:
+    assert int(ckpt.restore(make_state(0)).step) == 1  # the same run resumes
+  seed1 = {**IDENTITY, "seed": 1}
+  with pytest.raises(CheckpointError) as err:
+    Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity=seed1)
+  text = str(err.value)
+  assert fingerprint(IDENTITY) in text and fingerprint(seed1) in text
+  assert "seed is 0 there, 1 here" in text and "continue_other_run=True" in text
+  for change in ({"data": "d1"}, {"base_weights": {"path": "/m", "files": "f1"}},
+                 {"task": {"family": "humaneval"}}):
+    with pytest.raises(CheckpointError, match="belongs to run"):
+      Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity={**IDENTITY, **change})
+
+
+def test_continue_other_run_on_request(tmp_path, capsys):
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity=IDENTITY) as ckpt:
+    ckpt.maybe_save(make_state(1, step=1))
+  seed1 = {**IDENTITY, "seed": 1}
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity=seed1,
+                   continue_other_run=True) as ckpt:
+    assert int(ckpt.restore(make_state(0)).step) == 1
+    ckpt.maybe_save(make_state(2, step=2))
+  assert "continuing run" in capsys.readouterr().out
+  owner = json.loads((tmp_path / IDENTITY_FILE).read_text())
+  assert owner["fingerprint"] == fingerprint(seed1)
+  assert [c["fingerprint"] for c in owner["continued"]] == [fingerprint(IDENTITY)]
+  # The folder now belongs to the continued run: the first identity is the other run now.
+  with pytest.raises(CheckpointError, match="seed is 1 there, 0 here"):
+    Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity=IDENTITY)
+
+
+def test_step_written_before_checksums_restores_with_a_warning(tmp_path, caplog):
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META) as ckpt:
+    ckpt.maybe_save(make_state(1, step=1))
+  shutil.rmtree(tmp_path / "1" / "checksums")
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META) as ckpt:
+    assert_same(ckpt.restore(make_state(0)), make_state(1, step=1))
+  assert any("has no checksums" in r.getMessage() for r in caplog.records)
+
+
+def test_files_fingerprint(tmp_path):
+  (tmp_path / "config.json").write_text("{}")
+  (tmp_path / "w.bin").write_bytes(b"\0" * 100)
+  first = files_fingerprint(str(tmp_path))
+  assert first == files_fingerprint(str(tmp_path))
+  os.utime(tmp_path / "w.bin", (0, 0))  # a copy or a fresh clone: same fingerprint
+  assert files_fingerprint(str(tmp_path)) == first
+  (tmp_path / "w.bin").write_bytes(b"\0" * 99 + b"\1")
+  assert files_fingerprint(str(tmp_path)) != first
+  assert files_fingerprint("") == "" and files_fingerprint(str(tmp_path / "no")).startswith(
+      "missing:")
+
+
+def test_pipeline_run_identity_has_seed_task_data_and_weights(tmp_path):
+  """`make demo` then `make demo --config.seed=1` in one workdir: the second is another run."""
+  from configs.morse import demo_cpu
+  from morse_jax.mas import pipeline
+  from morse_jax.tasks.base import Problem
+
+  config = demo_cpu.get_config()
+  problems = [Problem("p0", "synthetic", "c", "add two numbers"),
+              Problem("p1", "synthetic", "c", "sort a list")]
+  base = pipeline.run_identity(config, META, problems)
+  assert base["seed"] == 0 and base["task"]["family"] == config.task.family
+  assert base["base_weights"]["files"] and not base["base_weights"]["files"].startswith("missing")
+  config.seed = 1
+  assert pipeline.run_identity(config, META, problems)["seed"] == 1
+  config.seed = 0
+  assert pipeline.run_identity(config, META, problems[::-1])["data"] != base["data"]
+  config.train.steps += 10  # a longer run is the same run
+  assert pipeline.run_identity(config, META, problems) == base
+  with Checkpoints(str(tmp_path), every=1, keep=1, metadata=META, identity=base):
+    pass
+  config.seed = 1
+  with pytest.raises(CheckpointError, match="seed is 0 there, 1 here"):
+    Checkpoints(str(tmp_path), every=1, keep=1, metadata=META,
+                identity=pipeline.run_identity(config, META, problems),
+                continue_other_run=config.train.continue_other_run)
