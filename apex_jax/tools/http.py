@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import queue
 import random
 import socket
 import sys
@@ -209,6 +210,7 @@ class JsonServer(ThreadingHTTPServer):
     self.closing = False
     self._lock = threading.Lock()
     self._open = 0  # connections being handled
+    self._refuser = self._refusals = None
     self._reading: dict = {}  # handler -> deadline to have read its request
     self._closed = threading.Event()
     self._watchdog = threading.Thread(target=self._watch_loop, name=f"{self.label}-watchdog",
@@ -249,17 +251,38 @@ class JsonServer(ThreadingHTTPServer):
         self._open -= 1
 
   def _refuse(self, request) -> None:
+    """A 503 from one refuser thread (not the accepting one): it answers, then reads what the
+    client had sent for a moment so that closing does not reset the connection before the
+    client reads the answer. Beyond 256 waiting refusals, connections are closed unanswered."""
     with self._lock:
       self.refused += 1
+      if self._refuser is None:
+        self._refusals = queue.Queue(maxsize=256)
+        self._refuser = threading.Thread(target=self._refuse_loop, name=f"{self.label}-refuser",
+                                         daemon=True)
+        self._refuser.start()
     self.count(503)
     try:
-      request.settimeout(1.0)
-      request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                      b"Connection: close\r\nContent-Length: " + str(len(_REFUSAL)).encode()
-                      + b"\r\n\r\n" + _REFUSAL)
-    except OSError:
-      pass
-    self.shutdown_request(request)
+      self._refusals.put_nowait(request)
+    except queue.Full:
+      self.shutdown_request(request)
+
+  def _refuse_loop(self) -> None:
+    while True:
+      request = self._refusals.get()
+      try:
+        request.settimeout(0.5)
+        request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json"
+                        b"\r\nConnection: close\r\nContent-Length: "
+                        + str(len(_REFUSAL)).encode() + b"\r\n\r\n" + _REFUSAL)
+        request.shutdown(socket.SHUT_WR)
+        request.settimeout(0.05)
+        for _ in range(16):  # at most 64 KiB, or until the client stops sending
+          if not request.recv(4096):
+            break
+      except OSError:
+        pass
+      request.close()
 
   @property
   def open_connections(self) -> int:
