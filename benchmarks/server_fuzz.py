@@ -327,16 +327,14 @@ def run_server(kind: str, args) -> dict:
                                           limits.__dataclass_fields__}}
   with running(srv):
     n, seconds, conc = args["requests"], args["seconds"], args["concurrency"]
-    warm = [good_load(port, path, bodies, max(conc * 4, 8), conc, time.monotonic() + seconds)]
-    if kind == "chat":  # compile the shapes a long request and merged rounds reach
-      long = threading.Thread(target=cases["long_request"])
-      long.start()
-      warm.append(good_load(port, path, bodies, max(conc * 4, 8), conc,
-                            time.monotonic() + seconds))
-      long.join()
-      warm.append(good_load(port, path, bodies, max(conc * 4, 8), conc,
-                            time.monotonic() + seconds))
-    out["warmup"] = warm
+    # warm-up: one unmeasured attack phase, so that the sampler shapes (rows, prompt and
+    # generation buckets) that merged and chunked requests reach are compiled before measuring
+    stop = threading.Event()
+    hostile = attack(port, cases, stop, args["hostile_threads"], 0, 0, 0)
+    out["warmup"] = good_load(port, path, bodies, n, conc, time.monotonic() + seconds)
+    stop.set()
+    for t in hostile["threads"]:
+      t.join(timeout=150)
     out["rss_before_mb"] = rss_mb()
     out["baseline"] = good_load(port, path, bodies, n, conc, time.monotonic() + seconds)
     stop = threading.Event()
