@@ -8,7 +8,9 @@ Each server runs in this process on 127.0.0.1 with a tiny stand-in behind it: th
 over a 200-passage index embedded by a hash encoder (which, like a real tokenizer, fails on a
 lone surrogate), the chat server over a tiny random qwen3 with the tests' word-level tokenizer.
 Per server, three phases: warm-up (compiles), `baseline` (good requests alone) and `attack` (the
-same good requests while hostile clients cycle through the cases below). Bounded: at most
+same good requests while hostile clients cycle through the cases below; with --attack_rounds=k
+the last of k rounds of each phase is reported, earlier ones compiling the sampler shapes merged requests reach: on a CPU
+an XLA compile takes seconds and shows up in p99, so each phase reports its compiles). Bounded: at most
 `--requests` good requests per phase and `--seconds` per phase.
 
 Hostile cases: lone surrogates, JSON nested 100k deep, a 4300-digit integer, NaN / Infinity /
@@ -182,8 +184,9 @@ def chat_hostile(port: int, limits) -> dict:
           p, b'{"messages": ' + b"[" * 100000 + b"]" * 100000 + b"}")),
       "wrong_types": lambda: raw_request(port, body(n="4", stop=[1])),
       "bad_json": lambda: raw_request(port, post_bytes(p, b"{not json")),
-      "long_request": lambda: raw_request(port, body(max_tokens=min(96, limits.max_tokens)),
-                                          timeout=120),
+      "long_request": lambda: raw_request(port, post_bytes(p, json.dumps(
+          {"messages": [{"role": "user", "content": "w5 " * 20}],
+           "max_tokens": min(40, limits.max_tokens)}).encode()), timeout=120),
   }
 
 
@@ -271,6 +274,25 @@ def attack(port: int, cases: dict, stop: threading.Event, threads: int, slow_cli
   return {"threads": workers, "by_case": by_case, "floods": floods}
 
 
+COMPILES = {"count": 0, "seconds": 0.0}  # XLA compiles (a new sampler shape), all phases
+
+
+def _count_compiles():
+  import jax.monitoring
+
+  def listener(event, seconds, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      COMPILES["count"] += 1
+      COMPILES["seconds"] += seconds
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+def compiles_since(before: dict) -> dict:
+  return {"count": COMPILES["count"] - before["count"],
+          "seconds": round(COMPILES["seconds"] - before["seconds"], 2)}
+
+
 def run_server(kind: str, args) -> dict:
   from apex_jax.tools.server import running
 
@@ -315,7 +337,7 @@ def run_server(kind: str, args) -> dict:
     model = llm.Model(config, params, Tokenizer(tiny_models.make_tokenizer(), "tiny"),
                       stop_ids=(1,))
     limits = ChatLimits(read_timeout_s=args["read_timeout_s"], max_tokens=128, chunk_tokens=16,
-                        max_prompt_chars=4096)
+                        max_prompt_chars=4096, max_batch=8)
     srv = serving.make_server(InProcessChat(model, max_context=256), "tiny", port=0,
                               default_max_tokens=8, limits=limits)
     path = "/v1/chat/completions"
@@ -336,34 +358,50 @@ def run_server(kind: str, args) -> dict:
     for t in hostile["threads"]:
       t.join(timeout=150)
     out["rss_before_mb"] = rss_mb()
-    out["baseline"] = good_load(port, path, bodies, n, conc, time.monotonic() + seconds)
-    stop = threading.Event()
+    out["baseline_rounds"] = []
+    for _ in range(args["attack_rounds"]):  # the same number of rounds as the attack
+      before = dict(COMPILES)
+      result = good_load(port, path, bodies, n, conc, time.monotonic() + seconds)
+      result["xla_compiles"] = compiles_since(before)
+      out["baseline_rounds"].append(result)
+    out["baseline"] = out["baseline_rounds"][-1]
     peak = [rss_mb()]
+    by_case: dict = collections.defaultdict(collections.Counter)
+    floods: list = []
+    out["attack_rounds"] = []
+    for _ in range(args["attack_rounds"]):  # the last is `attack`; earlier ones compile shapes
+      before = dict(COMPILES)
+      stop = threading.Event()
 
-    def sample_rss():
-      while not stop.wait(0.05):
-        peak[0] = max(peak[0], rss_mb())
+      def sample_rss():
+        while not stop.wait(0.05):
+          peak[0] = max(peak[0], rss_mb())
 
-    sampler = threading.Thread(target=sample_rss, daemon=True)
-    sampler.start()
-    hostile = attack(port, cases, stop, args["hostile_threads"], args["slow_clients"],
-                     flood_every_s=2.0, flood_n=limits.max_connections + 16)
-    time.sleep(min(seconds / 4, limits.read_timeout_s + 1))  # slowloris clients are cut once
-    start = time.monotonic()
-    out["attack"] = good_load(port, path, bodies, n, conc, start + seconds)
-    out["attack"]["seconds"] = time.monotonic() - start
-    stop.set()
-    for t in hostile["threads"]:
-      t.join(timeout=150)
-    sampler.join()
-    out["hostile"] = {name: dict(c) for name, c in sorted(hostile["by_case"].items())}
+      sampler = threading.Thread(target=sample_rss, daemon=True)
+      sampler.start()
+      hostile = attack(port, cases, stop, args["hostile_threads"], args["slow_clients"],
+                       flood_every_s=2.0, flood_n=limits.max_connections + 16)
+      time.sleep(min(seconds / 4, limits.read_timeout_s + 1))  # slowloris clients cut once
+      start = time.monotonic()
+      result = good_load(port, path, bodies, n, conc, start + seconds)
+      result["seconds"] = time.monotonic() - start
+      result["xla_compiles"] = compiles_since(before)
+      stop.set()
+      for t in hostile["threads"]:
+        t.join(timeout=150)
+      sampler.join()
+      out["attack_rounds"].append(result)
+      for name, c in hostile["by_case"].items():
+        by_case[name].update(c)
+      floods += hostile["floods"]
+    out["attack"] = out["attack_rounds"][-1]
+    out["hostile"] = {name: dict(c) for name, c in sorted(by_case.items())}
     out["hostile_by_class"] = dict(sum((collections.Counter(
         {status_class(int(k)) if k.isdigit() else k: v for k, v in c.items()})
-        for c in hostile["by_case"].values()), collections.Counter()))
+        for c in by_case.values()), collections.Counter()))
     out["hostile_tried"] = sum(sum(c.values()) for c in out["hostile"].values())
-    out["floods"] = {"count": len(hostile["floods"]),
-                     "opened": sum(f["opened"] for f in hostile["floods"]),
-                     "refused_503": sum(f["refused_503"] for f in hostile["floods"])}
+    out["floods"] = {"count": len(floods), "opened": sum(f["opened"] for f in floods),
+                     "refused_503": sum(f["refused_503"] for f in floods)}
     try:
       conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
       conn.request("GET", "/health")
@@ -377,7 +415,7 @@ def run_server(kind: str, args) -> dict:
                             "refused": srv.refused, "timeouts": srv.timeouts}
   out["shutdown_clean"] = not srv.batcher._thread.is_alive()
   out["log_lines"] = dict(logged)
-  good = [out["baseline"], out["attack"]]
+  good = [*out["baseline_rounds"], *out["attack_rounds"]]
   out["crashes"] = (sum(g["statuses"].get("no_answer", 0) + g["statuses"].get(500, 0)
                         for g in good) + (health != 200) + (not out["shutdown_clean"])
                     + out["log_lines"].get("traceback", 0))
@@ -392,18 +430,20 @@ def run_server(kind: str, args) -> dict:
 
 def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
         concurrency: int = 8, hostile_threads: int = 4, slow_clients: int = 8,
-        read_timeout_s: float = 2.0, out: str | None = None) -> dict:
+        read_timeout_s: float = 2.0, attack_rounds: int = 1, out: str | None = None) -> dict:
   args = dict(requests=requests, seconds=seconds, concurrency=concurrency,
               hostile_threads=hostile_threads, slow_clients=slow_clients,
-              read_timeout_s=read_timeout_s)
+              read_timeout_s=read_timeout_s, attack_rounds=attack_rounds)
   report = {"args": args, "servers": {}}
+  _count_compiles()
   for kind in servers:
     r = run_server(kind, args)
     report["servers"][kind] = r
     b, a = r["baseline"], r["attack"]
     print(f"{kind}: good {b['tried']} + {a['tried']} (baseline {r['good_by_class']['baseline']}, "
           f"attack {r['good_by_class']['attack']}), hostile {r['hostile_tried']}, crashes "
-          f"{r['crashes']}, p99 {b['p99_ms']:.0f} ms -> {a['p99_ms']:.0f} ms under attack, "
+          f"{r['crashes']}, p99 {b['p99_ms']:.0f} ms -> {a['p99_ms']:.0f} ms under attack "
+          f"({a['xla_compiles']['count']} XLA compiles, {a['xla_compiles']['seconds']} s), "
           f"peak RSS {r['peak_rss_attack_mb']:.0f} MB", flush=True)
   report["crashes"] = sum(r["crashes"] for r in report["servers"].values())
   report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -420,7 +460,7 @@ def main(argv):
 
   f = flags.FLAGS
   report = run(tuple(f.servers), f.requests, f.seconds, f.concurrency, f.hostile_threads,
-               f.slow_clients, f.read_timeout_s, f.out)
+               f.slow_clients, f.read_timeout_s, f.attack_rounds, f.out or None)
   if report["crashes"]:
     raise SystemExit(f"{report['crashes']} crashes")
 
@@ -435,5 +475,7 @@ if __name__ == "__main__":
   flags.DEFINE_integer("hostile_threads", 4, "Hostile clients cycling through the cases.")
   flags.DEFINE_integer("slow_clients", 8, "Slowloris connections held at once.")
   flags.DEFINE_float("read_timeout_s", 2.0, "The servers' read deadline (short for the run).")
+  flags.DEFINE_integer("attack_rounds", 1, "Attack phases; the last is reported as `attack` "
+                       "(earlier ones compile the sampler shapes merged requests reach).")
   flags.DEFINE_string("out", "benchmarks/results/server_fuzz.json", "JSON report ('' for none).")
   app.run(main)
