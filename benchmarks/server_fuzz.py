@@ -381,7 +381,7 @@ def run_server(kind: str, args) -> dict:
       sampler.start()
       hostile = attack(port, cases, stop, args["hostile_threads"], args["slow_clients"],
                        flood_every_s=2.0, flood_n=limits.max_connections + 16)
-      time.sleep(min(seconds / 4, limits.read_timeout_s + 1))  # slowloris clients cut once
+      time.sleep(min(seconds / 2, limits.read_timeout_s + 1))  # slowloris clients cut once
       start = time.monotonic()
       result = good_load(port, path, bodies, n, conc, start + seconds)
       result["seconds"] = time.monotonic() - start

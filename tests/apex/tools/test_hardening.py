@@ -266,17 +266,17 @@ def test_one_log_line_per_error_and_none_for_client_errors(retriever, caplog):
   assert len(errors[0].getMessage()) < 400 and "Traceback" not in caplog.text
 
 
-def test_fuzz_short_run_has_no_crashes(tmp_path):
+def test_fuzz_short_run_has_no_crashes():
   """benchmarks.server_fuzz, a few seconds on the search server: good requests keep getting
   200 under hostile ones, none is left unanswered, slow clients are cut."""
   from benchmarks import server_fuzz
 
-  report = server_fuzz.run(("search",), requests=30, seconds=3.0, concurrency=4,
-                           hostile_threads=2, slow_clients=2, read_timeout_s=0.5,
-                           out=str(tmp_path / "fuzz.json"))
+  report = server_fuzz.run(("search",), requests=30, seconds=2.0, concurrency=4,
+                           hostile_threads=2, slow_clients=2, read_timeout_s=0.5)
   r = report["servers"]["search"]
   assert report["crashes"] == 0 and r["health_after"] == 200
   assert r["attack"]["statuses"].get(200, 0) >= 1 and r["hostile_tried"] > 0
   assert r["hostile"]["lone_surrogate"].get("400", 0) >= 1
   assert set(r["attack"]["statuses"]) <= {200, 503}  # never a 500, never unanswered
-  assert json.loads((tmp_path / "fuzz.json").read_text())["crashes"] == 0
+  assert r["server_counts"]["timeouts"] >= 1  # slowloris clients cut at the read deadline
+  json.dumps(report)  # what --out writes
