@@ -8,10 +8,10 @@ Each server runs in this process on 127.0.0.1 with a tiny stand-in behind it: th
 over a 200-passage index embedded by a hash encoder (which, like a real tokenizer, fails on a
 lone surrogate), the chat server over a tiny random qwen3 with the tests' word-level tokenizer.
 Per server, three phases: warm-up (compiles), `baseline` (good requests alone) and `attack` (the
-same good requests while hostile clients cycle through the cases below; with --attack_rounds=k
-the last of k rounds of each phase is reported, earlier ones compiling the sampler shapes merged requests reach: on a CPU
-an XLA compile takes seconds and shows up in p99, so each phase reports its compiles). Bounded: at most
-`--requests` good requests per phase and `--seconds` per phase.
+same good requests while hostile clients cycle through the cases below). With --attack_rounds=k
+each phase runs k rounds and the last is reported, earlier ones compiling the sampler shapes that
+merged requests reach: on a CPU an XLA compile takes seconds and shows in p99, so each round
+reports its compiles. Bounded: at most `--requests` good requests and `--seconds` per round.
 
 Hostile cases: lone surrogates, JSON nested 100k deep, a 4300-digit integer, NaN / Infinity /
 negative / huge numbers, wrong types, bad JSON, non-UTF-8, an oversized body (413), an 8 MB chat
