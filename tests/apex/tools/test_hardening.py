@@ -280,3 +280,40 @@ def test_fuzz_short_run_has_no_crashes():
   assert set(r["attack"]["statuses"]) <= {200, 503}  # never a 500, never unanswered
   assert r["server_counts"]["timeouts"] >= 1  # slowloris clients cut at the read deadline
   json.dumps(report)  # what --out writes
+
+
+def test_sigterm_stops_gracefully_after_the_in_flight_request(retriever):
+  """What the launchers run: serve_until_stopped in the main thread; SIGTERM (twice) while a
+  request is inside the model call that outlasts the grace: the request is answered, the worker
+  has ended when it returns (a worker left inside an XLA call at interpreter exit is what
+  aborted the process), and the listening socket is closed."""
+  import os
+  import signal
+
+  from apex_jax.tools.http import serve_until_stopped
+
+  gated = Gated(retriever)
+  srv = server.make_server(gated, "127.0.0.1", 0, limits=server.SearchLimits(shutdown_grace_s=0.2))
+  out = {}
+
+  def client():
+    wait_until(lambda: srv.open_connections == 0 and srv.requests == 0)
+    t = background_post(srv, {"queries": ["a"]}, out, "a")
+    wait_until(lambda: gated.calls)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGTERM)  # a second one must not cut the drain short
+    time.sleep(0.5)
+    gated.gate.set()
+    t.join(timeout=30)
+
+  driver = threading.Thread(target=client)
+  driver.start()
+  previous = signal.getsignal(signal.SIGTERM)
+  serve_until_stopped(srv)  # returns after SIGTERM, once drained
+  assert not srv.batcher._thread.is_alive() and gated.gate.is_set()
+  driver.join(timeout=30)
+  assert out["a"][0] == 200
+  assert signal.getsignal(signal.SIGTERM) == previous
+  with pytest.raises(OSError):
+    socket.create_connection(srv.server_address[:2], timeout=2)
