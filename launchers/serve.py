@@ -13,13 +13,15 @@ or peft's save_pretrained) are served next to the base model, as vLLM's --lora-m
 
   python -m launchers.serve --model=assets/toy_qwen3 --lora_modules=executor=/tmp/executor_lora
   # a request with "model": "executor" runs through that adapter; any other name: the base model
-Stop with Ctrl-C or SIGTERM.
+Stop with Ctrl-C or SIGTERM (graceful: no new connections, queued requests answered, the
+generating thread joined, exit 0). Every `ChatLimits` field is a flag (--max_body_bytes,
+--max_connections, --read_timeout_s, --max_queue, --max_prompt_chars, --max_tokens, --max_n,
+--chunk_tokens, ...).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -36,6 +38,10 @@ _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
                            "Weight dtype (default: the checkpoint's).")
 _LORA = flags.DEFINE_list("lora_modules", [], "name=PEFT_DIR pairs: adapters served under their "
                           "names on the same backbone.")
+from apex_jax.judges.protocol import ChatLimits  # noqa: E402
+from apex_jax.tools.http import define_limit_flags  # noqa: E402
+
+_LIMITS = define_limit_flags(ChatLimits, skip=("max_batch",))
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Log every request.")
 
@@ -61,6 +67,7 @@ def adapter_chats(model, specs, seed: int) -> dict:
 def main(argv):
   del argv
   from apex_jax.judges import InProcessChat, serving
+  from apex_jax.tools.http import serve_until_stopped
   from morse_jax import llm
   from morse_jax.mas.pipeline import banner
 
@@ -72,21 +79,14 @@ def main(argv):
   adapters = adapter_chats(model, _LORA.value, _SEED.value)
   srv = serving.make_server(chat, name, _HOST.value, _PORT.value, max_batch=_MAX_BATCH.value,
                             default_max_tokens=_MAX_TOKENS.value, verbose=_VERBOSE.value,
-                            adapters=adapters)
+                            adapters=adapters, limits=_LIMITS(max_batch=_MAX_BATCH.value))
   for adapter in adapters:
     print(f"adapter {adapter}: {adapters[adapter].route.lora}")
   banner(f"serving {name} at {srv.url}/v1")
 
-  def stop(signum, frame):  # SIGTERM (kill, cluster schedulers) ends the server as Ctrl-C does
-    raise KeyboardInterrupt
-
-  signal.signal(signal.SIGTERM, stop)
   try:
-    srv.serve_forever()
-  except KeyboardInterrupt:
-    pass
+    serve_until_stopped(srv)
   finally:
-    srv.server_close()
     print(f"served {srv.requests} requests ({srv.errors} errors) in {srv.batcher.calls} "
           f"sampler calls", flush=True)
 

@@ -5,13 +5,14 @@
                                        "return_scores": true}'
 
 The query encoder is the model named in the index's meta.json unless --model overrides it (it must
-have the same dimension). GET /health reports the index. Stop with Ctrl-C or SIGTERM.
+have the same dimension). GET /health reports the index. Stop with Ctrl-C or SIGTERM (graceful:
+queued requests are answered, exit 0). Every `SearchLimits` field is a flag (--max_body_bytes,
+--max_connections, --read_timeout_s, --max_queue, --max_queries, --max_query_chars, ...).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -25,6 +26,10 @@ _TOPK = flags.DEFINE_integer("topk", 3, "Passages per query when a request gives
 _MAX_TOPK = flags.DEFINE_integer("max_topk", 100, "Largest topk a request may ask for.")
 _MODEL = flags.DEFINE_string("model", None, "Query encoder folder (default: meta.json's).")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Log every request.")
+from apex_jax.tools.http import define_limit_flags  # noqa: E402
+from apex_jax.tools.server import SearchLimits  # noqa: E402
+
+_LIMITS = define_limit_flags(SearchLimits, skip=("max_topk",))
 _THREADS = flags.DEFINE_integer("threads", 0, "faiss (OpenMP) and torch threads; 0: their "
                                 "defaults (one per core). Use 1 on a machine shared with other "
                                 "jobs.")
@@ -33,6 +38,7 @@ _THREADS = flags.DEFINE_integer("threads", 0, "faiss (OpenMP) and torch threads;
 def main(argv):
   del argv
   from apex_jax.tools import index, server
+  from apex_jax.tools.http import serve_until_stopped
   from morse_jax.mas.pipeline import banner
 
   if _THREADS.value:
@@ -46,20 +52,13 @@ def main(argv):
   encoder = index.SentenceEncoder(_MODEL.value or meta["model"])
   retriever = index.Retriever(search_index, encoder)
   srv = server.make_server(retriever, _HOST.value, _PORT.value, topk=_TOPK.value,
-                           max_topk=_MAX_TOPK.value, verbose=_VERBOSE.value)
+                           verbose=_VERBOSE.value, limits=_LIMITS(max_topk=_MAX_TOPK.value))
   banner(f"serving {srv.url}")
-
-  def stop(signum, frame):  # SIGTERM (kill, cluster schedulers) ends the server as Ctrl-C does
-    raise KeyboardInterrupt
-
-  signal.signal(signal.SIGTERM, stop)
   try:
-    srv.serve_forever()
-  except KeyboardInterrupt:
-    pass
+    serve_until_stopped(srv)
   finally:
-    srv.server_close()
-    print(f"served {srv.requests} requests ({srv.errors} errors)", flush=True)
+    print(f"served {srv.requests} requests ({srv.errors} errors, {srv.refused} refused, "
+          f"{srv.timeouts} timed out)", flush=True)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class Completion:
   finish_reason: str  # "stop" (EOS or a stop string) or "length" (the row's token limit)
   prompt_tokens: int
   completion_tokens: int
+  token_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
 
 def check_messages(messages) -> list[dict]:
@@ -110,17 +111,18 @@ class InProcessChat:
                        max_new_tokens=max(max_tokens), rng=rng, sampling=sampling,
                        eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id,
                        mesh=self.mesh, adapter=adapter)
-    return [self._completion(out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])],
-                             len(prompts[i]), stops[i]) for i in range(len(prompts))]
+    return [self.completion(out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])],
+                            len(prompts[i]), stops[i]) for i in range(len(prompts))]
 
-  def _completion(self, ids, prompt_len: int, stop: Sequence[str]) -> Completion:
+  def completion(self, ids, prompt_len: int, stop: Sequence[str]) -> Completion:
+    """The Completion of generated token ids (cut at the first stop string)."""
     ids = [int(t) for t in ids]
     ended = bool(ids) and ids[-1] in self.model.stop_ids
     text = self.model.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
     cuts = [text.find(s) for s in stop if s and s in text]
     if cuts:
       text, ended = text[:min(cuts)], True
-    return Completion(text, "stop" if ended else "length", prompt_len, len(ids))
+    return Completion(text, "stop" if ended else "length", prompt_len, len(ids), tuple(ids))
 
   def complete(self, messages: list[dict], *, max_tokens: int, temperature: float) -> str:
     reply = self.complete_many([messages], max_tokens=max_tokens, temperature=temperature)[0]

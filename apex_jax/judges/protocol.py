@@ -1,16 +1,41 @@
 """Parsing and validation of OpenAI chat-completion requests for `serving.py`.
 
 Every rejection names the field (`param`) and the value, in OpenAI's error shape. Where OpenAI's
-server would coerce (a string "5" for max_tokens) we reject instead.
+server would coerce (a string "5" for max_tokens) we reject instead. Numbers must be finite (NaN
+and Infinity parse as JSON extensions and are refused by name), strings valid Unicode (no lone
+surrogates), and the request small: `ChatLimits` bounds the body, JSON depth and number size, the
+messages' characters (checked before any tokenizing), max_tokens and n. A client's own
+`chat_template` (or any argument of the template call itself) is refused: a template is code.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
+
+from apex_jax.tools.http import HttpLimits, check_text, describe, load_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4
+MAX_STOP_CHARS = 256
+MAX_TEMPLATE_VALUE_CHARS = 256
+# apply_chat_template's own arguments: a client may not set them through chat_template_kwargs
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "chat_template", "tools", "documents", "tokenize", "return_dict", "return_tensors",
+    "add_generation_prompt", "continue_final_message", "padding", "truncation", "max_length",
+    "tokenizer_kwargs", "return_assistant_tokens_mask", "conversation", "messages"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatLimits(HttpLimits):
+  """Every bound of the chat server (each a `launchers.serve` flag)."""
+
+  max_prompt_chars: int = 262144  # characters of all messages' contents (before tokenizing)
+  max_messages: int = 256
+  max_tokens: int = 4096  # the largest max_tokens a request may ask for
+  max_n: int = 16
+  max_batch: int = 64  # rows in one sampler call
+  chunk_tokens: int = 128  # new tokens per row per turn; longer requests queue again (fair)
 
 
 class ApiError(Exception):
@@ -37,8 +62,14 @@ class ChatRequest:
   chat_template_kwargs: dict | None = None
 
 
-def _describe(value) -> str:
-  return f"{type(value).__name__} {json.dumps(value)[:60]}"
+_describe = describe
+
+
+def _text(value: str, where: str, param: str) -> str:
+  bad = check_text(value, where)
+  if bad:
+    raise ApiError(400, f"{bad}: {_describe(value)}", param)
+  return value
 
 
 def _number(req: dict, field: str, default: float, low: float, high: float,
@@ -48,6 +79,8 @@ def _number(req: dict, field: str, default: float, low: float, high: float,
     return default
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise ApiError(400, f"field '{field}' must be a number, got {_describe(value)}", field)
+  if not math.isfinite(value):
+    raise ApiError(400, f"field '{field}' must be a finite number, got {_describe(value)}", field)
   if value > high or value < low or (low_open and value == low):
     bounds = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
     raise ApiError(400, f"field '{field}' must be in {bounds}, got {value}", field)
@@ -68,7 +101,7 @@ def _integer(req: dict, field: str, default: int, high: int) -> int:
 def _content(value, where: str) -> str:
   """A message's content: a string, or OpenAI's list of {"type": "text", "text"} parts."""
   if isinstance(value, str):
-    return value
+    return _text(value, f"{where}.content", "messages")
   if isinstance(value, list):
     texts = []
     for j, part in enumerate(value):
@@ -77,19 +110,21 @@ def _content(value, where: str) -> str:
         raise ApiError(400, f"{where}.content[{j}] must be a text part "
                             f"{{\"type\": \"text\", \"text\": str}}, got {_describe(part)}",
                        "messages")
-      texts.append(part["text"])
+      texts.append(_text(part["text"], f"{where}.content[{j}].text", "messages"))
     return "".join(texts)
   raise ApiError(400, f"{where}.content must be a string, got {_describe(value)}", "messages")
 
 
-def _messages(req: dict) -> list[dict]:
+def _messages(req: dict, limits: ChatLimits) -> list[dict]:
   if "messages" not in req:
     raise ApiError(400, "missing field 'messages' (a list of {role, content})", "messages")
   messages = req["messages"]
   if not isinstance(messages, list) or not messages:
     raise ApiError(400, f"field 'messages' must be a non-empty list, got {_describe(messages)}",
                    "messages")
-  out = []
+  if len(messages) > limits.max_messages:
+    raise ApiError(400, f"{len(messages)} messages; at most {limits.max_messages}", "messages")
+  out, chars = [], 0
   for i, m in enumerate(messages):
     where = f"messages[{i}]"
     if not isinstance(m, dict):
@@ -98,6 +133,10 @@ def _messages(req: dict) -> list[dict]:
       raise ApiError(400, f"{where}.role must be one of {ROLES}, got {_describe(m.get('role'))}",
                      "messages")
     out.append({"role": m["role"], "content": _content(m.get("content"), where)})
+    chars += len(out[-1]["content"])
+    if chars > limits.max_prompt_chars:  # before any tokenizing: the cheap bound first
+      raise ApiError(400, f"messages have more than {limits.max_prompt_chars} characters (at "
+                          f"{where}); the prompt is too long", "messages")
   return out
 
 
@@ -110,34 +149,72 @@ def _stop(req: dict) -> tuple[str, ...]:
       or len(stops) > MAX_STOPS:
     raise ApiError(400, f"field 'stop' must be a string or a list of at most {MAX_STOPS} strings, "
                         f"got {_describe(stop)}", "stop")
+  for i, s in enumerate(stops):
+    if len(s) > MAX_STOP_CHARS:
+      raise ApiError(400, f"stop[{i}] has {len(s)} characters; at most {MAX_STOP_CHARS}", "stop")
+    _text(s, f"stop[{i}]", "stop")
   return tuple(s for s in stops if s)
 
 
-def parse_chat_request(body: bytes, default_max_tokens: int, max_n: int = 16,
-                       max_tokens_limit: int = 1 << 20) -> ChatRequest:
+def _template_kwargs(req: dict) -> dict | None:
+  """chat_template_kwargs: variables for the server's own template (e.g. enable_thinking), each
+  a short JSON scalar; a template of the client's, or the template call's own arguments, are
+  refused."""
+  kwargs = req.get("chat_template_kwargs")
+  if kwargs is None:
+    return None
+  if not isinstance(kwargs, dict):
+    raise ApiError(400, f"field 'chat_template_kwargs' must be an object, got "
+                        f"{_describe(kwargs)}", "chat_template_kwargs")
+  for key, value in kwargs.items():
+    where = f"chat_template_kwargs.{key[:40]}"
+    _text(key, "chat_template_kwargs key", "chat_template_kwargs")
+    if key in RESERVED_TEMPLATE_KWARGS:
+      what = ("a client's chat template is not accepted (the server renders its own)"
+              if key == "chat_template" else "is an argument of the template call, not a variable")
+      raise ApiError(400, f"field '{where}' refused: {what}; got {_describe(value)}",
+                     "chat_template_kwargs")
+    if not key.isidentifier() or len(key) > 64:
+      raise ApiError(400, f"field 'chat_template_kwargs' key {_describe(key)} must be an "
+                          f"identifier of at most 64 characters", "chat_template_kwargs")
+    ok = value is None or isinstance(value, bool) or (
+        isinstance(value, (int, float)) and math.isfinite(value)) or (
+        isinstance(value, str) and len(value) <= MAX_TEMPLATE_VALUE_CHARS)
+    if not ok:
+      raise ApiError(400, f"field '{where}' must be null, a boolean, a finite number or a string "
+                          f"of at most {MAX_TEMPLATE_VALUE_CHARS} characters, got "
+                          f"{_describe(value)}", "chat_template_kwargs")
+    if isinstance(value, str):
+      _text(value, where, "chat_template_kwargs")
+  return kwargs
+
+
+def parse_chat_request(body: bytes, default_max_tokens: int, max_n: int | None = None,
+                       max_tokens_limit: int | None = None,
+                       limits: ChatLimits | None = None) -> ChatRequest:
   """A /v1/chat/completions body -> ChatRequest, or ApiError(400) naming the field."""
+  limits = limits or ChatLimits()
+  max_n = max_n or limits.max_n
+  max_tokens_limit = max_tokens_limit or limits.max_tokens
   try:
-    req = json.loads(body.decode("utf-8"))
-  except UnicodeDecodeError:
-    raise ApiError(400, "body is not UTF-8", None) from None
-  except json.JSONDecodeError as e:
-    raise ApiError(400, f"invalid JSON: {e.msg} (line {e.lineno} column {e.colno})", None) \
-        from None
+    req = load_json(body, limits.max_json_depth, limits.max_number_digits)
+  except ValueError as e:
+    raise ApiError(400, str(e), "body") from None
   if not isinstance(req, dict):
     raise ApiError(400, f"expected a JSON object, got {_describe(req)}", None)
   if req.get("stream"):
     raise ApiError(400, f"field 'stream' is not supported, got {_describe(req['stream'])}",
                    "stream")
   model = req.get("model")
-  if model is not None and not isinstance(model, str):
-    raise ApiError(400, f"field 'model' must be a string, got {_describe(model)}", "model")
-  kwargs = req.get("chat_template_kwargs")
-  if kwargs is not None and not isinstance(kwargs, dict):
-    raise ApiError(400, f"field 'chat_template_kwargs' must be an object, got "
-                        f"{_describe(kwargs)}", "chat_template_kwargs")
+  if model is not None and (not isinstance(model, str) or len(model) > 256):
+    raise ApiError(400, f"field 'model' must be a string of at most 256 characters, got "
+                        f"{_describe(model)}", "model")
+  if model is not None:
+    _text(model, "field 'model'", "model")
+  kwargs = _template_kwargs(req)
   field = "max_tokens" if req.get("max_tokens") is not None else "max_completion_tokens"
   return ChatRequest(
-      messages=_messages(req),
+      messages=_messages(req, limits),
       max_tokens=_integer(req, field, default_max_tokens, max_tokens_limit),
       temperature=_number(req, "temperature", 1.0, 0.0, 2.0),
       top_p=_number(req, "top_p", 1.0, 0.0, 1.0, low_open=True),

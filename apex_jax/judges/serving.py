@@ -16,6 +16,15 @@ send "qwen"); replies carry the served name. `stream` is refused (400).
 Requests queued together with the same temperature and top_p are merged into one sampler call
 (as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows.
 
+Fairness: a turn generates at most `ChatLimits.chunk_tokens` new tokens per row; a request with
+more to go is put back at the end of the queue with its tokens so far appended to its prompt, so
+a long request takes turns with the others instead of holding the worker (each turn re-reads the
+prompt: a prefill per chunk is the price, small next to decoding; no KV cache is kept between
+turns). Every request is checked before it is queued: the body's bytes, the messages'
+characters, then the tokenized prompt + max_tokens against the context; the queue is bounded
+(503 when full) and a failed merged call is retried one request at a time, so a bad request never
+fails the requests batched with it. `ChatLimits` holds every bound.
+
 Adapter routes (vLLM's `--lora-modules`): `adapters={name: InProcessChat with an AdapterRoute}`
 on the same backbone. A request whose `model` names one is generated through that route and
 answered under that name; any other name gets the base model. /v1/models lists them all.
@@ -23,85 +32,145 @@ answered under that name; any other name gets the base model. /v1/models lists t
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import logging
 import time
 import uuid
 
 from apex_jax.judges.chat import JudgeRequestError
 from apex_jax.judges.inprocess import Completion, InProcessChat
-from apex_jax.judges.protocol import ApiError, ChatRequest, parse_chat_request
-from apex_jax.tools.http import BodyError, JsonHandler, JsonServer, QueueWorker
+from apex_jax.judges.protocol import ApiError, ChatLimits, ChatRequest, parse_chat_request
+from apex_jax.tools.http import BodyError, JsonHandler, JsonServer, QueueWorker, Unavailable
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 8 << 20
+MAX_BODY_BYTES = ChatLimits.max_body_bytes
 _ROUTES = {"/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
 
 
+@dataclasses.dataclass(eq=False)
+class _Job:
+  """One request in the batcher: its rows' tokens so far, and which rows are finished."""
+
+  prompt: list[int]
+  req: ChatRequest
+  chat: InProcessChat
+  future: object
+  rows: list = dataclasses.field(default_factory=list)
+  done: list = dataclasses.field(default_factory=list)
+  turns: int = 0
+
+  def __post_init__(self):
+    self.rows = [[] for _ in range(self.req.n)]
+    self.done = [False] * self.req.n
+
+  def active(self) -> list[int]:
+    return [i for i, d in enumerate(self.done) if not d]
+
+  def __getitem__(self, i):  # QueueWorker reads item[-1] as the future
+    return (self.prompt, self.req, self.chat, self.future)[i]
+
+
 class ChatBatcher(QueueWorker):
-  """Runs `chat.generate` on one thread, merging queued requests that share sampling settings."""
+  """Runs `chat.generate` on one thread, merging queued requests that share sampling settings,
+  at most `chunk_tokens` new tokens per row per turn (longer requests queue again)."""
 
   thread_name = "chat-batcher"
 
-  def __init__(self, chat: InProcessChat, max_batch: int = 64):
+  def __init__(self, chat: InProcessChat, max_batch: int = 64, max_queue: int = 256,
+               chunk_tokens: int = 128):
     if max_batch < 1:
       raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    self.chat, self.max_batch = chat, max_batch
+    if chunk_tokens < 1:
+      raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    self.chat, self.max_batch, self.chunk_tokens = chat, max_batch, chunk_tokens
     self.calls = self.rows = 0  # sampler calls, rows generated (calls < requests: merging)
-    super().__init__()
+    self.requeued = self.isolated = 0  # turns given back to the queue; failed merges split
+    super().__init__(max_queue)
 
   def submit(self, prompt: list[int], req: ChatRequest,
              chat: InProcessChat | None = None) -> list[Completion]:
     """chat: the route that generates (default: the batcher's own)."""
-    return self._submit(prompt, req, chat or self.chat)
+    future = concurrent.futures.Future()
+    self._put(_Job(list(prompt), req, chat or self.chat, future))
+    return future.result()
+
+  def _room(self, items) -> bool:
+    return sum(len(j.active()) for j in items) < self.max_batch
 
   def _round(self, items) -> None:
     groups: dict[tuple[int, float, float], list] = {}
-    for it in items:  # one sampler call per route and sampling setting
-      groups.setdefault((id(it[2]), it[1].temperature, it[1].top_p), []).append(it)
+    for job in items:  # one sampler call per route and sampling setting
+      if not job.future.done():
+        groups.setdefault((id(job.chat), job.req.temperature, job.req.top_p), []).append(job)
     for (_, *key), group in groups.items():
       for chunk in self._chunks(group):
-        try:
-          self._run(chunk, *key)
-        except Exception:  # noqa: BLE001 -- later chunks still get their answers
-          log.exception("chat batcher: unexpected error")
+        if not self._run(chunk, *key) and len(chunk) > 1:
+          self.isolated += 1  # a failing merged call: each request alone, so only its own fails
+          for job in chunk:
+            self._run([job], *key)
 
   def _chunks(self, group):
     chunk, rows = [], 0
-    for it in group:
-      if chunk and rows + it[1].n > self.max_batch:
+    for job in group:
+      n = len(job.active())
+      if chunk and rows + n > self.max_batch:
         yield chunk
         chunk, rows = [], 0
-      chunk.append(it)
-      rows += it[1].n
+      chunk.append(job)
+      rows += n
     if chunk:
       yield chunk
 
-  def _run(self, items, temperature: float, top_p: float) -> None:
-    prompts, limits, stops = [], [], []
-    chat = items[0][2]
-    for prompt, req, _, _ in items:
-      prompts += [prompt] * req.n
-      limits += [req.max_tokens] * req.n
-      stops += [req.stop] * req.n
+  def _run(self, jobs, temperature: float, top_p: float) -> bool:
+    """One turn of `jobs`; False (nothing changed) when the merged call fails and there are
+    several jobs, else the error goes to the one job."""
+    prompts, limits, where = [], [], []
+    chat = jobs[0].chat
+    for job in jobs:
+      for i in job.active():
+        prompts.append(job.prompt + job.rows[i])
+        limits.append(min(self.chunk_tokens, job.req.max_tokens - len(job.rows[i])))
+        where.append((job, i))
     try:
-      done = chat.generate(prompts, limits, temperature=temperature, top_p=top_p,
-                                stops=stops)
+      done = chat.generate(prompts, limits, temperature=temperature, top_p=top_p)
       self.calls, self.rows = self.calls + 1, self.rows + len(prompts)
-    except Exception as e:  # noqa: BLE001 -- handed to every waiting request as a 500
-      return self._fail(items, e)
-    start = 0
-    for _, req, _, future in items:
-      future.set_result(done[start:start + req.n])
-      start += req.n
+    except Exception as e:  # noqa: BLE001 -- a lone request gets it as a 500
+      if len(jobs) > 1:
+        return False
+      self._fail(jobs, e)
+      return True
+    for (job, i), limit, completion in zip(where, limits, done):
+      ids = list(completion.token_ids)
+      job.rows[i] += ids
+      ended = (completion.finish_reason == "stop" or len(ids) < limit
+               or len(job.rows[i]) >= job.req.max_tokens)
+      if not ended and job.req.stop:  # a stop string may span turns: look at the whole text
+        ended = chat.completion(job.rows[i], len(job.prompt), job.req.stop).finish_reason == "stop"
+      job.done[i] = ended
+    for job in jobs:
+      job.turns += 1
+      if all(job.done):
+        job.future.set_result([chat.completion(r, len(job.prompt), job.req.stop)
+                               for r in job.rows])
+      else:
+        self.requeued += 1
+        self._requeue(job)
+    return True
 
 
 class ChatServer(JsonServer):
   label = "chat server"
 
   def __init__(self, address, chat: InProcessChat, model_name: str, default_max_tokens: int = 512,
-               max_n: int = 16, max_batch: int = 64, verbose: bool = False,
-               adapters: dict[str, InProcessChat] | None = None):
-    super().__init__(address, _Handler, verbose)
+               max_n: int | None = None, max_batch: int | None = None, verbose: bool = False,
+               adapters: dict[str, InProcessChat] | None = None,
+               limits: ChatLimits | None = None):
+    limits = limits or ChatLimits()
+    if not 1 <= default_max_tokens <= limits.max_tokens:
+      raise ValueError(f"default_max_tokens must be in [1, {limits.max_tokens}] (max_tokens "
+                       f"limit), got {default_max_tokens}")
+    super().__init__(address, _Handler, verbose, limits)
     self.chat, self.model_name = chat, model_name
     self.adapters = dict(adapters or {})
     if model_name in self.adapters:
@@ -110,9 +179,10 @@ class ChatServer(JsonServer):
       if route.route is None or route.model is not chat.model:
         raise ValueError(f"adapter {name!r} must be an InProcessChat with an adapter_route on "
                          f"the served model")
-    self.default_max_tokens, self.max_n = default_max_tokens, max_n
+    self.default_max_tokens, self.max_n = default_max_tokens, max_n or limits.max_n
     self.created = int(time.time())
-    self.batcher = ChatBatcher(chat, max_batch)
+    self.batcher = ChatBatcher(chat, max_batch or limits.max_batch, limits.max_queue,
+                               limits.chunk_tokens)
 
   def complete(self, req: ChatRequest) -> dict:
     """The response body of a parsed request (raises ApiError on a bad prompt)."""
@@ -121,7 +191,7 @@ class ChatServer(JsonServer):
     try:
       prompt = chat.prompt_tokens(req.messages, req.chat_template_kwargs)
     except JudgeRequestError as e:
-      raise ApiError(400, str(e), "messages") from None
+      raise ApiError(400, str(e)[:500], "messages") from None
     try:
       chat.check_length(prompt, req.max_tokens)
     except JudgeRequestError as e:  # blame the prompt when it alone fills the context
@@ -171,14 +241,16 @@ class _Handler(JsonHandler):
       return
     try:
       req = parse_chat_request(self._read_body(), self.server.default_max_tokens,
-                               self.server.max_n)
+                               self.server.max_n, limits=self.server.limits)
       return self._send(200, self.server.complete(req))
     except ApiError as e:
       return self._error(e)
+    except Unavailable as e:
+      return self._error(ApiError(503, str(e), None, "server_busy"))
     except Exception as e:  # noqa: BLE001 -- the server stays up; the client sees a 500
-      log.exception("chat server: generation failed")
-      return self._error(ApiError(500, f"internal error: {type(e).__name__}: {e}", None,
-                                  "server_error"))
+      log.error("chat server: generation failed: %s: %.200s", type(e).__name__, e)
+      return self._error(ApiError(500, f"internal error: {type(e).__name__}: {str(e)[:200]}",
+                                  None, "server_error"))
 
   def do_PUT(self):
     self._route("PUT")
@@ -188,7 +260,7 @@ class _Handler(JsonHandler):
 
   def _read_body(self) -> bytes:
     try:
-      return self._body(MAX_BODY_BYTES)
+      return self._body(self.server.limits.max_body_bytes)
     except BodyError as e:
       raise ApiError(e.status, str(e), "Content-Length") from None
 

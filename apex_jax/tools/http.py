@@ -1,19 +1,47 @@
 """What our small JSON-over-HTTP servers share (the search server, the chat server): quiet
-logging unless the server is verbose, JSON replies that survive a client hanging up, request
-bodies bounded by Content-Length, answer counts, and one worker thread that merges queued
-requests into one model or encoder call."""
+logging unless the server is verbose (one line per error, never a traceback for a client's
+fault), JSON replies that survive a client hanging up, hostile-input guards (bounded bodies,
+JSON depth and number size, lone surrogates), a connection cap (503 beyond it), a deadline for
+reading each request (slow clients are cut off), a bounded work queue (503 when full), graceful
+shutdown (stop accepting, finish what is queued, join the worker), and one worker thread that
+merges queued requests into one model or encoder call."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import queue
 import random
+import socket
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpLimits:
+  """What every server bounds. Each field is a launcher flag of the same name."""
+
+  max_body_bytes: int = 1 << 20  # larger bodies: 413 before reading them
+  max_connections: int = 64  # open connections; more: 503 and closed at once
+  read_timeout_s: float = 10.0  # to send a request's line, headers and body (slowloris: cut)
+  max_queue: int = 256  # requests waiting for the worker; more: 503
+  max_json_depth: int = 16  # nesting of the request JSON
+  max_number_digits: int = 64  # digits of any JSON number
+  shutdown_grace_s: float = 30.0  # on SIGTERM: time for queued work before it is answered 503
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{type(self).__name__}.{f.name} must be a positive number, got "
+                         f"{value!r}")
 
 
 class BodyError(ValueError):
@@ -24,55 +52,170 @@ class BodyError(ValueError):
     self.status = status
 
 
+class Unavailable(RuntimeError):
+  """Answered 503: the queue is full, or the server is shutting down."""
+
+
+def describe(value) -> str:
+  """A value for an error message: its JSON type and the start of its text."""
+  if isinstance(value, float) and value != value:
+    text = "NaN"
+  else:
+    try:
+      text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError):
+      text = repr(value)
+  return f"{type(value).__name__} {text[:60]}"
+
+
+def check_text(text: str, where: str) -> str | None:
+  """None when `text` is valid Unicode (encodable as UTF-8), else why not, naming `where`."""
+  try:
+    text.encode("utf-8")
+    return None
+  except UnicodeEncodeError as e:
+    return (f"{where} is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at "
+            f"index {e.start}")
+
+
+def load_json(body: bytes, max_depth: int, max_digits: int):
+  """The parsed body, or ValueError whose message says what is wrong (UTF-8, syntax, a number
+  over `max_digits` digits, nesting over `max_depth`). NaN and Infinity parse: the fields that
+  take numbers refuse them by name."""
+
+  def integer(text):
+    if len(text) > max_digits:
+      raise ValueError(f"a number of {len(text)} digits; at most {max_digits}")
+    return int(text)
+
+  def real(text):
+    if len(text) > max_digits:
+      raise ValueError(f"a number of {len(text)} characters; at most {max_digits}")
+    return float(text)
+
+  try:
+    text = body.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"body is not UTF-8 (byte {e.start})") from None
+  try:
+    value = json.loads(text, parse_int=integer, parse_float=real)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"invalid JSON: {e.msg} (line {e.lineno} column {e.colno})") from None
+  except RecursionError:  # the C scanner's own guard (about 1000 levels)
+    raise ValueError(f"JSON nested too deep; at most {max_depth} levels") from None
+  depth = json_depth(value, max_depth)
+  if depth > max_depth:
+    raise ValueError(f"JSON nested more than {max_depth} levels")
+  return value
+
+
+def json_depth(value, limit: int) -> int:
+  """The nesting depth of a parsed JSON value (a scalar: 0), counted up to limit + 1."""
+  deepest, stack = 0, [(value, 0)]
+  while stack:
+    v, d = stack.pop()
+    if isinstance(v, (list, dict)):
+      d += 1
+      if d > limit:
+        return d
+      deepest = max(deepest, d)
+      stack.extend((c, d) for c in (v.values() if isinstance(v, dict) else v))
+  return deepest
+
+
 class JsonHandler(BaseHTTPRequestHandler):
-  """The handler of a `JsonServer`."""
+  """The handler of a `JsonServer`: reading a request (line, headers, body) must end within
+  `limits.read_timeout_s` (the server's watchdog closes the connection otherwise), and every
+  socket operation has that timeout too."""
+
+  server: "JsonServer"
+
+  def setup(self):
+    self.timeout = self.server.limits.read_timeout_s  # StreamRequestHandler applies it
+    super().setup()
+    self.server.watch(self)
+
+  def finish(self):
+    self.server.unwatch(self)
+    try:
+      super().finish()
+    except OSError:  # the client is gone (or we cut it off): nothing left to flush
+      pass
 
   def log_message(self, format, *args):  # noqa: A002 -- the base class's signature
     if self.server.verbose:
       super().log_message(format, *args)
 
   def _send(self, status: int, payload: dict) -> None:
-    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    self.server.unwatch(self)
+    body = json.dumps(payload, ensure_ascii=False).encode("utf-8", "replace")
     self.server.count(status)
     try:
       self.send_response(status)
       self.send_header("Content-Type", "application/json")
       self.send_header("Content-Length", str(len(body)))
+      if status >= 400:
+        self.send_header("Connection", "close")
       self.end_headers()
       self.wfile.write(body)
-    except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+    except OSError:  # the client gave up (reset, broken pipe) or does not read (timeout)
       pass
 
   def _body(self, max_bytes: int) -> bytes:
-    """The request body; BodyError (411, 400, 413) when Content-Length is missing, not an
-    integer, or over `max_bytes`."""
+    """The request body; BodyError (411, 400, 413, 408) when Content-Length is missing, not an
+    integer, over `max_bytes`, or the body does not arrive in time."""
     length = self.headers.get("Content-Length")
     if length is None:
       raise BodyError(411, "missing Content-Length header")
     try:
-      n = int(length)
+      n = int(length) if len(length) <= 20 else None
     except ValueError:
-      raise BodyError(400, f"Content-Length {length!r} is not an integer") from None
+      n = None
+    if n is None:
+      raise BodyError(400, f"Content-Length {length[:40]!r} is not an integer")
     if n < 0 or n > max_bytes:
       raise BodyError(413, f"body of {n} bytes; at most {max_bytes}")
-    return self.rfile.read(n)
+    try:
+      body = self.rfile.read(n)
+    except OSError:
+      body = b""
+    if len(body) != n:
+      raise BodyError(408, f"body ended after {len(body)} of {n} bytes (read timeout "
+                           f"{self.server.limits.read_timeout_s:g} s)")
+    self.server.unwatch(self)
+    return body
+
+
+_REFUSAL = json.dumps({"error": {"message": "too many connections; try again later",
+                                 "type": "server_busy", "param": None}}).encode()
 
 
 class JsonServer(ThreadingHTTPServer):
-  """A threaded server that counts its answers and closes its `batcher` (set by the subclass
-  after binding) when it closes."""
+  """A threaded server that counts its answers, caps its open connections, cuts off clients
+  slower than `limits.read_timeout_s`, and on `server_close` drains its `batcher` (set by the
+  subclass after binding) before it returns."""
 
   daemon_threads = True
   request_queue_size = 128  # listen backlog; the default 5 refuses bursts of clients
   url_path = ""  # `url` is http://host:port + this
   label = "server"  # in logged errors
 
-  def __init__(self, address, handler, verbose: bool = False):
+  def __init__(self, address, handler, verbose: bool = False, limits: HttpLimits | None = None):
+    self.limits = limits or HttpLimits()
     super().__init__(address, handler)
     self.verbose = verbose
     self.batcher = None
     self.requests = self.errors = 0  # answered requests, and how many of them were 4xx/5xx
-    self._count_lock = threading.Lock()
+    self.refused = self.timeouts = 0  # connections refused at the cap, and cut off as too slow
+    self.closing = False
+    self._lock = threading.Lock()
+    self._open = 0  # connections being handled
+    self._refuser = self._refusals = None
+    self._reading: dict = {}  # handler -> deadline to have read its request
+    self._closed = threading.Event()
+    self._watchdog = threading.Thread(target=self._watch_loop, name=f"{self.label}-watchdog",
+                                      daemon=True)
+    self._watchdog.start()
 
   @property
   def url(self) -> str:
@@ -80,39 +223,183 @@ class JsonServer(ThreadingHTTPServer):
     return f"http://{host}:{port}{self.url_path}"
 
   def count(self, status: int) -> None:
-    with self._count_lock:
+    with self._lock:
       self.requests += 1
       self.errors += status >= 400
 
+  # --- connections: a cap, and a deadline to read each request
+
+  def process_request(self, request, client_address):
+    with self._lock:
+      full = self.closing or self._open >= self.limits.max_connections
+      if not full:
+        self._open += 1
+    if full:
+      return self._refuse(request)
+    try:
+      super().process_request(request, client_address)
+    except Exception:  # noqa: BLE001 -- could not start a thread: answer as busy
+      with self._lock:
+        self._open -= 1
+      self._refuse(request)
+
+  def process_request_thread(self, request, client_address):
+    try:
+      super().process_request_thread(request, client_address)
+    finally:
+      with self._lock:
+        self._open -= 1
+
+  def _refuse(self, request) -> None:
+    """A 503 from one refuser thread (not the accepting one): it answers, then reads what the
+    client had sent for a moment so that closing does not reset the connection before the
+    client reads the answer. Beyond 256 waiting refusals, connections are closed unanswered."""
+    with self._lock:
+      self.refused += 1
+      if self._refuser is None:
+        self._refusals = queue.Queue(maxsize=256)
+        self._refuser = threading.Thread(target=self._refuse_loop, name=f"{self.label}-refuser",
+                                         daemon=True)
+        self._refuser.start()
+    self.count(503)
+    try:
+      self._refusals.put_nowait(request)
+    except queue.Full:
+      self.shutdown_request(request)
+
+  def _refuse_loop(self) -> None:
+    while True:
+      request = self._refusals.get()
+      try:
+        request.settimeout(0.5)
+        request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json"
+                        b"\r\nConnection: close\r\nContent-Length: "
+                        + str(len(_REFUSAL)).encode() + b"\r\n\r\n" + _REFUSAL)
+        request.shutdown(socket.SHUT_WR)
+        request.settimeout(0.05)
+        for _ in range(16):  # at most 64 KiB, or until the client stops sending
+          if not request.recv(4096):
+            break
+      except OSError:
+        pass
+      request.close()
+
+  @property
+  def open_connections(self) -> int:
+    return self._open
+
+  def watch(self, handler) -> None:
+    with self._lock:
+      self._reading[handler] = time.monotonic() + self.limits.read_timeout_s
+
+  def unwatch(self, handler) -> None:
+    with self._lock:
+      self._reading.pop(handler, None)
+
+  def _watch_loop(self) -> None:
+    tick = min(0.25, self.limits.read_timeout_s / 4)
+    while not self._closed.wait(tick):
+      now = time.monotonic()
+      with self._lock:
+        late = [h for h, deadline in self._reading.items() if deadline < now]
+        for h in late:
+          del self._reading[h]
+        self.timeouts += len(late)
+      for h in late:
+        try:
+          h.connection.shutdown(socket.SHUT_RDWR)  # its blocked read returns; the thread ends
+        except OSError:
+          pass
+      if late and self.verbose:
+        log.info("%s: closed %d connection(s) slower than %g s", self.label, len(late),
+                 self.limits.read_timeout_s)
+
+  # --- errors and shutdown
+
   def handle_error(self, request, client_address):
-    log.exception("%s: error while handling a request from %s", self.label, client_address)
+    """One line per error, no traceback: a client's connection trouble at debug level."""
+    error = sys.exc_info()[1]
+    level = logging.DEBUG if isinstance(error, (ConnectionError, TimeoutError)) else logging.ERROR
+    log.log(level, "%s: %s while handling %s: %.200s", self.label, type(error).__name__,
+            client_address[0] if client_address else "?", error)
 
   def server_close(self):
+    """Stops accepting, lets the batcher finish (or answer 503) what is queued within
+    `limits.shutdown_grace_s`, joins it, and waits for the handlers to write their answers."""
+    with self._lock:
+      already, self._drained, self.closing = getattr(self, "_drained", False), True, True
     super().server_close()
+    if already:
+      return
+    deadline = time.monotonic() + self.limits.shutdown_grace_s
     if self.batcher is not None:
-      self.batcher.close()
+      self.batcher.close(self.limits.shutdown_grace_s)
+    while self._open and time.monotonic() < deadline + 5:
+      time.sleep(0.02)
+    self._closed.set()
+    self._watchdog.join(timeout=5)
 
 
 class QueueWorker:
   """One thread that serves queued requests in rounds, so that concurrent HTTP handlers share
   one model or encoder call: a round is the first waiting item plus whatever else is already
-  queued (no added wait) while `_room(items)` says so. Items are tuples ending in a Future."""
+  queued (no added wait) while `_room(items)` says so. Items are tuples ending in a Future.
+  At most `max_queue` items wait (`Unavailable` beyond it); a round may put unfinished items
+  back at the end of the queue (`_requeue`), which is how long requests take turns."""
 
   thread_name = "batcher"
 
-  def __init__(self):
-    self._queue: queue.Queue = queue.Queue()
+  def __init__(self, max_queue: int = 256):
+    if max_queue < 1:
+      raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+    self.max_queue = max_queue
+    self._queue: collections.deque = collections.deque()
+    self._cv = threading.Condition()
+    self._closing = False
     self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
     self._thread.start()
 
+  def qsize(self) -> int:
+    with self._cv:
+      return len(self._queue)
+
   def _submit(self, *payload):
     future: concurrent.futures.Future = concurrent.futures.Future()
-    self._queue.put((*payload, future))
+    self._put((*payload, future))
     return future.result()
 
-  def close(self) -> None:
-    self._queue.put(None)
-    self._thread.join(timeout=10)
+  def _put(self, item) -> None:
+    with self._cv:
+      if self._closing:
+        raise Unavailable("server is shutting down")
+      if len(self._queue) >= self.max_queue:
+        raise Unavailable(f"server busy: {len(self._queue)} requests queued (at most "
+                          f"{self.max_queue}); try again later")
+      self._queue.append(item)
+      self._cv.notify()
+
+  def _requeue(self, item) -> None:
+    with self._cv:
+      self._queue.append(item)
+
+  @staticmethod
+  def _future(item) -> concurrent.futures.Future:
+    return item[-1]
+
+  def close(self, grace_s: float = 30.0) -> None:
+    """Takes no more items; the worker serves what is queued for up to `grace_s`, then what is
+    left is answered Unavailable; returns once the worker thread has ended (its current round,
+    bounded by the per-request limits, always finishes: never a thread killed inside a model
+    call)."""
+    with self._cv:
+      self._closing = True
+      self._cv.notify_all()
+    self._thread.join(timeout=grace_s)
+    with self._cv:
+      left = list(self._queue)
+      self._queue.clear()
+    self._fail(left, Unavailable("server is shutting down"))
+    self._thread.join()
 
   def _room(self, items: list) -> bool:
     return True
@@ -120,32 +407,28 @@ class QueueWorker:
   def _round(self, items: list) -> None:
     raise NotImplementedError
 
-  @staticmethod
-  def _fail(items: list, error: Exception) -> None:
+  @classmethod
+  def _fail(cls, items: list, error: Exception) -> None:
     for item in items:
-      item[-1].set_exception(error)
+      future = cls._future(item)
+      if not future.done():
+        future.set_exception(error)
 
   def _loop(self) -> None:
     while True:
-      item = self._queue.get()
-      if item is None:
-        return
-      items, stop = [item], False
-      while self._room(items):
-        try:
-          nxt = self._queue.get_nowait()
-        except queue.Empty:
-          break
-        if nxt is None:
-          stop = True
-          break
-        items.append(nxt)
+      with self._cv:
+        while not self._queue and not self._closing:
+          self._cv.wait()
+        if not self._queue:
+          return
+        items = [self._queue.popleft()]
+        while self._queue and self._room(items):
+          items.append(self._queue.popleft())
       try:
         self._round(items)
-      except Exception:  # noqa: BLE001 -- a dead worker would hang every later request
-        log.exception("%s: unexpected error", self.thread_name)
-      if stop:
-        return
+      except Exception as e:  # noqa: BLE001 -- a dead worker would hang every later request
+        log.error("%s: unexpected %s: %.200s", self.thread_name, type(e).__name__, e)
+        self._fail(items, e)
 
 
 class RemoteError(RuntimeError):
@@ -180,3 +463,37 @@ def with_retries(call, *, retries: int, retryable: type, delay, sleep, on_retry=
       e.attempts = attempt + 1
       raise
   raise last
+
+
+def define_limit_flags(cls, skip=()):
+  """An absl flag per field of the limits dataclass `cls` (but `skip`); returns a function
+  `(**overrides) -> cls` reading them (call it after flags are parsed)."""
+  from absl import flags
+
+  holders = {}
+  for f in dataclasses.fields(cls):
+    if f.name in skip:
+      continue
+    define = flags.DEFINE_float if isinstance(f.default, float) else flags.DEFINE_integer
+    holders[f.name] = define(f.name, f.default, f"Server limit {cls.__name__}.{f.name}.")
+  return lambda **overrides: cls(**{n: h.value for n, h in holders.items()}, **overrides)
+
+
+def serve_until_stopped(server: JsonServer) -> None:
+  """serve_forever until Ctrl-C or SIGTERM, then `server_close` (graceful: stop accepting,
+  finish or answer queued requests, join the worker) so that the process exits 0, never with a
+  model call killed mid-flight."""
+  import signal
+
+  def stop(signum, frame):  # shutdown() waits for serve_forever: call it from another thread
+    threading.Thread(target=server.shutdown, name="shutdown", daemon=True).start()
+
+  previous = signal.signal(signal.SIGTERM, stop)
+  try:
+    server.serve_forever(poll_interval=0.1)
+  except KeyboardInterrupt:
+    pass
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the drain
+    server.server_close()
+    signal.signal(signal.SIGTERM, previous)

@@ -16,22 +16,39 @@ server down: 400 (or 404/411/413) with `{"error": ..., "field": ...}`, 500 on an
 
 Concurrent requests are coalesced: one worker thread embeds and searches everything queued at
 that moment in one encoder call and one faiss search (no added wait when a request is alone).
+Each request is validated on its own before it is merged (lone surrogates, query length, JSON
+depth and number size: 400 naming the field), and when a merged call still fails each request is
+retried alone, so a bad request never fails the requests batched with it. `SearchLimits` holds
+every bound (body size 413, connections 503, read timeout, queue 503, queries per request and per
+encoder call).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import threading
 from typing import Sequence
 
-from apex_jax.tools.http import BodyError, JsonHandler, JsonServer, QueueWorker
+from apex_jax.tools.http import (BodyError, HttpLimits, JsonHandler, JsonServer, QueueWorker,
+                                 Unavailable, check_text, describe, load_json)
 from apex_jax.tools.index import Retriever
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 8 << 20
+
+@dataclasses.dataclass(frozen=True)
+class SearchLimits(HttpLimits):
+  """Every bound of the search server (each a `launchers.serve_search` flag)."""
+
+  max_queries: int = 256  # queries in one request
+  max_query_chars: int = 2048  # characters in one query
+  max_topk: int = 100
+  max_batch: int = 256  # queries merged into one encoder call
+
+
+MAX_BODY_BYTES = SearchLimits.max_body_bytes
 
 
 class RequestError(ValueError):
@@ -42,21 +59,20 @@ class RequestError(ValueError):
     self.field, self.status = field, status
 
 
-def _describe(value) -> str:
-  text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
-  return f"{type(value).__name__} {text[:60]}"
+_describe = describe
 
 
-def parse_request(body: bytes, default_topk: int, max_topk: int = 100,
-                  max_queries: int = 1024) -> tuple[list[str], int, bool]:
+def parse_request(body: bytes, default_topk: int, max_topk: int | None = None,
+                  max_queries: int | None = None,
+                  limits: SearchLimits | None = None) -> tuple[list[str], int, bool]:
   """A `/retrieve` body -> (queries, topk, return_scores), or RequestError."""
+  limits = limits or SearchLimits()
+  max_topk = max_topk or limits.max_topk
+  max_queries = max_queries or limits.max_queries
   try:
-    req = json.loads(body.decode("utf-8"))
-  except UnicodeDecodeError:
-    raise RequestError("body", "body is not UTF-8") from None
-  except json.JSONDecodeError as e:
-    raise RequestError("body", f"invalid JSON: {e.msg} (line {e.lineno} column {e.colno})") \
-        from None
+    req = load_json(body, limits.max_json_depth, limits.max_number_digits)
+  except ValueError as e:
+    raise RequestError("body", str(e)) from None
   if not isinstance(req, dict):
     raise RequestError("body", f"expected a JSON object, got {_describe(req)}")
   if "queries" not in req:
@@ -65,11 +81,17 @@ def parse_request(body: bytes, default_topk: int, max_topk: int = 100,
   if not isinstance(queries, list):
     raise RequestError("queries", f"field 'queries' must be a list of strings, got "
                                   f"{_describe(queries)}")
+  if len(queries) > max_queries:
+    raise RequestError("queries", f"{len(queries)} queries; at most {max_queries} per request")
   for i, q in enumerate(queries):
     if not isinstance(q, str):
       raise RequestError("queries", f"queries[{i}] must be a string, got {_describe(q)}")
-  if len(queries) > max_queries:
-    raise RequestError("queries", f"{len(queries)} queries; at most {max_queries} per request")
+    if len(q) > limits.max_query_chars:
+      raise RequestError("queries", f"queries[{i}] has {len(q)} characters; at most "
+                                    f"{limits.max_query_chars}")
+    bad = check_text(q, f"queries[{i}]")
+    if bad:
+      raise RequestError("queries", f"{bad}: {_describe(q)}")
   topk = req.get("topk")
   if topk is None or (type(topk) is int and topk == 0):
     topk = default_topk
@@ -91,10 +113,11 @@ class Batcher(QueueWorker):
 
   thread_name = "search-batcher"
 
-  def __init__(self, retriever: Retriever, max_batch: int = 256):
+  def __init__(self, retriever: Retriever, max_batch: int = 256, max_queue: int = 256):
     self.retriever, self.max_batch = retriever, max_batch
     self.calls = self.queries = 0  # retrieve calls, queries embedded (calls < requests: batching)
-    super().__init__()
+    self.isolated = 0  # merged calls that failed and were retried one request at a time
+    super().__init__(max_queue)
 
   def submit(self, queries: Sequence[str], topk: int):
     return self._submit(list(queries), topk)
@@ -103,31 +126,43 @@ class Batcher(QueueWorker):
     return sum(len(qs) for qs, _, _ in items) < self.max_batch
 
   def _round(self, items) -> None:
-    self._run(items)
+    if not self._run(items) and len(items) > 1:
+      self.isolated += 1  # one bad request must not fail the others: each alone
+      for item in items:
+        self._run([item])
 
-  def _run(self, items) -> None:
+  def _run(self, items) -> bool:
+    """Answers `items` from one retrieve call; False (nothing answered) when it fails and
+    there are several items, else the error goes to the one item."""
     queries = [q for qs, _, _ in items for q in qs]
     try:
       results = self.retriever.retrieve(queries, max(k for _, k, _ in items))
       self.calls, self.queries = self.calls + 1, self.queries + len(queries)
-    except Exception as e:  # noqa: BLE001 -- handed to every waiting request as a 500
-      return self._fail(items, e)
+    except Exception as e:  # noqa: BLE001 -- a lone request gets it as a 500
+      if len(items) > 1:
+        return False
+      self._fail(items, e)
+      return True
     start = 0
     for qs, k, future in items:
       future.set_result([r[:k] for r in results[start:start + len(qs)]])
       start += len(qs)
+    return True
 
 
 class SearchServer(JsonServer):
   url_path = "/retrieve"
   label = "search server"
 
-  def __init__(self, address, retriever: Retriever, topk: int = 3, max_topk: int = 100,
-               max_queries: int = 1024, verbose: bool = False):
-    super().__init__(address, _Handler, verbose)
-    self.retriever, self.topk, self.max_topk = retriever, topk, max_topk
-    self.max_queries = max_queries
-    self.batcher = Batcher(retriever)
+  def __init__(self, address, retriever: Retriever, topk: int = 3, max_topk: int | None = None,
+               max_queries: int | None = None, verbose: bool = False,
+               limits: SearchLimits | None = None):
+    limits = limits or SearchLimits()
+    super().__init__(address, _Handler, verbose, limits)
+    self.retriever, self.topk = retriever, topk
+    self.max_topk = max_topk or limits.max_topk
+    self.max_queries = max_queries or limits.max_queries
+    self.batcher = Batcher(retriever, limits.max_batch, limits.max_queue)
 
 
 class _Handler(JsonHandler):
@@ -151,14 +186,16 @@ class _Handler(JsonHandler):
     try:
       body = self._read_body()
       queries, topk, with_scores = parse_request(body, self.server.topk, self.server.max_topk,
-                                                 self.server.max_queries)
+                                                 self.server.max_queries, self.server.limits)
     except RequestError as e:
       return self._error(e)
     try:
-      results = self.server.batcher.submit(queries, topk)
+      results = self.server.batcher.submit(queries, topk) if queries else []
+    except Unavailable as e:
+      return self._send(503, {"error": str(e)})
     except Exception as e:  # noqa: BLE001 -- the server stays up; the client sees a 500
-      log.exception("search server: retrieval failed")
-      return self._send(500, {"error": f"internal error: {type(e).__name__}: {e}"})
+      log.error("search server: retrieval failed: %s: %.200s", type(e).__name__, e)
+      return self._send(500, {"error": f"internal error: {type(e).__name__}: {str(e)[:200]}"})
     if with_scores:
       result = [[{"document": p.document(), "score": p.score} for p in r] for r in results]
     else:
@@ -167,7 +204,7 @@ class _Handler(JsonHandler):
 
   def _read_body(self) -> bytes:
     try:
-      return self._body(MAX_BODY_BYTES)
+      return self._body(self.server.limits.max_body_bytes)
     except BodyError as e:
       raise RequestError("Content-Length", str(e), e.status) from None
 

@@ -114,7 +114,7 @@ def test_queued_requests_are_merged_into_one_sampler_call(server):
       threading.Event().wait(0.01)
     for t in threads[1:]:
       t.start()
-    while server.batcher._queue.qsize() < 3:
+    while server.batcher.qsize() < 3:
       threading.Event().wait(0.01)
     release.set()
     for t in threads:

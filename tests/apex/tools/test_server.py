@@ -208,7 +208,7 @@ def test_batcher_merges_queued_requests_and_splits_results(retriever):
           for k, q, n in (("b", ["volcano", "tokyo"], 2), ("c", ["bitcoin"], 3))]
   for i, t in enumerate(rest):  # one at a time, so the queue order is known
     t.start()
-    wait_until(lambda: batcher._queue.qsize() >= i + 1)
+    wait_until(lambda: batcher.qsize() >= i + 1)
   gate.set()
   for t in [first, *rest]:
     t.join(timeout=60)
