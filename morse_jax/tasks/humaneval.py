@@ -121,9 +121,16 @@ class HumanEval:
             f"```python\n{problem.data['prompt']}```")
 
   def reply_prefix(self, problem: Problem, node: Mapping[str, Any]) -> str:
-    """The start of the executor's reply, written for the model (see `prefill`)."""
+    """The start of the executor's reply, written for the model (see `prefill`): the prompt's
+    code and the indentation of the body's first line. Ending on the docstring's newline
+    instead, SmolLM2-135M closed the block at once in 145 of 164 replies."""
     del node
-    return f"```python\n{problem.data['prompt']}" if self.prefill else ""
+    if not self.prefill:
+      return ""
+    prompt = problem.data["prompt"]
+    last = prompt.rstrip("\n").rsplit("\n", 1)[-1]  # the docstring's closing line
+    indent = last[:len(last) - len(last.lstrip())] or "    "
+    return f"```python\n{prompt.rstrip(chr(10))}\n{indent}"
 
   def extract(self, problem: Problem, artifact: str) -> str | None:
     """The code to test: a block that implements the entry point (verifier.extract_code), else,

@@ -145,9 +145,9 @@ def test_prefilled_reply_is_the_prompt_then_the_body(problems):
   for pid in SAMPLE:
     p = problems[pid]
     prefix = family.reply_prefix(p, p.gold_graph[0])
-    assert prefix == f"```python\n{p.data['prompt']}"
+    assert prefix == f"```python\n{p.data['prompt'].rstrip()}\n    "
     assert p.data["prompt"] not in family.executor_instructions(p, p.gold_graph[0])
-    body = p.data["canonical_solution"]
+    body = p.data["canonical_solution"].lstrip(" ")  # the prefix holds the first indent
     assert _score(family, p, prefix + body + "```\nThis works.").passed, pid
     # The body-less repeat that prefilling is meant to prevent still fails.
     assert not _score(family, p, prefix + "```").passed, pid
