@@ -368,6 +368,7 @@ def main():
   out = os.dup(1)
   os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
   sys.path.insert(0, os.getcwd())  # the support files (e.g. SciCode's `scicode.compare`)
+  sys.path.extend(p for p in job.get("sys_path", ()) if p not in sys.path)
   servers = [Server(s["label"], s["request_fd"], s["response_fd"], deadline)
              for s in job["servers"]]
   for server in servers:

@@ -193,7 +193,7 @@ def write_files(workdir: str, files: dict[str, str]) -> None:
 
 def _plan() -> _Plan:
   with _PLAN_LOCK:
-    return _plan_for(BWRAP, os.geteuid() == 0, chosen_isolation())
+    return _plan_for(BWRAP, os.geteuid() == 0, chosen_isolation(), _interpreter())
 
 
 def _refusal(reason: str) -> str:
@@ -206,7 +206,8 @@ def _refusal(reason: str) -> str:
 
 
 @functools.cache
-def _plan_for(bwrap: str | None, root: bool, isolation: str = "bubblewrap") -> _Plan:
+def _plan_for(bwrap: str | None, root: bool, isolation: str = "bubblewrap",
+              interpreter: str = "") -> _Plan:
   """Probes once per setting whether the chosen isolation works here; raises when it does not."""
   if isolation == "bubblewrap":
     path = shutil.which(bwrap) if bwrap else None
@@ -228,7 +229,8 @@ def _plan_for(bwrap: str | None, root: bool, isolation: str = "bubblewrap") -> _
           f"sandbox: reduced isolation runs model code as an unprivileged uid, but that uid "
           f"cannot run the interpreter {_interpreter()} (it may live under a private directory "
           f"such as /root): {probe.stderr.strip()[-300:]!r}. Install bubblewrap "
-          f"(`{INSTALL_HINT}`) or use an interpreter readable by all users")
+          f"(`{INSTALL_HINT}`) or name an interpreter readable by all users in "
+          f"MORSE_SANDBOX_PYTHON (e.g. /usr/bin/python3)")
   logging.warning("sandbox: reduced isolation (%s=reduced or verifier.isolation): rlimits, a "
                   "temp dir, a cleared environment and its own session, %s; no network, "
                   "filesystem or PID isolation", ENV_VAR,
@@ -490,9 +492,16 @@ def _within(path: str, top: str) -> bool:
   return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+# The interpreter that runs sandboxed code; None: the base interpreter of this one. Reduced
+# isolation as root needs one the unprivileged uid can read (e.g. /usr/bin/python3 when ours is
+# under /root); set it here or with MORSE_SANDBOX_PYTHON.
+INTERPRETER: str | None = None
+
+
 def _interpreter() -> str:
   """The base interpreter, not the venv's: the project's packages stay out of the sandbox."""
-  return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+  chosen = INTERPRETER or os.environ.get("MORSE_SANDBOX_PYTHON")
+  return os.path.realpath(chosen or getattr(sys, "_base_executable", None) or sys.executable)
 
 
 def _write_files(workdir: str, files: dict[str, str], reserved: bool) -> None:

@@ -306,6 +306,12 @@ _HARNESS_GRACE_S = 5.0  # the trusted harness's own deadline past timeout_s
 
 
 @functools.cache
+def _site_paths() -> list[str]:
+  """Where the harness finds numpy and scipy (for values and SciCode's tests): our site dirs."""
+  return [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+
+
+@functools.cache
 def _server_source() -> str:
   with open(os.path.join(_HERE, "harness_server.py"), encoding="utf-8") as f:
     return f.read()
@@ -360,9 +366,10 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
     job = json.dumps({"servers": spec, "tests": tests, "prelude": prelude,
                       "remote": list(remote) if remote is not None else None,
                       "per_test": per_test_timeout_s, "shared": bool(shared_namespace),
-                      "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2}).encode()
-    harness = subprocess.Popen(
-        [sys.executable, "-I", "-B", _HARNESS_PATH], stdin=subprocess.PIPE,
+                      "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
+                      "sys_path": _site_paths()}).encode()
+    harness = subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
+        [sys.executable, "-I", "-S", "-B", _HARNESS_PATH], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,
         env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
              "LANG": "C.UTF-8"}, pass_fds=tuple(pipes))
