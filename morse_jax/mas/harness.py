@@ -162,6 +162,8 @@ class Server:
     until = self.deadline if self.call_deadline is None else min(self.deadline,
                                                                  self.call_deadline)
     message["timeout"] = max(until - time.monotonic(), 0.001)
+    if message["op"] == "call":
+      message["rng"] = _rng_state(self)
     try:
       data = memoryview(json.dumps(message).encode() + b"\n")
       while data:
@@ -174,6 +176,8 @@ class Server:
       raise RemoteGone(f"the channel to the tested program broke: {_describe(e)}") from None
     if not isinstance(reply, dict):
       raise RemoteGone("garbled answer")
+    if "rng" in reply:
+      _set_rng_state(self, reply["rng"])
     if "error" in reply:
       raise _exception(reply["error"])
     try:
@@ -287,6 +291,38 @@ class Server:
         raise TypeError("bad sparse format")
       return make((parts[0], (parts[1], parts[2])), shape=tuple(v.get("shape"))).asformat(fmt)
     raise TypeError(f"unknown value tag {tag!r} in an answer")
+
+
+def _rng_state(server):
+  """The global random states a test may have seeded (numpy's, Python's), which the program's
+  calls should draw from as they would in one process (SciCode 47.4 seeds, then calls MC)."""
+  state = {}
+  np = sys.modules.get("numpy")
+  if np is not None:
+    state["np"] = server.encode(np.random.get_state())
+  rnd = sys.modules.get("random")
+  if rnd is not None:
+    state["py"] = server.encode(rnd.getstate())
+  return state
+
+
+def _set_rng_state(server, wire):
+  """Takes back the states the call left (plain data: at worst a different valid state)."""
+  if type(wire) is not dict:
+    return
+  try:
+    np = sys.modules.get("numpy")
+    if np is not None and "np" in wire:
+      state = server.decode(wire["np"])
+      if (type(state) is tuple and len(state) == 5 and state[0] == "MT19937"
+          and type(state[1]) is np.ndarray and state[1].dtype == np.uint32
+          and state[1].shape == (624,)):
+        np.random.set_state(state)
+    rnd = sys.modules.get("random")
+    if rnd is not None and "py" in wire:
+      rnd.setstate(server.decode(wire["py"]))
+  except (TypeError, ValueError, RecursionError):
+    pass
 
 
 def _list(x):

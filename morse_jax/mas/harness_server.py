@@ -146,12 +146,20 @@ def _serve(program, request_fd, response_fd):
     send({"ready": True, "program_error": _error(e)["error"]})
     return
   for line in reader:
+    rng = {}
     try:
       req = _json.loads(line)
       timeout = req.get("timeout")
       if timeout:
         _signal.signal(_signal.SIGALRM, alarm)
         _signal.setitimer(_signal.ITIMER_REAL, max(float(timeout), 0.001))
+      rng = req.get("rng") or {}
+      if "np" in rng:
+        import numpy
+        numpy.random.set_state(decode(rng["np"], space))
+      if "py" in rng:
+        import random
+        random.setstate(decode(rng["py"], space))
       try:
         op = req["op"]
         target = decode(req.get("target"), space)
@@ -175,4 +183,13 @@ def _serve(program, request_fd, response_fd):
       reply = {"value": encode(result)}
     except BaseException as e:  # pylint: disable=broad-except
       reply = _error(e)
+    try:  # the global random states the call left, back to the harness (see harness.py)
+      if "np" in rng or "py" in rng:
+        reply["rng"] = {}
+      if "np" in rng:
+        reply["rng"]["np"] = encode(_sys.modules["numpy"].random.get_state())
+      if "py" in rng:
+        reply["rng"]["py"] = encode(_sys.modules["random"].getstate())
+    except BaseException:  # pylint: disable=broad-except
+      pass
     send(reply)
