@@ -409,10 +409,12 @@ def main():
              for s in job["servers"]]
   for server in servers:
     server.start()
+  load_error = next((f"program raised {s.program_error}" if s.program_error else
+                     f"program did not load: {s.dead}" for s in servers if s.dead is not None),
+                    None)
   tests, per_test = job["tests"], job.get("per_test")
-  program = servers[-1]  # the program under test; earlier servers hold its upstream code
   summary = {"passed": [False] * len(tests), "errors": [None] * len(tests),
-             "program_error": program.program_error, "harness_error": None}
+             "program_error": load_error, "harness_error": None}
   space = {"__name__": "__test__", "__builtins__": builtins}
   try:
     exec(compile(job.get("prelude", ""), "prelude", "exec"), space)  # pylint: disable=exec-used

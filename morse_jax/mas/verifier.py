@@ -411,7 +411,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
   if summary.get("harness_error"):
     return TestRun(0, len(tests), [f"test run failed: {summary['harness_error']}"], isolation)
   if summary.get("program_error"):
-    return TestRun(0, len(tests), [f"program raised {summary['program_error']}"], isolation)
+    return TestRun(0, len(tests), [str(summary["program_error"])[:400]], isolation)
   errors = []
   for i, (ok, err_text) in enumerate(zip(summary["passed"], summary["errors"])):
     if not ok:
