@@ -103,9 +103,54 @@ if uid >= 0:
   os.setuid(uid)
 if parent > 0:
   import ctypes
-  ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL; setuid above would have cleared it.
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL; setuid above would have cleared it.
   if os.getppid() != parent:
     os._exit(137)
+  # Reduced isolation: a seccomp filter lets the program signal only its own process group,
+  # itself and its own threads (kill(0 | -pgid | own pid), tgkill(own pid)), and forbids ptrace,
+  # pidfd_send_signal, the process_vm_* calls and setsid (so every process it starts stays in
+  # its session, where _stop finds it); a failure to install it is fatal.
+  # (audit arch, kill, tgkill, denied: tkill ptrace process_vm_readv/writev pidfd_send_signal
+  # rt_sigqueueinfo rt_tgsigqueueinfo setsid, x32 bit)
+  SYSCALLS = {"x86_64": (0xC000003E, 62, 234, (200, 101, 310, 311, 424, 129, 297, 112),
+                         0x40000000),
+              "aarch64": (0xC00000B7, 129, 131, (130, 117, 270, 271, 424, 138, 240, 157), None)}
+  found = SYSCALLS.get(os.uname().machine)
+  if found is None:
+    sys.stderr.write("sandbox: no seccomp filter for this architecture\\n")
+    os._exit(126)
+  arch, kill, tgkill, denied, x32 = found
+  me = os.getpid()
+  LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+  ALLOW, DENY = 0x7FFF0000, 0x00050001  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+  prog = [(LD, "", "", 4), (JEQ, "", "deny", arch), (LD, "", "", 0)]
+  if x32 is not None:
+    prog.append((JGE, "deny", "", x32))
+  prog += [(JEQ, "deny", "", nr) for nr in denied]
+  prog += [(JEQ, "kill", "", kill), (JEQ, "tgkill", "", tgkill), (RET, "", "", ALLOW)]
+  labels = {"kill": len(prog)}
+  prog += [(LD, "", "", 16), (JEQ, "allow", "", 0), (JEQ, "allow", "", me),
+           (JEQ, "allow", "deny", (-me) & 0xFFFFFFFF)]
+  labels["tgkill"] = len(prog)
+  prog += [(LD, "", "", 16), (JEQ, "allow", "deny", me)]
+  labels["allow"] = len(prog)
+  prog.append((RET, "", "", ALLOW))
+  labels["deny"] = len(prog)
+  prog.append((RET, "", "", DENY))
+  class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+  class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+  off = lambda i, label: labels[label] - i - 1 if label else 0
+  code = (Filter * len(prog))(*[Filter(c, off(i, t), off(i, f), k)
+                                for i, (c, t, f, k) in enumerate(prog)])
+  fprog = Program(len(prog), code)
+  if (libc.prctl(38, 1, 0, 0, 0) != 0  # PR_SET_NO_NEW_PRIVS
+      or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0):  # PR_SET_SECCOMP, FILTER
+    sys.stderr.write(f"sandbox: cannot install the seccomp filter: errno {ctypes.get_errno()}\\n")
+    os._exit(126)
 os.execv(sys.executable, [sys.executable, "-E", "-s", "-B", sys.argv[7]])
 """
 
