@@ -345,15 +345,20 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
   codes = [("upstream", upstream), ("program", f"{upstream}\n\n{program}")] if upstream else [
       ("program", program)]
   pipes, threads, results, spec = [], [], {}, []
+  server_fds = []  # the program's ends: run_python owns them once its thread starts
   workdir = tempfile.mkdtemp(prefix="morse-harness-")
   harness = None
   try:
     for label, code in codes:
       req_r, req_w = os.pipe()
+      pipes.append(req_w)
+      server_fds.append(req_r)
       resp_r, resp_w = os.pipe()
-      pipes += [req_w, resp_r]
+      pipes.append(resp_r)
+      server_fds.append(resp_w)
       spec.append({"label": label, "request_fd": req_w, "response_fd": resp_r})
-      source = _server_source() + f"\n_serve({code!r}, {req_r}, {resp_w})\n"
+      # _os._exit after the loop: a thread the program left running cannot keep it alive.
+      source = _server_source() + f"\n_serve({code!r}, {req_r}, {resp_w})\n_os._exit(0)\n"
 
       def serve(label=label, source=source, fds=(req_r, resp_w)):
         try:
@@ -376,6 +381,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
     for fd in pipes:  # the harness holds them now: it sees EOF when a program ends
       os.close(fd)
     pipes = []
+    server_fds = []
     for t in threads:
       t.start()
     try:
@@ -383,7 +389,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
     except subprocess.TimeoutExpired:
       out, err = b"", b"the trusted harness ran past its deadline"
   finally:
-    for fd in pipes:
+    for fd in pipes + server_fds:
       os.close(fd)
     if harness is not None:
       try:

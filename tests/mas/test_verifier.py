@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from morse_jax.mas import verifier
@@ -183,3 +185,11 @@ def test_unfenced_code_finds_the_definition_in_prose():
 ])
 def test_implements(code, ok):
   assert verifier.implements(code, "add") is ok
+
+
+def test_run_tests_does_not_wait_for_threads_the_program_left():
+  program = ("import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+             "def f():\n  return 1\n")
+  start = time.monotonic()
+  run = verifier.run_tests(program, ["assert f() == 1"], timeout_s=30.0)
+  assert run.passed == 1 and time.monotonic() - start < 15
