@@ -16,11 +16,12 @@ Fail closed: without a working bubblewrap `run_python` raises SandboxUnavailable
 bubblewrap and how to install it) unless the user chose reduced isolation, with the environment
 variable MORSE_SANDBOX=reduced or the config field `verifier.isolation = "reduced"`
 (configs/morse/common.py, applied by morse_jax/mas/experiment.py through `set_isolation`).
-Reduced isolation is rlimits, a temp dir, a cleared environment and its own session; it never
-runs the code as root (as root it drops to a fresh unprivileged uid, and refuses when that uid
-cannot run the interpreter), and at the end it kills the run's process group, every process of
-its session and, as root, every process of its uid, so nothing of it outlives the run. It has
-no network, filesystem or PID isolation. See docs/SECURITY.md.
+Reduced isolation is rlimits, a temp dir, a cleared environment, its own session and a seccomp
+filter (signals only to its own group, no ptrace, no setsid); it never runs the code as root (as
+root it drops to a fresh unprivileged uid, and refuses when that uid cannot run the
+interpreter), and at the end it kills the run's process group, every process of its session
+and, as root, every process of its uid, so nothing of it outlives the run. It has no network,
+filesystem or PID isolation. See docs/SECURITY.md.
 """
 
 from __future__ import annotations
