@@ -139,8 +139,9 @@ def _serve(program, request_fd, response_fd):
   space = module.__dict__
   try:
     exec(compile(program, "solution.py", "exec"), space)  # pylint: disable=exec-used
-    names = {k: "call" if callable(v) else "value" for k, v in list(space.items())
-             if not k.startswith("__")}
+    names = {k: ("module:" + v.__name__ if isinstance(v, _types.ModuleType) else
+                 "call" if callable(v) else "value")
+             for k, v in list(space.items()) if not k.startswith("__")}
     send({"ready": True, "names": names})
   except BaseException as e:  # pylint: disable=broad-except
     send({"ready": True, "program_error": _error(e)["error"]})

@@ -11,6 +11,7 @@ docs/SECURITY.md for the threat model.
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import functools
 import io
@@ -317,6 +318,65 @@ def _server_source() -> str:
     return f.read()
 
 
+def _identifiers(code: str) -> set[str] | None:
+  """Every identifier and string constant in code (None: it does not parse)."""
+  try:
+    tree = parse(code)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  found = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Name):
+      found.add(node.id)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      found.add(node.name)
+    elif isinstance(node, ast.alias):
+      found.add((node.asname or node.name).split(".")[0])
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      found.add(node.value)
+  return found
+
+
+def _module_names(code: str) -> set[str] | None:
+  """Names code may bind at module level: top-level assignments, defs, classes and imports
+  (function and class bodies aside), names declared `global` anywhere, and every string
+  constant (a name bound through globals()[...]). None: it does not parse."""
+  try:
+    tree = parse(code)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  found, stack = set(), list(tree.body)
+  while stack:
+    node = stack.pop()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      found.add(node.name)
+      continue
+    for child in ast.iter_child_nodes(node):
+      stack.append(child)
+    if isinstance(node, ast.Name):
+      found.add(node.id)
+    elif isinstance(node, ast.alias):
+      found.add((node.asname or node.name).split(".")[0])
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Global):
+      found.update(node.names)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      found.add(node.value)
+  return found
+
+
+def _mentions(upstream: str, tests: Sequence[str], prelude: str) -> bool:
+  """Whether a test may use something the upstream code defines (conservatively: a name the
+  tests use, other than the builtins and what the trusted prelude binds, is one the upstream
+  code may bind at module level, or something does not parse)."""
+  defined, trusted = _module_names(upstream), _identifiers(prelude)
+  used = [_identifiers(t) for t in tests]
+  if defined is None or trusted is None or any(u is None for u in used):
+    return True
+  defined -= trusted | set(dir(builtins))
+  return any(u & defined for u in used)
+
+
 def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
               per_test_timeout_s: float | None = None, memory_mb: int = 512,
               shared_namespace: bool = False, files: dict[str, str] | None = None,
@@ -342,6 +402,8 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
   readable summary (timeout, crash), nothing counts as passed."""
   tests = list(tests)
   isolation = sandbox.ensure_available()
+  if upstream and not _mentions(upstream, tests, prelude):  # nothing of it to protect: one sandbox
+    program, upstream = f"{upstream}\n\n{program}", None
   codes = [("upstream", upstream), ("program", f"{upstream}\n\n{program}")] if upstream else [
       ("program", program)]
   pipes, threads, results, spec = [], [], {}, []

@@ -125,6 +125,13 @@ HACKS = {
           return 0
         """,
     "redefined_check": "def check(candidate):\n  pass\ndef f(x):\n  return 0\n",
+    # a module the tests use without importing it, patched in the program's process.
+    "patched_module": """
+        import math
+        math.isclose = lambda *a, **k: True
+        def f(x):
+          return 0
+        """,
     "kill_everything": """
         import os, signal
         def f(x):
@@ -138,6 +145,7 @@ HACKS = {
         """,
 }
 TESTS = ["assert f(1) == 2", "assert abs(f(1) - 2) < 1e-9", "assert all([f(1) == 2])",
+         "assert math.isclose(f(1), 2)",
          "import numpy as np\nassert np.allclose(f(np.arange(3)), [1, 2, 3])",
          "assert isinstance(f(1), int) and f(1) == 2"]
 
@@ -151,7 +159,7 @@ def test_hacks_earn_nothing(hack):
 
 
 def test_the_honest_program_passes():
-  run = verifier.run_tests("def f(x):\n  return x + 1\n", TESTS, timeout_s=10.0)
+  run = verifier.run_tests("import math\ndef f(x):\n  return x + 1\n", TESTS, timeout_s=10.0)
   assert (run.passed, run.total) == (len(TESTS), len(TESTS)), run.errors
 
 
