@@ -423,3 +423,24 @@ def test_reduced_isolation_leaves_no_survivors(reduced, monkeypatch):
   while _marked_pids(marker, set()):
     assert time.monotonic() < deadline, "a process of the run outlived it"
     time.sleep(0.05)
+
+
+def test_config_field_chooses_the_isolation(monkeypatch):
+  from configs.morse import common  # pylint: disable=import-outside-toplevel
+  from morse_jax.mas import experiment  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.delenv(sandbox.ENV_VAR, raising=False)
+  config = common.base()
+  try:
+    assert config.verifier.isolation == "bubblewrap"
+    assert experiment.configure_sandbox(config) == "bubblewrap"
+    monkeypatch.setenv(sandbox.ENV_VAR, "reduced")  # either one may choose reduced
+    assert experiment.configure_sandbox(config) == "reduced"
+    monkeypatch.delenv(sandbox.ENV_VAR)
+    config.verifier.isolation = "reduced"
+    assert experiment.configure_sandbox(config) == "reduced"
+    config.verifier.isolation = "none"
+    with pytest.raises(experiment.ConfigError, match="verifier.isolation"):
+      experiment.configure_sandbox(config)
+  finally:
+    sandbox.set_isolation(None)
