@@ -7,6 +7,9 @@ ground_truth_code}) and `general_tests`. The gold graph is the chain of sub-step
 on step k-1). A step's code runs after the required imports and the code of the upstream steps;
 its test cases then run in order in one namespace, as the official harness runs them (a later
 test may use names an earlier one bound); its reward is the fraction of its test cases passed.
+The test cases run in the verifier's trusted harness after the required imports, calling the
+step's functions in the sandbox (and the upstream steps' functions in a sandbox of their own):
+see `verifier.run_tests` and docs/SECURITY.md.
 
 `load()` with no path reads the installed nvidia-scicode package's problems_all.jsonl (65) and
 problems_dev.jsonl (15). A problem's category comes from a `categories` mapping (problem_id ->
