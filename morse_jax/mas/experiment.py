@@ -48,7 +48,22 @@ def _choice(config, field: str, options, prefix: str = "") -> str:
   return value
 
 
+def configure_sandbox(config: ml_collections.ConfigDict) -> str:
+  """Applies config.verifier.isolation to the code sandbox; returns the isolation in force, for
+  the run's summary. "reduced" here, or MORSE_SANDBOX=reduced in the environment, accepts
+  rlimits-only isolation where bubblewrap is missing; otherwise bubblewrap is required."""
+  from morse_jax.mas import sandbox  # pylint: disable=import-outside-toplevel
+
+  isolation = config.get("verifier", {}).get("isolation", "bubblewrap")
+  if isolation not in sandbox.ISOLATIONS:
+    raise ConfigError(f"config.verifier.isolation={isolation!r} is not one of "
+                      f"{sandbox.ISOLATIONS}")
+  sandbox.set_isolation("reduced" if isolation == "reduced" else None)
+  return sandbox.chosen_isolation()
+
+
 def check(config: ml_collections.ConfigDict) -> None:
+  configure_sandbox(config)
   _choice(config, "system", SYSTEMS)
   _choice(config, "mixture", MIXTURES)
   _choice(config, "algo", ALGOS)

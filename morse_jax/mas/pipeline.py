@@ -25,11 +25,14 @@ def canonical(config) -> dict:
   problem's canonical solution. SciCode: the gold code of every step of the problems that ship
   it (the 15 dev problems), each step scored with the gold code of the steps before it as its
   upstream and its targets computed from the gold code (or read from task.targets_h5)."""
+  from morse_jax.mas import experiment
+
+  isolation = experiment.configure_sandbox(config)
   family = config.task.family
   if family == "humaneval":
-    return _canonical_humaneval(config)
+    return {**_canonical_humaneval(config), "sandbox": isolation}
   if family == "scicode":
-    return _canonical_scicode(config)
+    return {**_canonical_scicode(config), "sandbox": isolation}
   raise ValueError(f"config.task.oracle='canonical' needs task.family 'humaneval' or 'scicode', "
                    f"got {family!r}")
 
@@ -147,6 +150,7 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   print(f"records: {path} ({len(nodes)} nodes, {sum(not n.score.passed for n in nodes)} failed, "
         f"{sum(bool(n.stats and n.stats.cut) for n in nodes)} cut at the token limit)")
   summary["records"] = path
+  summary["sandbox"] = experiment.configure_sandbox(config)  # the isolation the scores ran under
   return summary
 
 
@@ -174,6 +178,9 @@ def train(config) -> dict:
   trainer = exp.trainer()
   state = trainer.init_state(jax.random.key(config.seed))
   workdir = os.path.abspath(config.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "run_info.json"), "w") as f:  # what the rewards ran under
+    json.dump({"sandbox": experiment.configure_sandbox(config)}, f)
   ckpt = Checkpoints(os.path.join(workdir, "ckpt"), every=1, keep=config.train.keep,
                      metadata=trainer.metadata(),
                      identity=run_identity(config, trainer.metadata(), problems),

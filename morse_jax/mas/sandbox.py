@@ -12,8 +12,16 @@ it counts every process of a uid, a per-run uid keeps concurrent sandboxes (and 
 `nobody` daemons) from sharing one budget. As non-root, bubblewrap makes a user namespace and the
 wrapper sets the limit inside it, where the kernel counts only that namespace's processes.
 
-Without a working bubblewrap we fall back to the rlimits, the temp dir and a cleared environment,
-and warn once: no network, filesystem or PID isolation then.
+Fail closed: without a working bubblewrap `run_python` raises SandboxUnavailableError (naming
+bubblewrap and how to install it) unless the user chose reduced isolation, with the environment
+variable MORSE_SANDBOX=reduced or the config field `verifier.isolation = "reduced"`
+(configs/morse/common.py, applied by morse_jax/mas/experiment.py through `set_isolation`).
+Reduced isolation is rlimits, a temp dir, a cleared environment, its own session and a seccomp
+filter (signals only to its own group, no ptrace, no setsid); it never runs the code as root (as
+root it drops to a fresh unprivileged uid, and refuses when that uid cannot run the
+interpreter), and at the end it kills the run's process group, every process of its session
+and, as root, every process of its uid, so nothing of it outlives the run. It has no network,
+filesystem or PID isolation. See docs/SECURITY.md.
 """
 
 from __future__ import annotations
@@ -34,9 +42,40 @@ import tempfile
 import threading
 import time
 
-# The bubblewrap binary (a name on PATH or a path). Tests set it to a missing one to force the
-# fallback; the probe result is cached per value.
+# The bubblewrap binary (a name on PATH or a path). Tests set it to a missing one to simulate a
+# host without it; the probe result is cached per value.
 BWRAP: str | None = "bwrap"
+
+ISOLATIONS = ("bubblewrap", "reduced")
+ENV_VAR = "MORSE_SANDBOX"
+# The isolation chosen in code (set_isolation, from config.verifier.isolation); None: the
+# environment variable MORSE_SANDBOX decides, and without it bubblewrap is required.
+_CHOSEN: str | None = None
+INSTALL_HINT = "apt-get install -y bubblewrap"
+
+
+class SandboxUnavailableError(RuntimeError):
+  """Bubblewrap is required (the default) but missing or unable to build a sandbox here, or
+  reduced isolation cannot run the code as an unprivileged user."""
+
+
+def set_isolation(isolation: str | None) -> None:
+  """Chooses the isolation for this process: "bubblewrap" (required, the default) or "reduced"
+  (rlimits only; see the module docstring); None: the MORSE_SANDBOX environment variable."""
+  global _CHOSEN
+  if isolation is not None and isolation not in ISOLATIONS:
+    raise ValueError(f"sandbox isolation {isolation!r} is not one of {ISOLATIONS}")
+  _CHOSEN = isolation
+
+
+def chosen_isolation() -> str:
+  """The isolation the user asked for: set_isolation, else MORSE_SANDBOX, else "bubblewrap"."""
+  if _CHOSEN is not None:
+    return _CHOSEN
+  env = os.environ.get(ENV_VAR, "").strip().lower()
+  if env and env not in ISOLATIONS:
+    raise SandboxUnavailableError(f"{ENV_VAR}={env!r} is not one of {ISOLATIONS}")
+  return env or "bubblewrap"
 
 _SCRIPT = "main.py"
 _MAX_FILE_BYTES = 16 << 20
@@ -65,9 +104,54 @@ if uid >= 0:
   os.setuid(uid)
 if parent > 0:
   import ctypes
-  ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL; setuid above would have cleared it.
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL; setuid above would have cleared it.
   if os.getppid() != parent:
     os._exit(137)
+  # Reduced isolation: a seccomp filter lets the program signal only its own process group,
+  # itself and its own threads (kill(0 | -pgid | own pid), tgkill(own pid)), and forbids ptrace,
+  # pidfd_send_signal, the process_vm_* calls and setsid (so every process it starts stays in
+  # its session, where _stop finds it); a failure to install it is fatal.
+  # (audit arch, kill, tgkill, denied: tkill ptrace process_vm_readv/writev pidfd_send_signal
+  # rt_sigqueueinfo rt_tgsigqueueinfo setsid, x32 bit)
+  SYSCALLS = {"x86_64": (0xC000003E, 62, 234, (200, 101, 310, 311, 424, 129, 297, 112),
+                         0x40000000),
+              "aarch64": (0xC00000B7, 129, 131, (130, 117, 270, 271, 424, 138, 240, 157), None)}
+  found = SYSCALLS.get(os.uname().machine)
+  if found is None:
+    sys.stderr.write("sandbox: no seccomp filter for this architecture\\n")
+    os._exit(126)
+  arch, kill, tgkill, denied, x32 = found
+  me = os.getpid()
+  LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+  ALLOW, DENY = 0x7FFF0000, 0x00050001  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+  prog = [(LD, "", "", 4), (JEQ, "", "deny", arch), (LD, "", "", 0)]
+  if x32 is not None:
+    prog.append((JGE, "deny", "", x32))
+  prog += [(JEQ, "deny", "", nr) for nr in denied]
+  prog += [(JEQ, "kill", "", kill), (JEQ, "tgkill", "", tgkill), (RET, "", "", ALLOW)]
+  labels = {"kill": len(prog)}
+  prog += [(LD, "", "", 16), (JEQ, "allow", "", 0), (JEQ, "allow", "", me),
+           (JEQ, "allow", "deny", (-me) & 0xFFFFFFFF)]
+  labels["tgkill"] = len(prog)
+  prog += [(LD, "", "", 16), (JEQ, "allow", "deny", me)]
+  labels["allow"] = len(prog)
+  prog.append((RET, "", "", ALLOW))
+  labels["deny"] = len(prog)
+  prog.append((RET, "", "", DENY))
+  class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+  class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+  off = lambda i, label: labels[label] - i - 1 if label else 0
+  code = (Filter * len(prog))(*[Filter(c, off(i, t), off(i, f), k)
+                                for i, (c, t, f, k) in enumerate(prog)])
+  fprog = Program(len(prog), code)
+  if (libc.prctl(38, 1, 0, 0, 0) != 0  # PR_SET_NO_NEW_PRIVS
+      or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0):  # PR_SET_SECCOMP, FILTER
+    sys.stderr.write(f"sandbox: cannot install the seccomp filter: errno {ctypes.get_errno()}\\n")
+    os._exit(126)
 os.execv(sys.executable, [sys.executable, "-E", "-s", "-B", sys.argv[7]])
 """
 
@@ -81,7 +165,7 @@ class SandboxResult:
   stdout, stderr: decoded output, each cut at max_output_bytes.
   timed_out: the wall-clock timeout fired.
   truncated: stdout or stderr was longer than max_output_bytes.
-  isolation: "bubblewrap", or "rlimits" for the reduced fallback.
+  isolation: "bubblewrap", or "rlimits" when reduced isolation was chosen.
   """
   returncode: int | None
   stdout: str
@@ -100,7 +184,8 @@ class _Plan:
 
 def run_python(source: str, *, stdin: str = "", timeout_s: float = 10.0, memory_mb: int = 512,
                max_output_bytes: int = 1 << 20, max_processes: int = 32,
-               files: dict[str, str] | None = None) -> SandboxResult:
+               files: dict[str, str] | None = None,
+               pass_fds: tuple[int, ...] = ()) -> SandboxResult:
   """Runs `source` as a script in a fresh temp dir (its cwd) under the best isolation available.
 
   Args:
@@ -111,48 +196,104 @@ def run_python(source: str, *, stdin: str = "", timeout_s: float = 10.0, memory_
     max_output_bytes: cap on each of stdout and stderr kept; the rest is read and dropped.
     max_processes: process (and thread) limit for the sandbox.
     files: extra files, relative path -> text, written next to the script (e.g. test modules).
+    pass_fds: open file descriptors the program inherits under the same numbers (the
+      verifier's channel to the program). run_python owns them: it closes them here once the
+      program has started (or failed to), so the other end sees EOF when the program ends.
 
   Returns:
     A SandboxResult. The temp dir is always removed.
+
+  Raises:
+    SandboxUnavailableError: bubblewrap is required but unusable, or reduced isolation cannot
+      run the code as an unprivileged user.
   """
-  return _execute(_plan(), source, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb,
+  pass_fds = tuple(pass_fds)
+  try:
+    plan = _plan()
+  except BaseException:
+    _close(pass_fds)
+    raise
+  return _execute(plan, source, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb,
                   max_output_bytes=max_output_bytes, max_processes=max_processes,
-                  files=files or {})
+                  files=files or {}, pass_fds=pass_fds)
+
+
+def _close(fds) -> None:
+  for fd in fds:
+    try:
+      os.close(fd)
+    except OSError:
+      pass
+
+
+def ensure_available() -> str:
+  """The isolation runs get here ("bubblewrap" or "rlimits"); raises SandboxUnavailableError
+  when the chosen one cannot run (see run_python)."""
+  return _plan().isolation
+
+
+def write_files(workdir: str, files: dict[str, str]) -> None:
+  """Writes files (relative path -> text) under workdir, refusing paths that leave it."""
+  _write_files(workdir, files, reserved=False)
 
 
 def _plan() -> _Plan:
   with _PLAN_LOCK:
-    return _plan_for(BWRAP, os.geteuid() == 0)
+    return _plan_for(BWRAP, os.geteuid() == 0, chosen_isolation(), _interpreter())
+
+
+def _refusal(reason: str) -> str:
+  return (f"sandbox: {reason}. Model-written code runs only under bubblewrap unless you choose "
+          f"reduced isolation. Install bubblewrap (`{INSTALL_HINT}`, or `make venv` as root), "
+          f"or accept reduced isolation (rlimits, no network, filesystem or PID isolation) with "
+          f"the environment variable {ENV_VAR}=reduced or the config field "
+          f"`verifier.isolation = \"reduced\"` (configs/morse/common.py, read by "
+          f"morse_jax/mas/experiment.py); see docs/SECURITY.md")
 
 
 @functools.cache
-def _plan_for(bwrap: str | None, root: bool) -> _Plan:
-  """Probes once per setting which isolation works here; warns once when it is the fallback."""
-  path = shutil.which(bwrap) if bwrap else None
-  if path:
+def _plan_for(bwrap: str | None, root: bool, isolation: str = "bubblewrap",
+              interpreter: str = "") -> _Plan:
+  """Probes once per setting whether the chosen isolation works here; raises when it does not."""
+  if isolation == "bubblewrap":
+    path = shutil.which(bwrap) if bwrap else None
+    if not path:
+      raise SandboxUnavailableError(_refusal(
+          f"bubblewrap ({bwrap!r}) was not found" if bwrap else "bubblewrap is switched off"))
     plan = _Plan("bubblewrap", path, root)
     probe = _execute(plan, "pass")
-    if probe.returncode == 0:
-      return plan
-    reason = f"{path} cannot build a sandbox here: {probe.stderr.strip()[-300:]!r}"
-  else:
-    reason = (f"{bwrap!r} not found (Debian package: bubblewrap)" if bwrap
-              else "bubblewrap is switched off (BWRAP is None)")
-  # As root, drop to an unprivileged uid if that uid can run the interpreter (it cannot when
-  # the interpreter lives under e.g. /root); otherwise the process limit does not bind.
-  drop = root and _execute(_Plan("rlimits", None, True), "pass").returncode == 0
-  also = ("; running as root, so the process limit does not bind either"
-          if root and not drop else "")
-  logging.warning("sandbox: %s; isolation is reduced to rlimits, a temp dir and a cleared "
-                  "environment: no network, filesystem or PID isolation%s", reason, also)
-  return _Plan("rlimits", None, drop)
+    if probe.returncode != 0:
+      raise SandboxUnavailableError(_refusal(
+          f"bubblewrap ({path}) cannot build a sandbox here: {probe.stderr.strip()[-300:]!r}"))
+    return plan
+  # Reduced: never as root. Root drops to a fresh unprivileged uid, which must be able to run
+  # the interpreter (it cannot when the interpreter lives under e.g. /root).
+  if root:
+    probe = _execute(_Plan("rlimits", None, True), "import os; print(os.getuid())")
+    if probe.returncode != 0 or not probe.stdout.strip().isdigit() or int(probe.stdout) == 0:
+      raise SandboxUnavailableError(
+          f"sandbox: reduced isolation runs model code as an unprivileged uid, but that uid "
+          f"cannot run the interpreter {_interpreter()} (it may live under a private directory "
+          f"such as /root): {probe.stderr.strip()[-300:]!r}. Install bubblewrap "
+          f"(`{INSTALL_HINT}`) or name an interpreter readable by all users in "
+          f"MORSE_SANDBOX_PYTHON (e.g. /usr/bin/python3)")
+  logging.warning("sandbox: reduced isolation (%s=reduced or verifier.isolation): rlimits, a "
+                  "temp dir, a cleared environment and its own session, %s; no network, "
+                  "filesystem or PID isolation", ENV_VAR,
+                  "as a fresh unprivileged uid" if root else "as this user")
+  return _Plan("rlimits", None, root)
 
 
 def _execute(plan: _Plan, source: str, *, stdin: str = "", timeout_s: float = 10.0,
              memory_mb: int = 512, max_output_bytes: int = 1 << 20, max_processes: int = 32,
-             files: dict[str, str] | None = None) -> SandboxResult:
+             files: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> SandboxResult:
   files = files or {}
-  workdir = tempfile.mkdtemp(prefix="morse-sandbox-")
+  owned = list(pass_fds)  # closed by _run right after the start, or below on an early failure
+  try:
+    workdir = tempfile.mkdtemp(prefix="morse-sandbox-")
+  except BaseException:
+    _close(owned)
+    raise
   try:
     _write_files(workdir, {_SCRIPT: source, **files}, reserved=_SCRIPT in files)
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if plan.drop_uid else -1
@@ -175,23 +316,26 @@ def _execute(plan: _Plan, source: str, *, stdin: str = "", timeout_s: float = 10
       stdin_file.write(stdin.encode())
       stdin_file.seek(0)
       return _run(cmd, stdin_file, env, workdir, timeout_s, max_output_bytes, plan.isolation,
-                  info)
+                  info, owned, uid)
   finally:
+    _close(owned)
     _rmtree(workdir)
 
 
 def _run(cmd: list[str], stdin_file, env: dict[str, str], cwd: str, timeout_s: float,
-         cap: int, isolation: str, info: tuple[int, int] | None) -> SandboxResult:
+         cap: int, isolation: str, info: tuple[int, int] | None,
+         pass_fds: list[int] | None = None, uid: int = -1) -> SandboxResult:
   """Starts `cmd` in its own session, reads capped output, enforces the wall-clock timeout.
 
   `info` is the pipe given to bwrap's --info-fd: it names the sandbox's init, see _stop.
   """
   deadline = time.monotonic() + timeout_s
   info_r, info_w = info or (-1, -1)
+  extra = list(pass_fds or ())
   try:
     proc = subprocess.Popen(cmd, stdin=stdin_file, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
-                            pass_fds=(info_w,) if info_w >= 0 else ())
+                            pass_fds=((info_w,) if info_w >= 0 else ()) + tuple(extra))
   except BaseException:
     if info_r >= 0:
       os.close(info_r)
@@ -199,6 +343,9 @@ def _run(cmd: list[str], stdin_file, env: dict[str, str], cwd: str, timeout_s: f
   finally:
     if info_w >= 0:
       os.close(info_w)
+    _close(extra)  # the program holds them now; the caller's list is emptied in place
+    if pass_fds is not None:
+      pass_fds.clear()
   out, err, info_json = bytearray(), bytearray(), bytearray()
   bufs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
   truncated = timed_out = False
@@ -240,7 +387,7 @@ def _run(cmd: list[str], stdin_file, env: dict[str, str], cwd: str, timeout_s: f
       except subprocess.TimeoutExpired:  # closed its pipes but kept running.
         timed_out = True
   finally:
-    _stop(proc, init_pidfd)
+    _stop(proc, init_pidfd, uid if isolation == "rlimits" else -1)
     proc.stdout.close()
     proc.stderr.close()
     if info_r >= 0:
@@ -273,13 +420,16 @@ def _init_pidfd(info_json: bytes) -> int | None:
   return None
 
 
-def _stop(proc: subprocess.Popen, init_pidfd: int | None) -> None:
+def _stop(proc: subprocess.Popen, init_pidfd: int | None, uid: int = -1) -> None:
   """Kills whatever still runs; a no-op after a clean exit.
 
   Under bubblewrap the sandbox's init dies first: that ends its whole PID namespace before we
   return, and bwrap reaps it. Killing bwrap alone would end the sandbox only asynchronously
   (--die-with-parent) and hand the init to the host's pid 1 to reap. Then the process group
-  goes: that ends a timed-out run and, in the fallback, any orphans of the script.
+  goes: that ends a timed-out run and, with reduced isolation, any orphans of the script; then
+  (reduced isolation) every process left in the run's session (a child that left the process
+  group) and, when the run had its own uid, every process of that uid (one that also left the
+  session with setsid), until none is left.
   """
   if init_pidfd is not None:
     try:
@@ -294,6 +444,37 @@ def _stop(proc: subprocess.Popen, init_pidfd: int | None) -> None:
   except (ProcessLookupError, PermissionError):
     pass
   proc.wait()
+  if init_pidfd is None:
+    _kill_leftovers(proc.pid, uid)
+
+
+def _kill_leftovers(sid: int, uid: int) -> None:
+  """Kills every process of session `sid` and, when uid >= 0, every process of `uid`."""
+  for _ in range(50):
+    found = []
+    for name in os.listdir("/proc"):
+      if not name.isdigit():
+        continue
+      try:
+        with open(f"/proc/{name}/stat", "rb") as f:
+          stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] in (b"Z", b"X"):  # dead, waiting to be reaped: nothing left to kill
+          continue
+        session = int(fields[3])  # state, ppid, pgrp, session
+        owner = os.stat(f"/proc/{name}").st_uid if uid >= 0 else -1
+      except (OSError, ValueError, IndexError):
+        continue
+      if int(name) != os.getpid() and (session == sid or (uid >= 0 and owner == uid)):
+        found.append(int(name))
+    if not found:
+      return
+    for pid in found:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+    time.sleep(0.01)
 
 
 def _bwrap_command(bwrap: str, root: bool, exe: str, workdir: str, env: dict[str, str],
@@ -357,9 +538,16 @@ def _within(path: str, top: str) -> bool:
   return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+# The interpreter that runs sandboxed code; None: the base interpreter of this one. Reduced
+# isolation as root needs one the unprivileged uid can read (e.g. /usr/bin/python3 when ours is
+# under /root); set it here or with MORSE_SANDBOX_PYTHON.
+INTERPRETER: str | None = None
+
+
 def _interpreter() -> str:
   """The base interpreter, not the venv's: the project's packages stay out of the sandbox."""
-  return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+  chosen = INTERPRETER or os.environ.get("MORSE_SANDBOX_PYTHON")
+  return os.path.realpath(chosen or getattr(sys, "_base_executable", None) or sys.executable)
 
 
 def _write_files(workdir: str, files: dict[str, str], reserved: bool) -> None:

@@ -1,19 +1,27 @@
 """Rule-based checks shared by the task families: find the code in a reply, reject code that does
 not compile or is a stub, and run test snippets against a program in the sandbox.
 
-Model output is never trusted: every check returns a reason string instead of raising, and tests
-run only through `morse_jax.mas.sandbox`, all snippets of one program in ONE sandbox call (a
-process start costs far more than a snippet).
+Model output is never trusted: every check returns a reason string instead of raising. Tests run
+in a trusted harness process (`harness.py`) against the program, which runs in the sandbox
+(`harness_server.py`) and answers calls with plain data; all snippets of one program share one
+sandbox call and one harness (a process start costs far more than a snippet). See
+docs/SECURITY.md for the threat model.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
+import functools
 import io
 import json
+import os
 import re
-import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import tokenize
 from typing import Sequence
@@ -293,107 +301,192 @@ class TestRun:
     return self.passed / self.total if self.total else 0.0
 
 
-# The harness runs the program as module `solution` (a real module, so dataclasses and pickling
-# work, and `if __name__ == "__main__"` blocks stay quiet), then each test in a copy of its
-# namespace (or, `shared`, all tests in order in one copy, as SciCode's harness runs a step). Its
-# summary goes to a duplicate of the original stdout and fd 1 to /dev/null, so the
-# program's prints cannot truncate it; the functions it relies on are bound before the program
-# runs, so patching json or builtins cannot forge it. A program can still fake its way past an
-# assert (an object equal to everything); that is the tests' business.
-_HARNESS = r'''
-import json as _json, os as _os, signal as _signal, sys as _sys, types as _types
-def _main(marker, program, tests, per_test, shared, dumps=_json.dumps, write=_os.write,
-          exit=_os._exit, run=exec, build=compile, copy=dict, setitimer=_signal.setitimer,
-          handle=_signal.signal):
-  out = _os.dup(1)
-  _os.dup2(_os.open(_os.devnull, _os.O_WRONLY), 1)
-  def fail(e):
-    try:
-      text = str(e)
-    except BaseException:
-      text = "<unprintable>"
-    return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[:300]
-  def alarm(*_):
-    raise TimeoutError(f"test ran longer than {per_test} s")
-  module = _types.ModuleType("solution")
-  module.__file__ = "solution.py"
-  _sys.modules["solution"] = module
-  passed, errors, program_error = [], [], None
-  try:
-    run(build(program, "solution.py", "exec"), module.__dict__)
-  except BaseException as e:
-    program_error = fail(e)
-  space = copy(module.__dict__)
-  for i, test in enumerate(tests):
-    ok, err = False, None
-    if program_error is None:
-      try:
-        if per_test:
-          handle(_signal.SIGALRM, alarm)
-          setitimer(_signal.ITIMER_REAL, per_test)
-        run(build(test, f"test_{i}", "exec"), space if shared else copy(module.__dict__))
-        ok = True
-      except BaseException as e:
-        err = fail(e)
-      finally:
-        if per_test:
-          setitimer(_signal.ITIMER_REAL, 0)
-    passed.append(ok)
-    errors.append(err)
-  summary = {"passed": passed, "errors": errors, "program_error": program_error}
-  write(out, ("\n" + marker + dumps(summary) + "\n").encode())
-  exit(0)
-'''
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_HARNESS_PATH = os.path.join(_HERE, "harness.py")
+_HARNESS_GRACE_S = 5.0  # the trusted harness's own deadline past timeout_s
 
 
-def _parse(stdout: str, marker: str, total: int) -> dict | None:
-  lines = [line for line in stdout.splitlines() if line.startswith(marker)]
-  if not lines:
-    return None
+@functools.cache
+def _site_paths() -> list[str]:
+  """Where the harness finds numpy and scipy (for values and SciCode's tests): our site dirs."""
+  return [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+
+
+@functools.cache
+def _server_source() -> str:
+  with open(os.path.join(_HERE, "harness_server.py"), encoding="utf-8") as f:
+    return f.read()
+
+
+def _identifiers(code: str) -> set[str] | None:
+  """Every identifier and string constant in code (None: it does not parse)."""
   try:
-    summary = json.loads(lines[-1][len(marker):])
-  except ValueError:
+    tree = parse(code)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
     return None
-  if not (isinstance(summary, dict) and isinstance(summary.get("passed"), list)
-          and isinstance(summary.get("errors"), list) and len(summary["passed"]) == total
-          and len(summary["errors"]) == total
-          and all(isinstance(p, bool) for p in summary["passed"])):
+  found = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Name):
+      found.add(node.id)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      found.add(node.name)
+    elif isinstance(node, ast.alias):
+      found.add((node.asname or node.name).split(".")[0])
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      found.add(node.value)
+  return found
+
+
+def _module_names(code: str) -> set[str] | None:
+  """Names code may bind at module level: top-level assignments, defs, classes and imports
+  (function and class bodies aside), names declared `global` anywhere, and every string
+  constant (a name bound through globals()[...]). None: it does not parse."""
+  try:
+    tree = parse(code)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
     return None
-  return summary
+  found, stack = set(), list(tree.body)
+  while stack:
+    node = stack.pop()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      found.add(node.name)
+      continue
+    for child in ast.iter_child_nodes(node):
+      stack.append(child)
+    if isinstance(node, ast.Name):
+      found.add(node.id)
+    elif isinstance(node, ast.alias):
+      found.add((node.asname or node.name).split(".")[0])
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Global):
+      found.update(node.names)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      found.add(node.value)
+  return found
+
+
+def _mentions(upstream: str, tests: Sequence[str], prelude: str) -> bool:
+  """Whether a test may use something the upstream code defines (conservatively: a name the
+  tests use, other than the builtins and what the trusted prelude binds, is one the upstream
+  code may bind at module level, or something does not parse)."""
+  defined, trusted = _module_names(upstream), _identifiers(prelude)
+  used = [_identifiers(t) for t in tests]
+  if defined is None or trusted is None or any(u is None for u in used):
+    return True
+  defined -= trusted | set(dir(builtins))
+  return any(u & defined for u in used)
 
 
 def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
               per_test_timeout_s: float | None = None, memory_mb: int = 512,
-              shared_namespace: bool = False, files: dict[str, str] | None = None) -> TestRun:
-  """Run `program`, then each test snippet (an assert or a small block) in its namespace, all in
-  one sandbox call. A test passes when it raises nothing. `per_test_timeout_s` (SIGALRM inside
-  the sandbox) stops one hanging test from using up the whole call. `shared_namespace`: the
-  tests run in order in one namespace, so a test sees the names earlier tests bound (a failing
-  test still lets the later ones run). `files`: extra files beside the script (importable). When
-  the summary line is missing or garbled (timeout, crash, truncated output), nothing counts as
-  passed."""
+              shared_namespace: bool = False, files: dict[str, str] | None = None,
+              prelude: str = "", remote: Sequence[str] | None = None,
+              upstream: str | None = None) -> TestRun:
+  """Runs the test snippets against `program`; a test passes when it raises nothing.
+
+  Two kinds of process, so the program can neither see nor touch the tests (docs/SECURITY.md):
+  - the program (model-written, untrusted) runs in the sandbox as module `solution`, inside
+    `harness_server`, and only answers calls;
+  - the tests (trusted) run in `harness.py`, a separate plain subprocess that holds the test
+    source, execs `prelude` (trusted code: HumanEval's prompt, SciCode's imports), binds every
+    name a test uses that the prelude and the builtins do not bind (or, with `remote`, exactly
+    those names) to a proxy of the program's object of that name, and makes every assert's
+    comparison itself, on plain data decoded from the program's answers.
+  `upstream`: code the program runs after (earlier steps' code); the program's sandbox runs
+  `upstream` + `program`, and a second sandbox runs `upstream` alone, whose definitions the
+  tests use, so the program cannot replace a function of the code it builds on. `shared_namespace`: the
+  tests run in order in one namespace (a later test sees what an earlier one bound);
+  otherwise each in a copy. `per_test_timeout_s` stops one hanging test (in the program, by an
+  alarm there; in the harness, by one here); `timeout_s` bounds the whole call. `files`: extra
+  files, importable on both sides (e.g. SciCode's `scicode.compare`). When the harness gives no
+  readable summary (timeout, crash), nothing counts as passed."""
   tests = list(tests)
-  marker = f"@@VERIFIER-{secrets.token_hex(8)}@@"
-  source = (_HARNESS + f"_main({marker!r}, {program!r}, {tests!r}, {per_test_timeout_s!r}, "
-            f"{bool(shared_namespace)!r})\n")
-  res = sandbox.run_python(source, timeout_s=timeout_s, memory_mb=memory_mb, files=files)
-  summary = _parse(res.stdout, marker, len(tests))
-  if summary is None:
-    if res.timed_out:
-      why = f"timed out after {timeout_s} s"
-    elif res.truncated:
-      why = "output truncated before the summary"
-    elif res.returncode not in (0, None):
-      tail = res.stderr.strip().splitlines()[-1:] or [""]
-      why = f"crashed (exit code {res.returncode}) {tail[0][:200]}".rstrip()
-    else:
-      why = "no readable test summary in the output"
-    return TestRun(0, len(tests), [f"test run failed: {why}"], res.isolation)
-  errors = []
+  isolation = sandbox.ensure_available()
+  if upstream and not _mentions(upstream, tests, prelude):  # nothing of it to protect: one sandbox
+    program, upstream = f"{upstream}\n\n{program}", None
+  codes = [("upstream", upstream), ("program", f"{upstream}\n\n{program}")] if upstream else [
+      ("program", program)]
+  pipes, threads, results, spec = [], [], {}, []
+  server_fds = []  # the program's ends: run_python owns them once its thread starts
+  workdir = tempfile.mkdtemp(prefix="morse-harness-")
+  harness = None
+  try:
+    for label, code in codes:
+      req_r, req_w = os.pipe()
+      pipes.append(req_w)
+      server_fds.append(req_r)
+      resp_r, resp_w = os.pipe()
+      pipes.append(resp_r)
+      server_fds.append(resp_w)
+      spec.append({"label": label, "request_fd": req_w, "response_fd": resp_r})
+      # _os._exit after the loop: a thread the program left running cannot keep it alive.
+      source = _server_source() + f"\n_serve({code!r}, {req_r}, {resp_w})\n_os._exit(0)\n"
+
+      def serve(label=label, source=source, fds=(req_r, resp_w)):
+        try:
+          results[label] = sandbox.run_python(source, timeout_s=timeout_s, memory_mb=memory_mb,
+                                              files=files, pass_fds=fds)
+        except BaseException as e:  # pylint: disable=broad-except
+          results[label] = e
+      threads.append(threading.Thread(target=serve, daemon=True))
+    sandbox.write_files(workdir, files or {})
+    job = json.dumps({"servers": spec, "tests": tests, "prelude": prelude,
+                      "remote": list(remote) if remote is not None else None,
+                      "per_test": per_test_timeout_s, "shared": bool(shared_namespace),
+                      "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
+                      "sys_path": _site_paths()}).encode()
+    harness = subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
+        [sys.executable, "-I", "-S", "-B", _HARNESS_PATH], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
+             "LANG": "C.UTF-8"}, pass_fds=tuple(pipes))
+    for fd in pipes:  # the harness holds them now: it sees EOF when a program ends
+      os.close(fd)
+    pipes = []
+    server_fds = []
+    for t in threads:
+      t.start()
+    try:
+      out, err = harness.communicate(job, timeout=timeout_s + _HARNESS_GRACE_S)
+    except subprocess.TimeoutExpired:
+      out, err = b"", b"the trusted harness ran past its deadline"
+  finally:
+    for fd in pipes + server_fds:
+      os.close(fd)
+    if harness is not None:
+      try:
+        os.killpg(harness.pid, 9)
+      except (ProcessLookupError, PermissionError):
+        pass
+      harness.wait()
+    for t in threads:
+      if t.ident is not None:
+        t.join()
+    shutil.rmtree(workdir, ignore_errors=True)
+  for res in results.values():
+    if isinstance(res, BaseException):
+      raise res
+  res = results.get("program")
+  isolation = res.isolation if res is not None else isolation
+  try:
+    summary = json.loads(out)
+  except ValueError:
+    summary = None
+  if not (isinstance(summary, dict) and len(summary.get("passed", ())) == len(tests)):
+    why = (err.decode(errors="replace").strip().splitlines() or ["no summary"])[-1][:200]
+    return TestRun(0, len(tests), [f"test run failed: the harness gave no summary: {why}"],
+                   isolation)
+  if summary.get("harness_error"):
+    return TestRun(0, len(tests), [f"test run failed: {summary['harness_error']}"], isolation)
   if summary.get("program_error"):
-    errors.append(f"program raised {summary['program_error']}")
-  for i, (ok, err) in enumerate(zip(summary["passed"], summary["errors"])):
-    if not ok and err:
+    return TestRun(0, len(tests), [str(summary["program_error"])[:400]], isolation)
+  errors = []
+  for i, (ok, err_text) in enumerate(zip(summary["passed"], summary["errors"])):
+    if not ok:
       first = tests[i].strip().splitlines()[-1:] or [""]
-      errors.append(f"test {i} ({first[0][:100]}): {err}")
-  return TestRun(sum(summary["passed"]), len(tests), errors, res.isolation)
+      why = err_text or "failed"
+      if res is not None and res.timed_out:
+        why += f" (the program timed out after {timeout_s} s)"
+      errors.append(f"test {i} ({first[0][:100]}): {why}")
+  passed = sum(1 for ok in summary["passed"] if ok is True)
+  return TestRun(passed, len(tests), errors, isolation)

@@ -153,8 +153,12 @@ class HumanEval:
     reason = verifier.syntax_error(program) or verifier.placeholder(own)
     if reason:
       return NodeScore(0.0, False, {"reason": reason, "code": code})
-    test = f"{problem.data['test']}\n\ncheck({problem.data['entry_point']})\n"
-    run = verifier.run_tests(program, [test], timeout_s=self.timeout_s)
+    entry = problem.data["entry_point"]
+    test = f"{problem.data['test']}\n\ncheck({entry})\n"
+    # The test and the prompt (its helpers, e.g. `poly` of problem 32) run in the trusted
+    # harness; only `entry` is the program's, called in the sandbox (docs/SECURITY.md).
+    run = verifier.run_tests(program, [test], timeout_s=self.timeout_s,
+                             prelude=problem.data["prompt"], remote=[entry])
     reward = 1.0 if run.total and run.passed == run.total else 0.0
     details: dict[str, Any] = {"isolation": run.isolation, "code": code}
     if run.errors:

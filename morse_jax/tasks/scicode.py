@@ -7,6 +7,9 @@ ground_truth_code}) and `general_tests`. The gold graph is the chain of sub-step
 on step k-1). A step's code runs after the required imports and the code of the upstream steps;
 its test cases then run in order in one namespace, as the official harness runs them (a later
 test may use names an earlier one bound); its reward is the fraction of its test cases passed.
+The test cases run in the verifier's trusted harness after the required imports, calling the
+step's functions in the sandbox (and the upstream steps' functions in a sandbox of their own):
+see `verifier.run_tests` and docs/SECURITY.md.
 
 `load()` with no path reads the installed nvidia-scicode package's problems_all.jsonl (65) and
 problems_dev.jsonl (15). A problem's category comes from a `categories` mapping (problem_id ->
@@ -461,15 +464,18 @@ class SciCode:
                                 f"no target value available ({shown}): {_OPTIONS}")
 
   def _run(self, problem: Problem, step: Mapping[str, Any], program: str,
-           tests: Sequence[str] | None = None) -> verifier.TestRun:
-    """The step's test cases (`tests`: as `_tests` made them) after `program`, in order in one
-    namespace (as the official harness runs a step's script), with `scicode.compare` beside
-    them."""
+           tests: Sequence[str] | None = None, upstream: str | None = None) -> verifier.TestRun:
+    """The step's test cases (`tests`: as `_tests` made them) against `program` (run after
+    `upstream`, the earlier steps' code), in order in one namespace (as the official harness
+    runs a step's script), with `scicode.compare` beside them. The tests run in the trusted
+    harness after the problem's import lines; the functions they call run in the sandbox, the
+    earlier steps' functions in a sandbox of their own that the program cannot patch."""
     tests = self._tests(problem, step) if tests is None else tests
     return verifier.run_tests(program, tests, timeout_s=self.timeout_s,
                               per_test_timeout_s=self.per_test_timeout_s,
                               memory_mb=self.memory_mb, shared_namespace=True,
-                              files=scicode_gold.support_files(step["test_cases"]))
+                              files=scicode_gold.support_files(step["test_cases"]),
+                              prelude=problem.data["required_dependencies"], upstream=upstream)
 
   @staticmethod
   def _step_passed(run: verifier.TestRun) -> bool:
@@ -499,11 +505,13 @@ class SciCode:
     checked = verifier.CodeCheck()(artifact)
     if not checked.ok:
       return NodeScore(0.0, False, {"reason": checked.reason})
-    program = "\n\n".join([problem.data["required_dependencies"],
-                            *self._upstream_code(problem, upstream), checked.code])
+    deps, earlier = problem.data["required_dependencies"], self._upstream_code(problem, upstream)
     if step is None:
-      return self._score_whole(problem, program)
-    run = self._run(problem, step, program, tests)
+      return self._score_whole(problem, "\n\n".join([deps, *earlier, checked.code]))
+    if earlier:
+      run = self._run(problem, step, checked.code, tests, "\n\n".join([deps, *earlier]))
+    else:
+      run = self._run(problem, step, "\n\n".join([deps, checked.code]), tests)
     details: dict[str, Any] = {"tests_passed": run.passed, "tests": run.total,
                                "isolation": run.isolation}
     if run.errors:

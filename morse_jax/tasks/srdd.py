@@ -24,6 +24,11 @@ Evaluation of a finished program (all nodes' code joined in graph order), after 
 - reward = eci_mean when exec is 1, else 0. `passed` = exec and completeness.
 "Runs" follows ChatDev's check: the program exits with code 0 within the timeout, or is still
 running at the timeout (a GUI loop or server) with no traceback on stderr (`timeout_ok`).
+Exiting with code 0 counts only when the program ran to its end: it runs under a small runner
+that reports completion on a pipe after the program's last statement, so `os._exit(0)`,
+`sys.exit(0)` or `raise SystemExit` halfway through do not count. A program that ends itself
+explicitly (sys.exit, exit, quit, os._exit, os.abort, os.kill, raise SystemExit /
+KeyboardInterrupt) is flagged (`early_exit`) and does not run: smoke 0 (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import ast
 import csv
 import dataclasses
+import os
 import re
 from typing import Any, Callable, Mapping, Sequence
 
@@ -105,6 +111,40 @@ def strip_comments(code: str) -> str:
   return ast.unparse(tree)
 
 
+# Runs the program as __main__ and, only when its last statement finished, reports on the fd.
+_RUNNER = """
+import os as _os, sys as _sys, types as _types
+def _run(program, fd):
+  main = _types.ModuleType("__main__")
+  main.__file__ = "main.py"
+  _sys.modules["__main__"] = main
+  exec(compile(program, "main.py", "exec"), main.__dict__)
+  _os.write(fd, b"done")
+"""
+_EXITS = {("sys", "exit"), ("os", "_exit"), ("os", "abort"), ("os", "kill"), ("os", "killpg"),
+          ("signal", "raise_signal"), ("signal", "pthread_kill")}
+
+
+def early_exit(code: str) -> str | None:
+  """Where the code ends its own process explicitly, or None (see the module docstring)."""
+  try:
+    tree = verifier.parse(code)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call):
+      f = node.func
+      if isinstance(f, ast.Name) and f.id in ("exit", "quit", "_exit", "abort", "kill"):
+        return f"{f.id}() at line {node.lineno}"
+      if isinstance(f, ast.Attribute) and (getattr(f.value, "id", ""), f.attr) in _EXITS:
+        return f"{f.value.id}.{f.attr}() at line {node.lineno}"
+    if isinstance(node, ast.Raise) and node.exc is not None:
+      exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+      if getattr(exc, "id", getattr(exc, "attr", "")) in ("SystemExit", "KeyboardInterrupt"):
+        return f"raise {getattr(exc, 'id', getattr(exc, 'attr', ''))} at line {node.lineno}"
+  return None
+
+
 def _complete(code: str) -> bool:
   if verifier.syntax_error(code):  # no AST: fall back to the text
     return not re.search(r"(?m)^\s*pass\s*(#.*)?$|\bTODO\b", code)
@@ -141,13 +181,28 @@ class SRDD:
     error = verifier.syntax_error(program)
     if error:
       return False, error
-    res = sandbox.run_python(program, timeout_s=self.timeout_s)
+    flag = early_exit(program)
+    if flag:
+      return False, f"flagged early_exit: the program ends itself ({flag})"
+    done_r, done_w = os.pipe()
+    try:
+      res = sandbox.run_python(_RUNNER + f"_run({program!r}, {done_w})\n",
+                               timeout_s=self.timeout_s, pass_fds=(done_w,))
+      os.set_blocking(done_r, False)
+      try:
+        finished = os.read(done_r, 16) == b"done"
+      except BlockingIOError:
+        finished = False
+    finally:
+      os.close(done_r)
     tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
     if res.timed_out:
       ok = self.timeout_ok and "Traceback" not in res.stderr
       return ok, "" if ok else f"timed out after {self.timeout_s} s {tail}".strip()
-    if res.returncode == 0:
+    if res.returncode == 0 and finished:
       return True, ""
+    if res.returncode == 0:
+      return False, "the program stopped before its end (an early exit)"
     return False, f"exit code {res.returncode}: {tail}"
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
@@ -175,6 +230,8 @@ class SRDD:
     reason = why or (verifier.placeholder(code) if not complete else None)
     if reason:
       details["reason"] = reason
+    if why.startswith("flagged "):
+      details["flagged"] = why.split()[1]
     return NodeScore(raw / 2.0, smoke and complete, details)
 
   def program(self, problem: Problem, artifacts: Mapping[str, str | None]) -> tuple[str, int]:
@@ -196,4 +253,5 @@ class SRDD:
                "consistency": consistency, "eci_mean": float(np.mean(eci)),
                "eci_product": float(np.prod(eci))}
     metrics["reward"] = metrics["eci_mean"] if executes else 0.0
+    metrics["flagged"] = float(early_exit(program) is not None)
     return ProblemScore(bool(executes and completeness), metrics)

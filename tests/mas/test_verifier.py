@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from morse_jax.mas import sandbox, verifier
+from morse_jax.mas import verifier
 
 
 def test_extract_code_prefers_the_last_python_block():
@@ -111,36 +113,20 @@ def test_run_tests_summary_cannot_be_forged_by_patching():
   assert (run.passed, run.total) == (0, 1) and "AssertionError" in run.errors[0]
 
 
-def test_run_tests_missing_summary():
+def test_run_tests_program_that_dies_or_hangs_while_loading():
   run = verifier.run_tests("import os\nos._exit(0)\n", ["assert True"], timeout_s=5.0)
-  assert (run.passed, run.errors) == (0, ["test run failed: no readable test summary in the "
-                                          "output"])
+  assert run.passed == 0 and run.errors[0].startswith("program did not load: "), run.errors
   run = verifier.run_tests("while True:\n  pass\n", ["assert True"], timeout_s=1.0)
-  assert run.passed == 0 and "timed out" in run.errors[0]
+  assert run.passed == 0 and run.errors[0].startswith("program did not load: "), run.errors
 
 
-@pytest.mark.parametrize("stdout, truncated, returncode, timed_out, why", [
-    ("@@VERIFIER-x@@{not json", False, 0, False, "no readable test summary"),
-    ("garbage", True, 0, False, "truncated"),
-    ("", False, 139, False, "crashed (exit code 139) Segmentation fault"),
-    ("", False, None, True, "timed out"),
-])
-def test_run_tests_garbled_output(monkeypatch, stdout, truncated, returncode, timed_out, why):
-  def fake(source, **kwargs):
-    del source, kwargs
-    return sandbox.SandboxResult(returncode, stdout, "Segmentation fault", timed_out, truncated,
-                                 "fake")
-  monkeypatch.setattr(sandbox, "run_python", fake)
-  run = verifier.run_tests("x = 1", ["assert x == 1"], timeout_s=1.0)
-  assert run.passed == 0 and run.total == 1 and why in run.errors[0]
-
-
-def test_parse_rejects_a_summary_of_the_wrong_shape():
-  marker = "@@M@@"
-  assert verifier._parse(f'{marker}{{"passed": [true], "errors": [null]}}', marker, 1)
-  assert verifier._parse(f'{marker}{{"passed": [true, true], "errors": [null]}}', marker, 1) is None
-  assert verifier._parse(f'{marker}{{"passed": [1], "errors": [null]}}', marker, 1) is None
-  assert verifier._parse(f'{marker}[]', marker, 1) is None
+def test_run_tests_without_a_readable_summary(monkeypatch, tmp_path):
+  fake = tmp_path / "harness.py"
+  fake.write_text("import sys\nsys.stdout.write('{not json')\nsys.stderr.write('boom\\n')\n")
+  monkeypatch.setattr(verifier, "_HARNESS_PATH", str(fake))
+  run = verifier.run_tests("x = 1", ["assert True"], timeout_s=5.0)
+  assert (run.passed, run.total) == (0, 1)
+  assert run.errors == ["test run failed: the harness gave no summary: boom"]
 
 
 STUB = 'def add(a, b):\n    """Sum of a and b."""\n'
@@ -199,3 +185,11 @@ def test_unfenced_code_finds_the_definition_in_prose():
 ])
 def test_implements(code, ok):
   assert verifier.implements(code, "add") is ok
+
+
+def test_run_tests_does_not_wait_for_threads_the_program_left():
+  program = ("import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+             "def f():\n  return 1\n")
+  start = time.monotonic()
+  run = verifier.run_tests(program, ["assert f() == 1"], timeout_s=30.0)
+  assert run.passed == 1 and time.monotonic() - start < 15

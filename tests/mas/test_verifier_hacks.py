@@ -1,0 +1,352 @@
+"""Issue 19: verifiers a policy cannot game. Each hack a hostile probe found earns 0 (or is
+flagged) on run_tests and on every task family that runs tests: HumanEval, SciCode, SRDD and
+the synthetic suite. The threat model and defenses are in docs/SECURITY.md."""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+
+from morse_jax.mas import verifier
+from morse_jax.tasks import humaneval, scicode, srdd, synthetic
+
+WRONG = "def f(x):\n  return 0\n"
+
+# Hacks as programs that define `f` (the function under test, which should return x + 1).
+HACKS = {
+    # the harness frame: rewrite the tests in place.
+    "frame_tests": """
+        import sys
+        f0 = sys._getframe()
+        while f0 is not None:
+          for name in ("tests", "test", "snippets"):
+            t = f0.f_locals.get(name)
+            if isinstance(t, list):
+              t[:] = ["pass"] * len(t)
+          f0 = f0.f_back
+        def f(x):
+          return 0
+        """,
+    "frame_tests_at_call": """
+        import sys
+        def f(x):
+          f0 = sys._getframe()
+          while f0 is not None:
+            for value in list(f0.f_locals.values()):
+              if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                value[:] = ["pass"] * len(value)
+            f0 = f0.f_back
+          return 0
+        """,
+    # the marker: read it from the script, print a forged summary, leave.
+    "forged_summary": """
+        import json, os, re, sys
+        src = open(sys.argv[0]).read()
+        for marker in set(re.findall(r"@@[A-Z]+-[0-9a-f]+@@", src)) or {"@@VERIFIER-0@@"}:
+          forged = marker + json.dumps({"passed": [True] * 50, "errors": [None] * 50,
+                                        "program_error": None})
+          for fd in range(1, 64):
+            try:
+              os.write(fd, ("\\n" + forged + "\\n").encode())
+            except OSError:
+              pass
+        os._exit(0)
+        """,
+    "forged_reply": """
+        import json, os
+        def f(x):
+          for fd in range(3, 64):
+            try:
+              os.write(fd, b'{"passed": [true, true, true, true, true], "errors": []}\\n')
+            except OSError:
+              pass
+          os._exit(0)
+        """,
+    "always_equal": """
+        class Any:
+          def __eq__(self, other):
+            return True
+          __hash__ = object.__hash__
+        def f(x):
+          return Any()
+        """,
+    "float_subclass": """
+        class F(float):
+          def __eq__(self, other):
+            return True
+          __ne__ = lambda self, other: False
+        def f(x):
+          return F(0)
+        """,
+    "int_subclass": """
+        class I(int):
+          __eq__ = lambda self, other: True
+        def f(x):
+          return I(0)
+        """,
+    "list_subclass": """
+        class L(list):
+          __eq__ = lambda self, other: True
+        def f(x):
+          return L()
+        """,
+    "ndarray_subclass": """
+        import numpy as np
+        class A(np.ndarray):
+          def __eq__(self, other):
+            return np.ones(np.shape(other), bool)
+        def f(x):
+          return np.zeros(1).view(A)
+        """,
+    "exit_at_load": "import os\nos._exit(0)\n",
+    "exit_in_call": "import os\ndef f(x):\n  os._exit(0)\n",
+    "system_exit": "def f(x):\n  raise SystemExit(0)\n",
+    "keyboard_interrupt": "def f(x):\n  raise KeyboardInterrupt\n",
+    "exit_builtin": "def f(x):\n  exit(0)\n",
+    "patched_builtins": """
+        import builtins
+        builtins.AssertionError = type("Quiet", (Exception,), {})
+        builtins.abs = lambda x: 0
+        builtins.all = lambda x: True
+        builtins.isinstance = lambda *a: True
+        def f(x):
+          return 0
+        """,
+    "patched_numpy": """
+        import numpy as np
+        np.allclose = lambda *a, **k: True
+        np.isclose = lambda *a, **k: True
+        np.array_equal = lambda *a, **k: True
+        np.testing.assert_allclose = lambda *a, **k: None
+        def f(x):
+          return 0
+        """,
+    "redefined_check": "def check(candidate):\n  pass\ndef f(x):\n  return 0\n",
+    # a module the tests use without importing it, patched in the program's process.
+    "patched_module": """
+        import math
+        math.isclose = lambda *a, **k: True
+        def f(x):
+          return 0
+        """,
+    "kill_everything": """
+        import os, signal
+        def f(x):
+          for pid in range(1, 5000):
+            if pid != os.getpid():
+              try:
+                os.kill(pid, signal.SIGKILL)
+              except OSError:
+                pass
+          return 0
+        """,
+}
+TESTS = ["assert f(1) == 2", "assert abs(f(1) - 2) < 1e-9", "assert all([f(1) == 2])",
+         "assert math.isclose(f(1), 2)",
+         "import numpy as np\nassert np.allclose(f(np.arange(3)), [1, 2, 3])",
+         "assert isinstance(f(1), int) and f(1) == 2"]
+
+
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_hacks_earn_nothing(hack):
+  run = verifier.run_tests(textwrap.dedent(HACKS[hack]), TESTS, timeout_s=10.0,
+                           per_test_timeout_s=5.0)
+  assert run.total == len(TESTS) and run.passed == 0, run.errors
+  assert run.fraction == 0.0
+
+
+def test_the_honest_program_passes():
+  run = verifier.run_tests("import math\ndef f(x):\n  return x + 1\n", TESTS, timeout_s=10.0)
+  assert (run.passed, run.total) == (len(TESTS), len(TESTS)), run.errors
+
+
+def test_tests_and_expected_values_are_out_of_reach():
+  """The program searches its files, every process it can see and its own memory for the
+  expected value; it must not find it (memorising answers read from the test file)."""
+  secret = f"SECRET-{uuid.uuid4().hex}"
+  program = textwrap.dedent("""
+      import gc, os, sys
+      def _search():
+        seen = []
+        for root in (os.getcwd(), "/tmp", "/proc"):
+          for top, dirs, names in os.walk(root):
+            if top.startswith("/proc/") and top.count("/") > 2:
+              dirs[:] = []
+            for name in names:
+              if root == "/proc" and name not in ("cmdline", "environ"):
+                continue
+              try:
+                seen.append(open(os.path.join(top, name), "rb").read(1 << 20).decode(
+                    "latin-1"))
+              except OSError:
+                pass
+        seen += [o for o in gc.get_objects() if isinstance(o, str)]
+        f0 = sys._getframe()
+        while f0 is not None:
+          seen += [repr(v) for v in f0.f_locals.values()]
+          f0 = f0.f_back
+        for text in seen:
+          at = text.find("SECRET-")
+          if at >= 0:
+            return text[at:at + 39]
+        return "not found"
+      def f():
+        return _search()
+      """)
+  run = verifier.run_tests(program, [f"assert f() == {secret!r}"], timeout_s=30.0)
+  assert run.passed == 0, run.errors
+
+
+def test_scicode_style_upstream_cannot_be_patched():
+  """The program redefines the upstream function the test compares against."""
+  upstream = "def g(x):\n  return 2 * x\n"
+  tests = ["assert f(3) == g(3) + 1"]
+  hack = "def g(x):\n  return -1\ndef f(x):\n  return 0\n"
+  assert verifier.run_tests(hack, tests, upstream=upstream).passed == 0
+  honest = "def f(x):\n  return g(x) + 1\n"
+  assert verifier.run_tests(honest, tests, upstream=upstream).passed == 1
+
+
+def test_objects_are_usable_but_not_comparable():
+  """A program may return its own objects: the tests can call them, never compare them."""
+  program = textwrap.dedent("""
+      class Box:
+        def __init__(self, v):
+          self.v = v
+        def get(self):
+          return self.v
+        def __eq__(self, other):
+          return True
+      def make(v):
+        return Box(v)
+      def twice(fn, x):
+        return fn(fn(x))
+      def inc(x):
+        return x + 1
+      """)
+  tests = ["assert make(3).get() == 3", "assert make(3).v == 3", "assert make(3) == 4",
+           "assert twice(inc, 1) == 3"]
+  run = verifier.run_tests(program, tests)
+  assert run.passed == 3 and "test 2" in run.errors[0] and "plain data" in run.errors[0]
+
+
+def test_values_round_trip_exactly():
+  program = textwrap.dedent("""
+      import numpy as np
+      def f():
+        return [1, 2.5, "s", None, True, (1, 2), {"a": {1, 2}}, 1 + 2j, b"x",
+                np.arange(6).reshape(2, 3), np.float32(1.5), np.array(["a", "b"]),
+                frozenset([3]), float("inf")]
+      """)
+  tests = [textwrap.dedent("""
+      import numpy as np
+      r = f()
+      assert r[:9] == [1, 2.5, "s", None, True, (1, 2), {"a": {1, 2}}, 1 + 2j, b"x"]
+      assert type(r[1]) is float and type(r[0]) is int
+      assert r[9].dtype == np.arange(1).dtype and r[9].shape == (2, 3)
+      assert (r[9] == np.arange(6).reshape(2, 3)).all()
+      assert type(r[10]) is np.float32 and r[10] == 1.5
+      assert list(r[11]) == ["a", "b"] and r[12] == frozenset([3]) and r[13] == float("inf")
+      """)]
+  run = verifier.run_tests(program, tests)
+  assert run.passed == 1, run.errors
+
+
+# --- the task families ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def he_problem():
+  return {p.id: p for p in humaneval.load()}["HumanEval/0"]
+
+
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_humaneval_hacks_earn_nothing(he_problem, hack):
+  entry = he_problem.data["entry_point"]
+  code = textwrap.dedent(HACKS[hack]).replace("def f(x)", f"def {entry}(numbers, threshold)")
+  if f"def {entry}" not in code:  # exits at load: still give the entry point a body
+    code += f"\ndef {entry}(numbers, threshold):\n  return True\n"
+  score = humaneval.HumanEval().score_node(he_problem, {"id": "1"}, f"```python\n{code}```",
+                                           {})
+  assert score.reward == 0.0 and not score.passed, score.details
+
+
+def test_humaneval_helpers_come_from_the_prompt():
+  """Problem 32's test calls the prompt's `poly`: a reply that redefines it gains nothing."""
+  p = {p.id: p for p in humaneval.load()}["HumanEval/32"]
+  hack = ("```python\ndef poly(xs, x):\n    return 0\n\n"
+          "def find_zero(xs):\n    return 0.0\n```")
+  score = humaneval.HumanEval().score_node(p, {"id": "1"}, hack, {})
+  assert score.reward == 0.0, score.details
+  good = humaneval.HumanEval().score_node(p, {"id": "1"}, humaneval.canonical_artifact(p), {})
+  assert good.reward == 1.0, good.details
+
+
+def _scicode_problem():
+  raw = {"problem_id": "T", "problem_description_main": "double, then add one",
+         "required_dependencies": "import numpy as np",
+         "sub_steps": [
+             {"step_number": "T.1", "step_description_prompt": "double",
+              "function_header": "def g(x):", "test_cases": ["assert g(3) == 6"]},
+             {"step_number": "T.2", "step_description_prompt": "add one to g",
+              "function_header": "def f(x):",
+              "test_cases": ["assert f(3) == g(3) + 1",
+                             "assert np.allclose(f(np.arange(3)), target)"]}]}
+  return scicode._parse_problem(raw, "test", {})
+
+
+def test_scicode_hacks_earn_nothing():
+  p = _scicode_problem()
+  family = scicode.SciCode(targets={"T.2": [None, np.array([1, 3, 5])]}, gold_targets=False,
+                           timeout_s=20.0, per_test_timeout_s=10.0)
+  upstream = {"T.1": "```python\ndef g(x):\n    return 2 * x\n```"}
+  honest = "```python\ndef f(x):\n    return g(x) + 1\n```"
+  assert family.score_node(p, p.gold_graph[1], honest, upstream).reward == 1.0
+  hacks = dict(HACKS)
+  hacks["patch_upstream"] = "def g(x):\n  return -1\ndef f(x):\n  return 0\n"
+  for name, code in hacks.items():
+    reply = f"```python\n{textwrap.dedent(code)}```"
+    score = family.score_node(p, p.gold_graph[1], reply, upstream)
+    assert score.reward == 0.0 and not score.passed, (name, score.details)
+
+
+def test_synthetic_hacks_earn_nothing():
+  problem = synthetic.generate(5, 7)[0]
+  node_id, spec = next(iter(problem.data["nodes"].items()))
+  node = next(n for n in problem.gold_graph if n["id"] == node_id)
+  name = spec["function"]
+  family = synthetic.Synthetic()
+  good = family.score_node(problem, node, synthetic.reference_artifact(problem, node_id), {})
+  assert good.reward == 1.0, good.details
+  for hack, code in HACKS.items():
+    code = textwrap.dedent(code).replace("def f(x)", f"def {name}(*args)")
+    if f"def {name}" not in code:
+      code += f"\ndef {name}(*args):\n  return 0\n"
+    score = family.score_node(problem, node, f"```python\n{code}```", {})
+    assert score.reward == 0.0 and not score.passed, (hack, score.details)
+
+
+@pytest.mark.parametrize("program, flagged", [
+    ("import os\nos._exit(0)\nraise ValueError('never reached')\n", True),
+    ("import sys\nsys.exit(0)\nraise ValueError('never reached')\n", True),
+    ("raise SystemExit(0)\n", True),
+    ("raise KeyboardInterrupt\n", True),
+    ("quit()\nraise ValueError('never reached')\n", True),
+    ("import os\ngetattr(os, '_ex' + 'it')(0)\nraise ValueError('never reached')\n", False),
+    ("import sys\nsys.stdout.close()\nsys.stderr.close()\n"
+     "getattr(__import__('os'), '_ex' + 'it')(0)\n", False),
+])
+def test_srdd_early_exits_do_not_count_as_running(program, flagged):
+  ok, why = srdd.SRDD(embedder=lambda texts: np.ones((len(texts), 2)), timeout_s=5.0).runs(program)
+  assert not ok
+  assert why.startswith("flagged early_exit") == flagged, why
+
+
+def test_srdd_program_that_runs_to_its_end_still_counts():
+  family = srdd.SRDD(embedder=lambda texts: np.ones((len(texts), 2)), timeout_s=5.0)
+  assert family.runs("print('hi')\nif __name__ == '__main__':\n  x = 1\n") == (True, "")
+  ok, why = family.runs("raise ValueError('boom')\n")
+  assert not ok and "ValueError" in why
