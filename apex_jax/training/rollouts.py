@@ -270,13 +270,14 @@ def episode_trace(episode: Episode) -> str:
 @dataclasses.dataclass
 class TtrlEpisodes:
   """episode_fn of `run_ttrl`: G episodes per query, routed to the bucket of the context the
-  loop computed. summarize: the stored workflow is the Distiller's summary of the trace (the
-  authors' memory server, Memory-Serve/memory_serve.py `get_trace_prompt`), else the trace."""
+  loop computed. summarize (on by default, as the paper keeps memories): the stored workflow is
+  the Distiller's summary of the trace (`PlannerEpisode.summary`; the judges read the trace) (the authors' memory server, Memory-Serve/memory_serve.py
+  `get_trace_prompt`; one more sampler call per batch), else the raw trace."""
 
   searcher: object
   bank: object
   agent_config: AgentConfig
-  summarize: bool = False
+  summarize: bool = True
 
   def __call__(self, queries, contexts, generator, rng, config) -> list[list[PlannerEpisode]]:
     cfg = dataclasses.replace(self.agent_config, temperature=config.temperature,
@@ -289,10 +290,12 @@ class TtrlEpisodes:
                            categories=[c.bucket.category for c in _repeat(contexts, g)],
                            captions=[q.caption for q in _repeat(queries, g)])
     traces = [episode_trace(ep) for ep in episodes]
-    if self.summarize:
-      traces = [s.text for s in Distiller(generator, cfg).summarize(traces, rng=k_summary)]
-    out = [PlannerEpisode(ep.planner, ep.plan, ep.y2 or "", trace, float(ep.format_ok))
-           for ep, trace in zip(episodes, traces)]
+    summaries = [None] * len(traces)
+    if self.summarize:  # the judges still read the whole trace; the bank stores the summary
+      summaries = [s.text for s in Distiller(generator, cfg).summarize(traces, rng=k_summary)]
+    out = [PlannerEpisode(ep.planner, ep.plan, ep.y2 or "", trace, float(ep.format_ok),
+                          replan_memory_ids=ep.replan_memory_ids, summary=summary)
+           for ep, trace, summary in zip(episodes, traces, summaries)]
     return _groups(out, g)
 
 

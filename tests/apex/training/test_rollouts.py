@@ -152,9 +152,30 @@ def test_ttrl_episodes_and_the_evolve_hook(gen, tmp_path):
   ep = groups[1][0]
   assert ep.trajectory.module == "planner" and ep.format_score == 1.0 and ep.plan == "w30 w31"
   assert ep.workflow.startswith("### Question: w41 w42") and ep.workflow.count("### Round") == 3
+  # summaries on by default: one Distiller call over the 4 traces; its replies are stored, the
+  # judges still read the trace (the scripted Distiller alternates a JSON reply and "w5 w6")
+  assert gen.calls[-1] == ("distiller", 4)
+  assert [e.summary for g in groups for e in g] == [json.dumps(SKILL), "w5 w6"] * 2
+  plain = rollouts.TtrlEpisodes(fakes.FakeSearcher(), bank, AgentConfig(), summarize=False)(
+      queries, contexts, gen, RNG, cfg)
+  assert all(e.summary is None for g in plain for e in g) and gen.calls[-1][0] != "distiller"
+  reply.distiller_rows = 0
   results = rollouts.evolve_with(AgentConfig())(bank, [TIME, TIME], gen, RNG)
   assert [r.applied for r in results] == [True]  # one reply per due bucket, applied
   assert bank.get_skill(TIME).procedure[0].action == "search"
+
+
+def test_ttrl_episodes_carry_the_replan_memories(gen, tmp_path):
+  bank = bank_with_memories(tmp_path)
+  queries = [ttrl.Query(ex.question, category="time") for ex in EXAMPLES]
+  contexts = [bank.planner_context(q.question, category="time") for q in queries]
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, max_new_tokens=32)
+  groups = rollouts.TtrlEpisodes(fakes.FakeSearcher(), bank, AgentConfig(replan_memories=True),
+                                 summarize=False)(queries, contexts, gen, RNG, cfg)
+  # w40 never replans; w41 does and is shown k_replan (1) correct and 1 incorrect memory
+  assert [e.replan_memory_ids for e in groups[0]] == [(), ()]
+  replan = groups[1][0].replan_memory_ids
+  assert sorted(bank.get(i).correct for i in replan) == [False, True]
 
 
 def test_run_ttrl_uses_evolve_fn(tiny, tmp_path):
