@@ -271,8 +271,9 @@ def episode_trace(episode: Episode) -> str:
 class TtrlEpisodes:
   """episode_fn of `run_ttrl`: G episodes per query, routed to the bucket of the context the
   loop computed. summarize (on by default, as the paper keeps memories): the stored workflow is
-  the Distiller's summary of the trace (`PlannerEpisode.summary`; the judges read the trace) (the authors' memory server, Memory-Serve/memory_serve.py
-  `get_trace_prompt`; one more sampler call per batch), else the raw trace."""
+  the Distiller's summary of the trace (`PlannerEpisode.summary`; the judges read the trace;
+  the authors' memory server, Memory-Serve/memory_serve.py `get_trace_prompt`; one more sampler
+  call per batch), else the raw trace."""
 
   searcher: object
   bank: object

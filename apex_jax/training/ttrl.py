@@ -13,7 +13,8 @@ memory server it posts to):
    `rewards.skill_gate` gets R = confidence for every episode: zero advantage, update skipped;
 4. one GRPO update of the planner expert (executor and distiller frozen);
 5. memories consolidated: every episode stored with its judged outcome, the win rates of the
-   memories shown to it updated (the plan's, and the replan's when it replanned); every touched bucket due for evolution gets a Distiller reply applied.
+   memories shown to it updated (the plan's, and the replan's when it replanned); every touched
+   bucket due for evolution gets a Distiller reply applied.
 A judge that fails or answers out of range is a counted failure with fallback 0 (the authors'
 fallback for alignment; an unjudged answer is not counted correct), never a crash.
 """
