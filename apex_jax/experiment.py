@@ -34,7 +34,7 @@ from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank, MemoryConfig
 from apex_jax.memory.records import PlannerContext, Retrieval
 from apex_jax.memory import skills as skills_lib
-from apex_jax.training import rollouts
+from apex_jax.training import judging, rollouts
 from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
@@ -323,11 +323,14 @@ def stages(exp: Experiment) -> list[Stage]:
       continue
     agents = agents_for(exp, s)
     if module == "executor":
-      data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, agents)
+      data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, agents,
+                                                     accuracy=judging.reward_accuracy(exp))
     elif module == "planner":
-      data, fn = exp.train, rollouts.PlannerRollout(exp.searcher, exp.bank, agents)
+      data, fn = exp.train, rollouts.PlannerRollout(exp.searcher, exp.bank, agents,
+                                                    accuracy=judging.reward_accuracy(exp))
     else:
-      data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(exp.bank, agents)
+      data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(
+          exp.bank, agents, skill_judge=judging.skill_judge(exp))
       if not data:
         raise ValueError("the distiller stage has no bucket with memories: run memory_build "
                          "first (config.memory_build.questions > 0)")
@@ -340,18 +343,8 @@ def stages(exp: Experiment) -> list[Stage]:
 def judges(exp: Experiment) -> JudgeBackends:
   """TTRL's no-ground-truth panel and skill-alignment judge on one chat backend: the backbone
   itself in process (bare, as the authors serve a separate judge model), or an HTTP server."""
-  from apex_jax.judges import ChatClient
-
-  c = exp.config.judges
-  if _choice(c.kind, "judges.kind", JUDGES) == "inprocess":
-    from apex_jax.judges import InProcessChat
-    model = exp.model  # judges.path: a separate judge model (the paper's); else the backbone
-    if c.get("path"):
-      model = llm.load(c.path, dtype=c.get("dtype") or exp.config.model.dtype)
-    chat = InProcessChat(model, seed=exp.config.seed)
-  else:
-    chat = ChatClient(c.url, c.model)
-  return judge_panel(chat, c.max_tokens)
+  _choice(exp.config.judges.kind, "judges.kind", JUDGES)
+  return judge_panel(judging.judge_chat(exp), exp.config.judges.max_tokens)
 
 
 def ttrl_config(t, n: int) -> TtrlConfig:

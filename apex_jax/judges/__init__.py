@@ -17,13 +17,14 @@ from apex_jax.judges.llm_judge import Judgement, LlmJudge, LlmJudgeConfig
 from apex_jax.judges.nogt import (Candidate, EvaluatorResult, NoGtConfig, NoGtJudge,
                                   NoGtJudgement, format_trajectory, weighted_score)
 from apex_jax.judges.rule import exact_match, f1, normalize_answer
+from apex_jax.judges.skill_judge import SkillItem, SkillJudge, SkillJudgeConfig
 
 __all__ = ["AlignConfig", "AlignJudge", "Alignment", "has_guidance", "ChatBackend", "ChatClient",
            "JudgeError", "JudgeRequestError", "JudgeResponseError", "JudgeTimeout",
            "JudgeUnavailable", "complete_many", "AdapterRoute", "Completion", "InProcessChat",
            "Judgement", "LlmJudge", "LlmJudgeConfig", "Candidate", "EvaluatorResult",
            "NoGtConfig", "NoGtJudge", "NoGtJudgement", "format_trajectory", "weighted_score",
-           "exact_match", "f1", "normalize_answer"]
+           "exact_match", "f1", "normalize_answer", "SkillItem", "SkillJudge", "SkillJudgeConfig"]
 
 
 _LAZY = {"AdapterRoute", "Completion", "InProcessChat"}

@@ -9,6 +9,8 @@
   or B (incorrect). The weights appear in the arbiter prompt only; the authors never combine the
   scores numerically.
 - `SKILL_ALIGNMENT`: `SKILL_ALIGNMENT_PROMPT` of TTRL/TTRL-nogt/local_search/mmsearch_skill.py.
+- `SKILL_QUALITY` is ours: the Distiller's quality grader (skill_judge.py), the authors' A / B / C
+  grades.
 
 Placeholders use `str.format`; literal braces are doubled.
 """
@@ -163,3 +165,25 @@ Score the alignment from 0.0 to 1.0:
 - 0.0: Plan completely ignores the skill guidance
 
 Output ONLY a single decimal number between 0.0 and 1.0, nothing else."""
+
+# Ours (the authors' grader prompt is not reproduced): the Distiller's quality term. Their
+# grading scheme is kept: one letter, A 1.0, B 0.5, C 0.0 (Writer-Train/Train/writer_skill/
+# writer_dataset.py `_score_llm_quality`), judged against the memories it was written from and
+# the skill it replaces.
+SKILL_QUALITY = """You grade a skill document that an agent wrote from its past experiences with one kind of question. A good skill document is a reusable procedure: its steps are concrete actions in a sensible order, each with a purpose; its pitfalls name mistakes that the experiences actually show; it generalises across the experiences instead of copying one question's names or answers; and, when it replaces a current skill, it keeps what still holds and changes only what the new experiences justify.
+
+**Experiences it was written from:**
+{memories}
+
+**Current skill (null: there was none):**
+{current_skill}
+
+**Skill document to grade:**
+{generated_skill}
+
+Grades:
+- A: a good skill document by every point above.
+- B: usable, but vague, partly unsupported by the experiences, or missing pitfalls.
+- C: not usable: generic, wrong, contradicted by the experiences, or not a procedure.
+
+Output ONLY one letter: A, B or C."""

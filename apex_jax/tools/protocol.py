@@ -153,6 +153,14 @@ def parse_turn(text: str, tools: Sequence[str] = ("search",), require_think: boo
   return _parse_call(calls[0], think, tools, max_queries)
 
 
+def parse_tool_call(payload: str, tools: Sequence[str] = tuple(TOOL_CHECKS),
+                    max_queries: int | None = None) -> ToolCall | FormatError:
+  """The JSON between <tool_call> and </tool_call> -> ToolCall when it names one of `tools` with
+  arguments that pass its check (`TOOL_CHECKS`), else the FormatError saying why. The
+  executor's reward counts only such valid calls as tool use (rewards.executor_checks)."""
+  return _parse_call(payload, "", tools, max_queries)
+
+
 def _parse_call(payload: str, think: str, tools: Sequence[str],
                 max_queries: int | None) -> ToolCall | FormatError:
   try:

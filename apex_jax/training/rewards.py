@@ -23,7 +23,7 @@ import re
 from typing import Any, Mapping
 
 from apex_jax.memory.skills import DistillerError, confidence, extract_json_object
-from apex_jax.tools.protocol import TOOL_CHECKS
+from apex_jax.tools.protocol import TOOL_CHECKS, FormatError, parse_tool_call
 
 # The executor's context marks a replan with this line (mmsearch.py splits on it).
 REPLAN_MARKER = "I have a revised plan for you to follow:\n"
@@ -63,8 +63,10 @@ def executor_checks(text: str) -> tuple[float, float]:
   format = 1 unless: <think> tags unbalanced; after the last </think>, <answer> tags unbalanced
   or no non-empty <answer>...</answer>; or a tool call is illegal (not JSON, unknown name, bad
   arguments, web_image_to_image_search more than once).
-  tool = mean over plan segments (split at REPLAN_MARKER) of 1[the segment calls a known tool],
-  counting a known tool even when its arguments are bad (the authors count usage, then validate).
+  tool = mean over plan segments (split at REPLAN_MARKER) of 1[the segment makes a valid tool
+  call]: a known tool with arguments that pass its check (`protocol.parse_tool_call`, the same
+  check the executor applies to its turns). The paper rewards a valid call; the authors' code
+  counts a known name even with bad arguments, which pays a policy for calls that never search.
   """
   if not isinstance(text, str):
     raise ValueError(f"executor text must be a string, got {type(text).__name__}")
@@ -78,23 +80,16 @@ def executor_checks(text: str) -> tuple[float, float]:
   for segment in segments:
     used = False
     for payload in re.findall(r"<tool_call>\s*({.*?})\s*</tool_call>", segment, re.DOTALL):
-      try:
-        call = json.loads(payload)
-      except json.JSONDecodeError:
+      call = parse_tool_call(payload, tuple(TOOL_CHECKS))
+      if isinstance(call, FormatError):  # not JSON, unknown name, or bad arguments
         error = True
         continue
-      name = call.get("name") if isinstance(call, dict) else None
-      if not isinstance(name, str) or name not in TOOL_CHECKS:
-        error = True
-        continue
-      used = True
-      if name == "web_image_to_image_search":
+      if call.name == "web_image_to_image_search":
         image_calls += 1
         if image_calls > 1:
           error = True
           continue
-      arguments = call.get("arguments")
-      error |= not isinstance(arguments, dict) or TOOL_CHECKS[name](arguments) is not None
+      used = True
     used_segments += used
   return used_segments / len(segments), 0.0 if error else 1.0
 

@@ -9,15 +9,18 @@ episode / evolution hooks of `run_ttrl`.
 
 Each rollout samples the G trajectories of all its inputs in one batched loop (the inputs
 repeated G times), and scores them with `rewards.py`:
-  executor   0.7 acc + 0.2 tool + 0.1 format; acc = the rule judge on its <answer> (EM by
-             default; the authors' `extra_info["acc_score"]` is a binary judge verdict,
-             J-Ding519/APEx Executor-Train/Train/local_search/mmsearch.py `compute_score`);
+  executor   0.7 acc + 0.2 tool + 0.1 format; acc = `accuracy.py` on its <answer>: the LLM
+             judge (the paper's; the authors' `extra_info["acc_score"]` is a binary judge
+             verdict, J-Ding519/APEx Executor-Train/Train/local_search/mmsearch.py
+             `compute_score`) with the rule metric as the counted fallback, or the rule alone;
              the frozen planner writes one plan per question first (the authors' training rows
              carry a plan: same file, `CustomRLHFDataset`), shown to all G runs.
   distiller  0.5 quality + 0.1 format + 0.4 evolution rationality on the bucket's evolution
              batch; quality from `skill_judge` when given, else the authors' rule fallback.
   planner    0.7 acc(y2) + 0.2 acc(y1) + 0.05 format + 0.05 decision over G full episodes
-             (plan -> frozen executor -> decide -> maybe replan -> executor).
+             (plan -> frozen executor -> decide -> maybe replan -> executor); acc as above.
+Each rollout keeps the counts of its last call in `metrics` (judge_calls, judge_fallbacks,
+skill_judge_calls, skill_judge_fallbacks), which `run_stages` adds to the step's metrics.
 The sampling temperature of a stage applies to every module in its rollout (AgentConfig has one),
 its max_new_tokens to the trained module's turns. Only generated tokens carry log-probs, so the
 packed loss mask is 1 on them alone.
@@ -39,23 +42,19 @@ from apex_jax.agents.episode import Episode, run_episode
 from apex_jax.agents.executor import Executor
 from apex_jax.agents.planner import Planner
 from apex_jax.agents.trajectory import Trajectory
-from apex_jax.judges import rule
 from apex_jax.memory import format_batch
 from apex_jax.memory.schema import as_bucket
 from apex_jax.training import rewards as rw
+from apex_jax.training.accuracy import RULES, AccuracyItem, as_accuracy, rule_accuracy
 from apex_jax.training.ttrl import PlannerEpisode
 
-ACCURACY = ("em", "f1")
+ACCURACY = RULES
 _SKILL_FIELDS = rw.SKILL_FIELDS
 
 
 def answer_accuracy(answer: str | None, answers: Sequence[str], metric: str = "em") -> float:
   """The rule judge's score of an answer against its gold aliases; no answer scores 0."""
-  if metric not in ACCURACY:
-    raise ValueError(f"accuracy metric {metric!r} not in {ACCURACY}")
-  if answer is None or not answers:
-    return 0.0
-  return (rule.exact_match if metric == "em" else rule.f1)(answer, list(answers))
+  return rule_accuracy(answer, answers, metric)
 
 
 def stage_agent_config(base: AgentConfig, stage) -> AgentConfig:
@@ -72,24 +71,21 @@ def _groups(items: Sequence, g: int) -> list[list]:
   return [list(items[i:i + g]) for i in range(0, len(items), g)]
 
 
-def _check_accuracy(metric: str, owner: str) -> None:
-  if metric not in ACCURACY:
-    raise ValueError(f"{owner}.accuracy {metric!r} not in {ACCURACY}")
-
-
 @dataclasses.dataclass
 class ExecutorRollout:
   """rollout_fn of the executor stage; batch: QAExamples. bank None: plans without memories;
-  plan False: no plan (the executor alone, as its prompt allows)."""
+  plan False: no plan (the executor alone, as its prompt allows); accuracy: "em" / "f1" (the
+  rule) or a scorer (`accuracy.JudgedAccuracy`)."""
 
   searcher: object
   bank: object
   agent_config: AgentConfig
   plan: bool = True
-  accuracy: str = "em"
+  accuracy: object = "em"
+  metrics: dict = dataclasses.field(default_factory=dict, init=False)
 
   def __post_init__(self):
-    _check_accuracy(self.accuracy, "ExecutorRollout")
+    self.scorer = as_accuracy(self.accuracy, "ExecutorRollout")
 
   def __call__(self, batch, generator, rng, stage):
     cfg = stage_agent_config(self.agent_config, stage)
@@ -103,10 +99,13 @@ class ExecutorRollout:
     g = stage.group_size
     trajs = Executor(generator, self.searcher, cfg).run(_repeat(questions, g), _repeat(plans, g),
                                                         rng=k_run)
+    examples = _repeat(batch, g)
+    accs = self.scorer.score_many([AccuracyItem(ex.question, traj.answer, ex.answers)
+                                   for traj, ex in zip(trajs, examples)])
+    self.metrics = dict(self.scorer.metrics)
     rewards = []
-    for traj, ex in zip(trajs, _repeat(batch, g)):
-      reward = rw.executor_reward(traj.text, answer_accuracy(traj.answer, ex.answers,
-                                                             self.accuracy))
+    for traj, acc in zip(trajs, accs):
+      reward = rw.executor_reward(traj.text, acc)
       traj.info["reward"] = dict(reward.parts)
       rewards.append(reward.total)
     return _groups(trajs, g), _groups(rewards, g)
@@ -122,18 +121,51 @@ def distiller_chat(bucket, batch, current, style: str = "authors") -> list[dict]
   return prompts.compact_skill_messages(bucket.category, bucket.modality, format_batch(batch), doc)
 
 
-# skill_judge(reply, bucket, batch) -> grade in [0, 1] or None (the judge failed: rule fallback)
+# skill_judge(reply, bucket, batch) -> grade in [0, 1] or None (the judge failed: rule fallback);
+# or a judges.SkillJudge, asked once per rollout for every reply that holds JSON
 SkillJudge = Callable[[str, object, Sequence], "float | None"]
+
+
+def _skill_doc(skill) -> str:
+  return "null" if skill is None else json.dumps(
+      {k: v for k, v in skill.to_dict().items() if k in _SKILL_FIELDS}, ensure_ascii=False)
 
 
 @dataclasses.dataclass
 class DistillerRollout:
   """rollout_fn of the distiller stage; batch: buckets. Each bucket's evolution batch and current
-  skill are read from the bank; the replies are scored, never applied (training only)."""
+  skill are read from the bank; the replies are scored, never applied (training only).
+  skill_judge: a `judges.SkillJudge` (the paper's LLM quality; replies without JSON score 0 and
+  are not sent), a callable, or None (the rule-based quality alone)."""
 
   bank: object
   agent_config: AgentConfig
-  skill_judge: SkillJudge | None = None
+  skill_judge: object = None
+  metrics: dict = dataclasses.field(default_factory=dict, init=False)
+
+  def _qualities(self, texts, inputs) -> list:
+    """Per reply: the judge's grade, or None (no judge, or it gave none: rule fallback)."""
+    if self.skill_judge is None:
+      self.metrics = {}
+      return [None] * len(texts)
+    if not hasattr(self.skill_judge, "grade_many"):
+      self.metrics = {}
+      return [self.skill_judge(t, b, mems) for t, (b, mems, _) in zip(texts, inputs)]
+    from apex_jax.judges.skill_judge import SkillItem
+
+    parsed = [rw.parse_skill_reply(t) for t in texts]
+    ask = [i for i, p in enumerate(parsed) if p is not None]
+    grades = self.skill_judge.grade_many([
+        SkillItem(json.dumps(parsed[i], ensure_ascii=False), format_batch(inputs[i][1]),
+                  _skill_doc(inputs[i][2])) for i in ask])
+    if len(grades) != len(ask):
+      raise RuntimeError(f"skill judge returned {len(grades)} grades for {len(ask)} replies")
+    out = [None] * len(texts)
+    for i, grade in zip(ask, grades):
+      out[i] = grade
+    self.metrics = {"skill_judge_calls": float(len(ask)),
+                    "skill_judge_fallbacks": float(sum(g is None for g in grades))}
+    return out
 
   def __call__(self, batch, generator, rng, stage):
     cfg = stage_agent_config(self.agent_config, stage)
@@ -152,10 +184,11 @@ class DistillerRollout:
                               max_new_tokens=cfg.distiller_max_new_tokens, sampling=cfg.sampling)
     if len(gens) != len(convs):
       raise RuntimeError(f"generator returned {len(gens)} generations for {len(convs)} prompts")
-    trajs, rewards = [], []
-    for conv, gen, (b, mems, skill) in zip(convs, gens, _repeat(inputs, g)):
+    for conv, gen in zip(convs, gens):
       conv.add_generated(gen)
-      quality = None if self.skill_judge is None else self.skill_judge(gen.text, b, mems)
+    qualities = self._qualities([gen.text for gen in gens], _repeat(inputs, g))
+    trajs, rewards = [], []
+    for conv, gen, (b, mems, skill), quality in zip(convs, gens, _repeat(inputs, g), qualities):
       reward = rw.distiller_reward(gen.text, None if skill is None else skill.to_dict(), quality)
       trajs.append(Trajectory("distiller", conv.segments, gen.text, gen.text,
                               {"llm_calls": 1.0, "truncated": float(not gen.finished)},
@@ -173,26 +206,33 @@ def planner_turn_texts(episode: Episode) -> tuple[str, str, str | None]:
   return said[0], said[1], said[2] if len(said) > 2 else None
 
 
-def planner_episode_reward(episode: Episode, answers: Sequence[str],
-                           metric: str = "em") -> rw.Reward:
+def planner_episode_reward(episode: Episode, answers: Sequence[str], metric: str = "em", *,
+                           acc1: float | None = None, acc2: float | None = None) -> rw.Reward:
+  """The planner's reward of one episode; acc1 / acc2 given (a judge's scores of y1 and, after
+  a replan, y2), else the rule `metric` scores them."""
   plan, decision, replan = planner_turn_texts(episode)
-  acc1 = answer_accuracy(episode.y1, answers, metric)
-  acc2 = answer_accuracy(episode.y2, answers, metric) if episode.decision.replan else None
-  return rw.planner_reward(plan=plan, decision=decision, y1_correct=acc1, y2_correct=acc2,
-                           replan=replan)
+  if acc1 is None:
+    acc1 = answer_accuracy(episode.y1, answers, metric)
+  if acc2 is None and episode.decision.replan:
+    acc2 = answer_accuracy(episode.y2, answers, metric)
+  return rw.planner_reward(plan=plan, decision=decision, y1_correct=acc1,
+                           y2_correct=acc2 if episode.decision.replan else None, replan=replan)
 
 
 @dataclasses.dataclass
 class PlannerRollout:
-  """rollout_fn of the planner stage; batch: QAExamples; G whole episodes per question."""
+  """rollout_fn of the planner stage; batch: QAExamples; G whole episodes per question;
+  accuracy as ExecutorRollout's (y1 of every episode and y2 of the replanned ones are scored
+  in one call)."""
 
   searcher: object
   bank: object
   agent_config: AgentConfig
-  accuracy: str = "em"
+  accuracy: object = "em"
+  metrics: dict = dataclasses.field(default_factory=dict, init=False)
 
   def __post_init__(self):
-    _check_accuracy(self.accuracy, "PlannerRollout")
+    self.scorer = as_accuracy(self.accuracy, "PlannerRollout")
 
   def __call__(self, batch, generator, rng, stage):
     cfg = stage_agent_config(self.agent_config, stage)
@@ -201,9 +241,16 @@ class PlannerRollout:
     episodes = run_episode(Planner(generator, cfg), Executor(generator, self.searcher, cfg),
                            [ex.question for ex in examples], rng=rng, bank=self.bank,
                            categories=[ex.category for ex in examples])
+    items = [AccuracyItem(ex.question, ep.y1, ex.answers) for ep, ex in zip(episodes, examples)]
+    again = [i for i, ep in enumerate(episodes) if ep.decision.replan]
+    items += [AccuracyItem(examples[i].question, episodes[i].y2, examples[i].answers)
+              for i in again]
+    accs = self.scorer.score_many(items)
+    self.metrics = dict(self.scorer.metrics)
+    acc2 = dict(zip(again, accs[len(episodes):]))
     trajs, rewards = [], []
-    for ep, ex in zip(episodes, examples):
-      reward = planner_episode_reward(ep, ex.answers, self.accuracy)
+    for i, (ep, ex) in enumerate(zip(episodes, examples)):
+      reward = planner_episode_reward(ep, ex.answers, acc1=accs[i], acc2=acc2.get(i))
       ep.planner.info["reward"] = dict(reward.parts)
       trajs.append(ep.planner)
       rewards.append(reward.total)
@@ -223,13 +270,15 @@ def episode_trace(episode: Episode) -> str:
 @dataclasses.dataclass
 class TtrlEpisodes:
   """episode_fn of `run_ttrl`: G episodes per query, routed to the bucket of the context the
-  loop computed. summarize: the stored workflow is the Distiller's summary of the trace (the
-  authors' memory server, Memory-Serve/memory_serve.py `get_trace_prompt`), else the trace."""
+  loop computed. summarize (on by default, as the paper keeps memories): the stored workflow is
+  the Distiller's summary of the trace (`PlannerEpisode.summary`; the judges read the trace;
+  the authors' memory server, Memory-Serve/memory_serve.py `get_trace_prompt`; one more sampler
+  call per batch), else the raw trace."""
 
   searcher: object
   bank: object
   agent_config: AgentConfig
-  summarize: bool = False
+  summarize: bool = True
 
   def __call__(self, queries, contexts, generator, rng, config) -> list[list[PlannerEpisode]]:
     cfg = dataclasses.replace(self.agent_config, temperature=config.temperature,
@@ -242,10 +291,12 @@ class TtrlEpisodes:
                            categories=[c.bucket.category for c in _repeat(contexts, g)],
                            captions=[q.caption for q in _repeat(queries, g)])
     traces = [episode_trace(ep) for ep in episodes]
-    if self.summarize:
-      traces = [s.text for s in Distiller(generator, cfg).summarize(traces, rng=k_summary)]
-    out = [PlannerEpisode(ep.planner, ep.plan, ep.y2 or "", trace, float(ep.format_ok))
-           for ep, trace in zip(episodes, traces)]
+    summaries = [None] * len(traces)
+    if self.summarize:  # the judges still read the whole trace; the bank stores the summary
+      summaries = [s.text for s in Distiller(generator, cfg).summarize(traces, rng=k_summary)]
+    out = [PlannerEpisode(ep.planner, ep.plan, ep.y2 or "", trace, float(ep.format_ok),
+                          replan_memory_ids=ep.replan_memory_ids, summary=summary)
+           for ep, trace, summary in zip(episodes, traces, summaries)]
     return _groups(out, g)
 
 

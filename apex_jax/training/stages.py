@@ -157,6 +157,7 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
           groups, rewards = stage.rollout_fn(stage.batch(step), generator, key, cfg)
           _check_rollout(groups, rewards, cfg, step)
           experts, opt, metrics = stage_updater.update(experts, opt, cfg.module, groups, rewards)
+          metrics.update(getattr(stage.rollout_fn, "metrics", None) or {})  # judge counts
           metrics.update(stage=float(index), learning_rate=cfg.learning_rate)
           writer.write(step + 1, metrics)
           history.append({"stage": index, "module": cfg.module, "step": step + 1, **metrics})

@@ -5,13 +5,16 @@ memory server it posts to):
 1. each query's planner context E(q) from the MemoryBank (skill if confident + memories);
 2. G planner episodes per query (plan -> executor -> decide -> maybe replan), from `episode_fn`;
 3. each episode judged without ground truth: arbiter in [0, 1] (correct when >= 0.5), skill
-   alignment of its plan when the bucket's skill has a procedure or pitfalls;
+   alignment of its plan when the planner was shown the bucket's skill (gamma > the bank's
+   skill_min_gamma, 0.1) and it has a procedure or pitfalls; a skill the planner never saw
+   neither enters the reward nor costs a judge call (counted: unshown_skill_groups);
      R = (1 - l_s) (0.9 arbiter + 0.1 format) + l_s align,   l_s = 0.1 w min(n / 10, 1);
    with the hard skill gate on (off by default, as the authors'), a group whose skill passes
    `rewards.skill_gate` gets R = confidence for every episode: zero advantage, update skipped;
 4. one GRPO update of the planner expert (executor and distiller frozen);
-5. memories consolidated: every episode stored with its judged outcome, the used memories'
-   win rates updated; every touched bucket due for evolution gets a Distiller reply applied.
+5. memories consolidated: every episode stored with its judged outcome, the win rates of the
+   memories shown to it updated (the plan's, and the replan's when it replanned); every touched
+   bucket due for evolution gets a Distiller reply applied.
 A judge that fails or answers out of range is a counted failure with fallback 0 (the authors'
 fallback for alignment; an unjudged answer is not counted correct), never a crash.
 """
@@ -82,9 +85,11 @@ class PlannerEpisode:
   trajectory: Trajectory  # the planner's turns (module "planner"), trained on
   plan: str  # the first plan, think block removed (judged for skill alignment)
   answer: str  # the final answer: y2 after a replan, else y1
-  workflow: str  # the executor's trace: shown to the judges, stored as the memory summary
+  workflow: str  # the executor's trace: shown to the judges (and stored when no summary)
   format_score: float  # rewards.planner_format of the planner's turns
   complete: bool = True  # False: the episode broke before the decision -> reward 0, not stored
+  replan_memory_ids: tuple[int, ...] = ()  # memories shown to its replan (their win rates too)
+  summary: str | None = None  # the Distiller's workflow summary: stored as the memory
 
 
 class Judges(Protocol):
@@ -152,11 +157,19 @@ class _Judging:
     return self._score("alignment", lambda: self.judges.alignment(plan, skill))
 
 
+def _has_guidance(skill: Skill | None) -> bool:
+  return skill is not None and bool(skill.procedure or skill.pitfalls)
+
+
 def _group_rewards(episodes, query: Query, skill: Skill | None, conf: float, cfg: TtrlConfig,
-                   judging: _Judging, stats: collections.Counter, n_full: int):
-  """(rewards, judged outcomes) of one query's episodes; updates `stats`."""
-  guided = skill is not None and bool(skill.procedure or skill.pitfalls)
-  lam = rw.skill_lambda(skill.win_rate, skill.evidence_count, cfg.base_lambda, n_full) \
+                   judging: _Judging, stats: collections.Counter, n_full: int,
+                   shown: Skill | None = None):
+  """(rewards, judged outcomes) of one query's episodes; updates `stats`. skill: the bucket's
+  (for the gate); shown: the skill the planner was shown (PlannerContext.skill), the only one
+  its plan is judged against."""
+  guided = _has_guidance(shown)
+  stats["unshown_skill_groups"] += _has_guidance(skill) and not guided
+  lam = rw.skill_lambda(shown.win_rate, shown.evidence_count, cfg.base_lambda, n_full) \
       if guided else 0.0
   gated = cfg.hard_gate and skill is not None and rw.skill_gate(
       conf, skill.evidence_count, bool(skill.procedure), threshold=cfg.gate_threshold,
@@ -174,7 +187,7 @@ def _group_rewards(episodes, query: Query, skill: Skill | None, conf: float, cfg
     if gated:  # the authors return the confidence before judging alignment
       out.append(conf)
       continue
-    align = judging.alignment(ep.plan, skill) if guided else None
+    align = judging.alignment(ep.plan, shown) if guided else None
     reward = rw.ttrl_reward(arbiter, ep.format_score, alignment=align, lam=lam)
     stats["arbiter_sum"] += arbiter
     stats["align_sum"] += 0.0 if align is None else align
@@ -221,15 +234,16 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
         skill = bank.get_skill(ctx.bucket)
         conf = bank.skill_confidence(ctx.bucket)
         group_rewards, outcomes = _group_rewards(group, query, skill, conf, config, judging,
-                                                 stats, bank.config.skill_evidence_n)
+                                                 stats, bank.config.skill_evidence_n, ctx.skill)
         rewards.append(group_rewards)
         for ep, correct in zip(group, outcomes):
           if correct is None:
             continue
-          memories.append(NewMemory(query.question, ep.workflow, correct, *ctx.bucket,
-                                    caption=query.caption, data_id=query.data_id))
-          if ctx.memory_ids:
-            bank.record_outcome(ctx.memory_ids, correct)
+          memories.append(NewMemory(query.question, ep.summary or ep.workflow, correct,
+                                    *ctx.bucket, caption=query.caption, data_id=query.data_id))
+          shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
+          if shown:
+            bank.record_outcome(shown, correct)
           stats["correct"] += correct
       trajectories = [[ep.trajectory for ep in g] for g in groups]
       experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)

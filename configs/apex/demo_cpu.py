@@ -51,7 +51,11 @@ def get_config(arg=None):
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),
                   planner=_stage(3, 1e-3, 96))
   c.ttrl = dict(steps=2, batch_size=4, group_size=4, learning_rate=1e-4, temperature=1.0,
-                max_new_tokens=96, summarize=False)
-  c.judges = dict(kind="inprocess", url="", model="", max_tokens=32)
+                max_new_tokens=96, summarize=True)
+  # accuracy / skill_quality "judge" (the paper's: an LLM judge on this backend) or "rule": the
+  # toy was taught the TTRL judges' replies but not the correctness or skill grades, so the
+  # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)
+  c.judges = dict(kind="inprocess", url="", model="", max_tokens=32, accuracy="rule", rule="em",
+                  skill_quality="rule")
   c.eval = dict(questions=16, batch_size=16, temperature=0.0)
   return ml_collections.ConfigDict(c)

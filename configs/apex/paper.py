@@ -105,6 +105,9 @@ def get_config(arg=None):
   c.judges = dict(kind="http" if judge_url else "inprocess",
                   url=paths["judge"] if judge_url else "",
                   model="qwen", path="" if judge_url else paths["judge"], dtype="bfloat16",
-                  max_tokens=1000)
+                  max_tokens=1000,
+                  # R_acc and the Writer's quality judged by the LLM (the paper's); EM scores a
+                  # reply the judge could not give (counted: judge_fallbacks)
+                  accuracy="judge", rule="em", skill_quality="judge")
   c.eval = dict(questions=0, batch_size=64, temperature=0.0)  # ours: all test questions, greedy
   return ml_collections.ConfigDict(c)

@@ -139,6 +139,27 @@ def test_ablation_views_and_evaluate(exp):
   assert len(exp.bank) == before  # evaluation stores nothing
 
 
+def test_config_judges_select_the_stage_scorers_on_one_chat(exp):
+  from apex_jax.training import accuracy, judging, rollouts
+
+  exp.config.stages.distiller.steps = 0  # its stage needs built memories; left out
+  stages = {s.config.module: s.rollout_fn for s in experiment.stages(exp)}
+  # the demo: EM and the rule-based quality (the toy cannot grade)
+  assert isinstance(stages["executor"].scorer, accuracy.RuleAccuracy)
+  assert stages["planner"].scorer.metric == "em" and judging.skill_judge(exp) is None
+  exp.config.judges.update(accuracy="judge", rule="f1", skill_quality="judge")
+  acc, skill = judging.reward_accuracy(exp), judging.skill_judge(exp)
+  assert isinstance(acc, accuracy.JudgedAccuracy) and acc.fallback == "f1"
+  assert acc.judge.config.max_tokens == skill.config.max_tokens == 32
+  # one backend for R_acc, the skill judge and TTRL's panel
+  assert acc.judge.backend is skill.backend is experiment.judges(exp).nogt.backend
+  assert isinstance(rollouts.DistillerRollout(exp.bank, exp.agents, skill).skill_judge,
+                    type(skill))
+  exp.config.judges.accuracy = "llm"
+  with pytest.raises(ValueError, match=r"config.judges.accuracy 'llm' not in \('judge', 'rule'\)"):
+    judging.reward_accuracy(exp)
+
+
 def test_config_errors_name_the_field(tiny_model, tmp_path):
   c = small_config(tmp_path)
   c.search.kind = "bing"

@@ -23,6 +23,7 @@ def test_paper_numbers_and_overrides():
   assert [s[m].max_new_tokens for m in STAGE_ORDER] == [16384, 2048, 8192]
   assert (c.agents.max_turns, c.agents.max_llm_calls, c.search.topk) == (10, 20, 3)
   assert c.judges.max_tokens == 1000 and c.judges.kind == "inprocess"
+  assert (c.judges.accuracy, c.judges.rule, c.judges.skill_quality) == ("judge", "em", "judge")
   http = paper.get_config("model=/m,judge=http://h:8002/v1")
   assert (http.judges.kind, http.judges.url, http.judges.path) == ("http", "http://h:8002/v1", "")
   assert paper.get_config("/just/a/model").model.path == "/just/a/model"

@@ -19,8 +19,16 @@ def call(name, arguments):
     (f"<think>a</think>{SEARCH}<think>b</think><answer>Paris</answer>", 1.0, 1.0, 1.0, 1.0),
     # no tool call: 0.1
     ("<think>a</think><answer>Paris</answer>", 0.0, 0.0, 1.0, 0.1),
-    # search with bad arguments: usage counts, format does not: 0.7 + 0.2
-    (f"<think>a</think>{call('search', {'q': 'x'})}<answer>Paris</answer>", 1.0, 1.0, 0.0, 0.9),
+    # search with bad arguments: not a valid call, so neither tool nor format: 0.7
+    (f"<think>a</think>{call('search', {'q': 'x'})}<answer>Paris</answer>", 1.0, 0.0, 0.0, 0.7),
+    (f"<think>a</think>{call('search', {'query_list': []})}<answer>P</answer>", 1.0, 0.0, 0.0,
+     0.7),
+    (f"<think>a</think>{call('search', 'capital')}<answer>P</answer>", 0.0, 0.0, 0.0, 0.0),
+    (f"<think>a</think>{call('web_image_to_image_search', {'img_idx': 1})}<answer>P</answer>",
+     0.0, 0.0, 0.0, 0.0),
+    # a bad call, then a valid one in the same segment: the valid one counts (0.2 + 0.1 * 0)
+    (f"<think>a</think>{call('search', {'q': 'x'})}{SEARCH}<answer>P</answer>", 0.0, 1.0, 0.0,
+     0.2),
     # two plan segments, a search only in the first: tool 1/2 -> 0.35 + 0.1 + 0.1
     (f"{SEARCH}<think>a</think>{rw.REPLAN_MARKER}<think>b</think><answer>x</answer>", 0.5, 0.5,
      1.0, 0.55),

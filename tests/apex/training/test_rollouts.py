@@ -152,9 +152,30 @@ def test_ttrl_episodes_and_the_evolve_hook(gen, tmp_path):
   ep = groups[1][0]
   assert ep.trajectory.module == "planner" and ep.format_score == 1.0 and ep.plan == "w30 w31"
   assert ep.workflow.startswith("### Question: w41 w42") and ep.workflow.count("### Round") == 3
+  # summaries on by default: one Distiller call over the 4 traces; its replies are stored, the
+  # judges still read the trace (the scripted Distiller alternates a JSON reply and "w5 w6")
+  assert gen.calls[-1] == ("distiller", 4)
+  assert [e.summary for g in groups for e in g] == [json.dumps(SKILL), "w5 w6"] * 2
+  plain = rollouts.TtrlEpisodes(fakes.FakeSearcher(), bank, AgentConfig(), summarize=False)(
+      queries, contexts, gen, RNG, cfg)
+  assert all(e.summary is None for g in plain for e in g) and gen.calls[-1][0] != "distiller"
+  reply.distiller_rows = 0
   results = rollouts.evolve_with(AgentConfig())(bank, [TIME, TIME], gen, RNG)
   assert [r.applied for r in results] == [True]  # one reply per due bucket, applied
   assert bank.get_skill(TIME).procedure[0].action == "search"
+
+
+def test_ttrl_episodes_carry_the_replan_memories(gen, tmp_path):
+  bank = bank_with_memories(tmp_path)
+  queries = [ttrl.Query(ex.question, category="time") for ex in EXAMPLES]
+  contexts = [bank.planner_context(q.question, category="time") for q in queries]
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, max_new_tokens=32)
+  groups = rollouts.TtrlEpisodes(fakes.FakeSearcher(), bank, AgentConfig(replan_memories=True),
+                                 summarize=False)(queries, contexts, gen, RNG, cfg)
+  # w40 never replans; w41 does and is shown k_replan (1) correct and 1 incorrect memory
+  assert [e.replan_memory_ids for e in groups[0]] == [(), ()]
+  replan = groups[1][0].replan_memory_ids
+  assert sorted(bank.get(i).correct for i in replan) == [False, True]
 
 
 def test_run_ttrl_uses_evolve_fn(tiny, tmp_path):
@@ -186,3 +207,85 @@ def test_run_ttrl_uses_evolve_fn(tiny, tmp_path):
   with pytest.raises(ValueError, match="give distill_fn or evolve_fn"):
     ttrl.run_ttrl(tiny.updater(), tiny.experts, test_ttrl.queries(2), bank, object(),
                   None, None, None, config=cfg, rng=RNG)
+
+
+# ------------------------------------------------- R_acc from the judge, quality from the judge
+
+
+def correctness_chat(reply_of):
+  """An LLM judge over a scripted chat: reply_of(question line, predicted answer) -> reply."""
+  from apex_jax.judges import LlmJudge
+  from tests.apex.judges.fakes import ScriptedChat
+
+  def reply(prompt):
+    question = next(w for w in ("w40", "w41") if w in prompt.split())
+    predicted = prompt.split("Predicted answer: ")[-1].split()[0]
+    return reply_of(question, predicted)
+
+  chat = ScriptedChat(reply)
+  return chat, LlmJudge(chat)
+
+
+def test_executor_rollout_acc_from_the_judge_with_a_counted_rule_fallback(gen):
+  from apex_jax.training.accuracy import JudgedAccuracy
+
+  # w40's answer w7 (EM right): the judge's reply is unreadable -> EM 1; w41's answer w7 (EM
+  # wrong): the judge says A (correct) -> 1. By EM alone the rewards would be 1.0 and 0.3.
+  chat, judge = correctness_chat(lambda q, pred: "no idea" if q == "w40" else "A")
+  fn = rollouts.ExecutorRollout(fakes.FakeSearcher(), None, AgentConfig(), plan=False,
+                                accuracy=JudgedAccuracy(judge, fallback="em"))
+  groups, rewards = fn(EXAMPLES, gen, RNG, stage("executor", g=3))
+  assert rewards == [[pytest.approx(1.0)] * 3, [pytest.approx(1.0)] * 3]
+  assert chat.calls == [(6, 64, 0.0)]  # every answer in one batched judge call
+  assert fn.metrics == {"judge_calls": 6.0, "judge_fallbacks": 3.0}
+  assert judge.failures.snapshot()["unparseable"] == 3
+  # the judge says B for everything: the EM-right answer scores 0 -> 0.2 tool + 0.1 format
+  _, judge_b = correctness_chat(lambda q, pred: "B")
+  fn = rollouts.ExecutorRollout(fakes.FakeSearcher(), None, AgentConfig(), plan=False,
+                                accuracy=JudgedAccuracy(judge_b))
+  _, rewards = fn(EXAMPLES, gen, RNG, stage("executor"))
+  assert rewards == [[pytest.approx(0.3)] * 2] * 2
+  assert fn.metrics == {"judge_calls": 4.0, "judge_fallbacks": 0.0}
+
+
+def test_planner_rollout_acc_from_the_judge(gen, tmp_path):
+  from apex_jax.training.accuracy import JudgedAccuracy
+
+  # The judge calls every answer wrong. w40: y1 'wrong', kept ('no'): decision 0, format 1
+  # -> 0.05. w41: y1 wrong, replanned ('yes'): decision 1, y2 (w8) wrong too -> 0.1.
+  chat, judge = correctness_chat(lambda q, pred: "B")
+  fn = rollouts.PlannerRollout(fakes.FakeSearcher(), bank_with_memories(tmp_path), AgentConfig(),
+                               accuracy=JudgedAccuracy(judge))
+  _, rewards = fn(EXAMPLES, gen, RNG, stage("planner"))
+  assert rewards == [[pytest.approx(0.05)] * 2, [pytest.approx(0.1)] * 2]
+  # y1 of 4 episodes and y2 of the 2 replanned ones, in one call
+  assert chat.calls == [(6, 64, 0.0)] and fn.metrics["judge_calls"] == 6.0
+  # judged right only for y2 = w8: w41 -> 0.7 acc(y2) + 0.05 + 0.05; w40 as before
+  chat, judge = correctness_chat(lambda q, pred: "A" if pred == "w8" else "B")
+  fn = rollouts.PlannerRollout(fakes.FakeSearcher(), fn.bank, AgentConfig(),
+                               accuracy=JudgedAccuracy(judge))
+  _, rewards = fn(EXAMPLES, gen, RNG, stage("planner"))
+  assert rewards == [[pytest.approx(0.05)] * 2, [pytest.approx(0.8)] * 2]
+
+
+@pytest.mark.parametrize("letter, quality, fallbacks", [
+    ("A", 1.0, 0), ("B", 0.5, 0), ("Grade: C", 0.0, 0),
+    ("it depends", None, 2)])  # unreadable: the rule-based quality (1.0 for SKILL), counted
+def test_distiller_rollout_quality_from_the_skill_judge(gen, tmp_path, letter, quality,
+                                                        fallbacks):
+  from apex_jax.judges import SkillJudge
+  from tests.apex.judges.fakes import ScriptedChat
+
+  chat = ScriptedChat(lambda prompt: letter)
+  fn = rollouts.DistillerRollout(bank_with_memories(tmp_path), AgentConfig(),
+                                 skill_judge=SkillJudge(chat))
+  _, rewards = fn([TIME, TIME], gen, RNG, stage("distiller"))
+  # SKILL: format 1, synthesize on an empty bucket 1, rule quality 1 -> 0.5 q + 0.1 + 0.4
+  assert rw.skill_quality_rules(SKILL) == pytest.approx(1.0)
+  good = 0.5 * (1.0 if quality is None else quality) + 0.5
+  assert rewards == [[pytest.approx(good), 0.0]] * 2  # "w5 w6": no JSON, 0, never sent
+  assert chat.calls == [(2, 16, 0.1)]
+  assert fn.metrics == {"skill_judge_calls": 2.0, "skill_judge_fallbacks": float(fallbacks)}
+  prompt = chat.prompts[0]
+  assert "searched" in prompt and '"skill_name": "dates"' in prompt  # memories and the reply
+  assert "**Current skill (null: there was none):**\nnull" in prompt

@@ -101,3 +101,23 @@ def test_resume_from_checkpoint(tiny, tmp_path):
   assert not changed(resumed.experts, unbroken.experts)
   records = read_jsonl(str(tmp_path / "logs" / "stage2_planner" / "metrics.jsonl"))
   assert [r["step"] for r in records] == [1]
+
+
+def test_rollout_metrics_reach_the_stage_metrics(tiny, tmp_path):
+  """A rollout's `metrics` (its judge counts) are written with the step's metrics."""
+  groups = tiny.groups("executor")
+
+  class Rollout:
+    metrics = {}
+
+    def __call__(self, batch, generator, rng, config):
+      self.metrics = {"judge_calls": 4.0, "judge_fallbacks": 1.0}
+      return groups, [[1.0, 1.0], [0.0, 0.0]]  # flat groups: the update is skipped, no compile
+
+  stage = st.Stage(st.StageConfig("executor", steps=1, batch_size=2, group_size=2,
+                                  learning_rate=1e-3), data=["q"], rollout_fn=Rollout())
+  result = st.run_stages(tiny.updater(), tiny.experts, [stage], FakeGenerator(),
+                         rng=jax.random.key(0), logdir=str(tmp_path))
+  assert result.history[0]["judge_calls"] == 4.0 and result.history[0]["judge_fallbacks"] == 1.0
+  records = read_jsonl(os.path.join(tmp_path, "stage0_executor", "metrics.jsonl"))
+  assert records[0]["judge_fallbacks"] == 1.0

@@ -171,3 +171,57 @@ def test_judge_backends_over_the_judges_package():
   assert backends("A").arbiter("q", "trace", "answer") == 1.0
   assert backends("B").arbiter("q", "trace", "answer") == 0.0
   assert backends("A").alignment("plan", skill) == pytest.approx(0.7)
+
+
+def flat_episodes(tiny, replan_ids=()):
+  """Every episode answers 'wrong' (reward 0.1 each: flat groups, the update is skipped, nothing
+  compiles) and shows `replan_ids` to its replan."""
+  groups = tiny.groups("planner")
+
+  def episode_fn(batch, contexts, generator, rng, config):
+    return [[ttrl.PlannerEpisode(t, plan="search then answer", answer="wrong",
+                                 workflow=f"looked up {q.question}", format_score=1.0,
+                                 replan_memory_ids=tuple(replan_ids), summary="1. looked up")
+             for t in groups[i]] for i, q in enumerate(batch)]
+  return episode_fn
+
+
+def test_replan_memories_win_rates_are_updated(tiny, tmp_path):
+  bank = make_bank(tmp_path)
+  ids = [bank.add(f"what year was thing {i} built", "searched", True, category="time",
+                  modality="text-only").id for i in range(3)]
+  ctx = bank.planner_context(queries(1)[0].question, category="time", modality="text-only")
+  shown = [i for i in ids if i in ctx.memory_ids]
+  extra = next(i for i in ids if i not in ctx.memory_ids)  # k = 2 of 3: one never in the plan
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, learning_rate=LR)
+  result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(2), bank, object(),
+                         flat_episodes(tiny, replan_ids=(extra, shown[0])), FakeJudges(),
+                         distill, config=cfg, rng=jax.random.key(0))
+  assert result.history[0]["skipped"] == 1.0
+  # 4 wrong episodes each showed `extra` to their replan: usage 1 + 4, success 1 -> w = 0.2;
+  # shown[0] was in both the plan and the replan: counted once per episode, not twice
+  assert (bank.get(extra).usage_count, bank.get(extra).success_count) == (5, 1)
+  assert bank.get(shown[0]).usage_count == 5 and bank.get(shown[1]).usage_count == 5
+  # the stored memory is the Distiller's summary; the judges read the trace
+  stored = [m for m in bank.memories(BUCKET) if m.id not in ids]
+  assert stored and all(m.workflow_summary == "1. looked up" for m in stored)
+
+
+def test_alignment_only_where_the_skill_was_shown(tiny, tmp_path):
+  bank = make_bank(tmp_path)
+  bank.add("what year was thing 0 built", "searched", True, category="time",
+           modality="text-only")
+  assert bank.apply_distiller_reply(BUCKET, distill(BUCKET, bank.memories(BUCKET), None),
+                                    batch=bank.memories(BUCKET)).applied
+  # w = 1, n = 1: gamma = 0.1, not > 0.1: the planner is not shown the skill
+  assert bank.get_skill(BUCKET).procedure and bank.skill_confidence(BUCKET) == pytest.approx(0.1)
+  assert bank.planner_context(queries(1)[0].question, category="time").skill is None
+  judges = FakeJudges()
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, learning_rate=LR)
+  result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(2), bank, object(),
+                         flat_episodes(tiny), judges, distill, config=cfg,
+                         rng=jax.random.key(0))
+  first = result.history[0]
+  # R = R_nogt = 0.9 * 0 + 0.1 * 1 (with alignment it would be (1 - 0.01) 0.1 + 0.01 * 0.5)
+  assert first["reward_mean"] == pytest.approx(0.1) and judges.alignments == 0
+  assert first["lambda_mean"] == 0.0 and first["unshown_skill_groups"] == 2.0

@@ -1,0 +1,76 @@
+"""The judges of an experiment, from `config.judges` (configs/apex/*.py):
+
+  kind          "inprocess": the backbone itself, bare (or `path`: a separate judge model), or
+                "http": any OpenAI-compatible server at `url` serving `model`. One chat backend
+                per experiment, shared by every judge below (`judge_chat`).
+  accuracy      R_acc of the executor and planner stages: "judge" (an `LlmJudge` on that
+                backend; the paper's), or "rule" (EM / F1 alone, no judge call).
+  rule          "em" | "f1": the rule metric; with accuracy "judge" it scores what the judge
+                could not (an unreadable reply, a failed call), counted as judge_fallbacks.
+  skill_quality the distiller stage's quality term: "judge" (`SkillJudge`; the paper's) or
+                "rule" (the authors' rule-based score).
+  max_tokens    the judges' reply cap.
+TTRL's no-ground-truth panel and alignment judge use the same backend (experiment.judges).
+Missing keys take the paper's defaults: accuracy "judge", rule "em", skill_quality "judge".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apex_jax.training.accuracy import RULES, JudgedAccuracy, RuleAccuracy
+
+KINDS = ("inprocess", "http")
+CHOICES = ("judge", "rule")
+
+
+def _choice(c, name: str, default: str, allowed) -> str:
+  value = c.get(name, default)
+  if value not in allowed:
+    raise ValueError(f"config.judges.{name} {value!r} not in {allowed}")
+  return value
+
+
+def judge_chat(exp) -> Any:
+  """The experiment's judge chat backend, made once and kept on `exp` (a separate in-process
+  judge model is loaded once for every judge)."""
+  chat = getattr(exp, "_judge_chat", None)
+  if chat is not None:
+    return chat
+  c = exp.config.judges
+  if _choice(c, "kind", "inprocess", KINDS) == "inprocess":
+    from morse_jax import llm
+    from apex_jax.judges import InProcessChat
+
+    model = exp.model  # judges.path: a separate judge model (the paper's); else the backbone
+    if c.get("path"):
+      model = llm.load(c.path, dtype=c.get("dtype") or exp.config.model.dtype)
+    chat = InProcessChat(model, seed=exp.config.seed)
+  else:
+    from apex_jax.judges import ChatClient
+
+    chat = ChatClient(c.url, c.model)
+  exp._judge_chat = chat
+  return chat
+
+
+def reward_accuracy(exp):
+  """R_acc's scorer for the executor and planner stages (see the module docstring)."""
+  from apex_jax.judges import LlmJudge, LlmJudgeConfig
+
+  c = exp.config.judges
+  rule = _choice(c, "rule", "em", RULES)
+  if _choice(c, "accuracy", "judge", CHOICES) == "rule":
+    return RuleAccuracy(rule)
+  return JudgedAccuracy(LlmJudge(judge_chat(exp), LlmJudgeConfig(max_tokens=c.max_tokens)),
+                        fallback=rule)
+
+
+def skill_judge(exp):
+  """The distiller stage's quality judge, or None for the rule-based quality."""
+  from apex_jax.judges import SkillJudge, SkillJudgeConfig
+
+  c = exp.config.judges
+  if _choice(c, "skill_quality", "judge", CHOICES) == "rule":
+    return None
+  return SkillJudge(judge_chat(exp), SkillJudgeConfig(max_tokens=c.max_tokens))
