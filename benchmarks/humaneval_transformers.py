@@ -27,7 +27,7 @@ _OUT = flags.DEFINE_string("out", None, "Summary JSON; the replies go beside it 
 _NEW = flags.DEFINE_integer("max_new_tokens", 512, "Generation budget (our eval.max_new_tokens).")
 _LIMIT = flags.DEFINE_integer("limit", 0, "First N problems only (0: all 164).")
 _BATCH = flags.DEFINE_integer("batch", 32, "Rows per generate call.")
-_PREFILL = flags.DEFINE_bool("prefill", True, "HumanEval(prefill=...): task.reply_prefix of our run.")
+_PREFILL = flags.DEFINE_bool("prefill", False, "HumanEval(prefill=...): task.reply_prefix of our run.")
 # torch's OpenMP threads spin when another process holds the cores: several times slower.
 _THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
 

@@ -62,7 +62,7 @@ def base() -> ml_collections.ConfigDict:
                                           targets_h5="",  # SciCode: test_data.h5 ("": none)
                                           # HumanEval: the executor's reply starts with the
                                           # prompt's code, which the model completes
-                                          reply_prefix=True))
+                                          reply_prefix=False))
   # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
   c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,
                                           alpha=16.0, num_subtask_experts=4))

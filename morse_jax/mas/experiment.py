@@ -94,7 +94,7 @@ def load_family(config):
     return synthetic.Synthetic(), synthetic.generate(config.task.num_problems, config.task.seed)
   if name == "humaneval":
     from morse_jax.tasks import humaneval
-    return (humaneval.HumanEval(prefill=config.task.get("reply_prefix", True)),
+    return (humaneval.HumanEval(prefill=config.task.get("reply_prefix", False)),
             humaneval.load(path or None))
   if name == "scicode":
     from morse_jax.tasks import scicode

@@ -221,6 +221,24 @@ def _name(node: ast.expr) -> str:
   return ""
 
 
+def _shadowed_defs(tree: ast.AST) -> set[int]:
+  """ids of function definitions that a later definition of the same name in the same body
+  replaces: they never run, so a stub among them is no placeholder (a reply that repeats the
+  prompt's stub and then defines the function, as small models do)."""
+  out: set[int] = set()
+  for node in ast.walk(tree):
+    body = getattr(node, "body", None)
+    if not isinstance(body, list):
+      continue
+    last: dict[str, ast.AST] = {}
+    for stmt in body:
+      if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if stmt.name in last:
+          out.add(id(last[stmt.name]))
+        last[stmt.name] = stmt
+  return out
+
+
 def placeholder(code: str) -> str | None:
   """A description of the first stub found, or None. Stubs: a function whose body is only pass,
   `...`, a docstring or `raise NotImplementedError` (abstract methods, overloads and methods of
@@ -236,6 +254,7 @@ def placeholder(code: str) -> str | None:
   for cls in ast.walk(tree):
     if isinstance(cls, ast.ClassDef) and any(_name(b) in _ABSTRACT_BASES for b in cls.bases):
       exempt.update(id(f) for f in cls.body)
+  exempt.update(_shadowed_defs(tree))
   for node in ast.walk(tree):
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(node) not in exempt:
       if any(_name(d.func if isinstance(d, ast.Call) else d) in _ABSTRACT_DECORATORS

@@ -99,13 +99,14 @@ def assemble(problem: Problem, code: str) -> tuple[str, str]:
 class HumanEval:
   """The HumanEval task family. `allow_unfenced`: a reply without a code fence counts as code
   (HumanEval's own harness takes raw completions). `prefill`: the executor's reply starts with
-  the prompt's code in an open ```python block (`reply_prefix`), so the model writes the body,
-  as HumanEval poses the task; without it, small instruct models mostly repeat the signature and
-  docstring as a block with no body (SmolLM2-135M: 66 of 164 replies)."""
+  the prompt's code in an open ```python block (`reply_prefix`), so the model only writes the
+  body, as HumanEval poses the task. Off by default: measured on SmolLM2-135M-Instruct (README),
+  prefilling turned its 66 body-less repeats of 164 into 145 blocks closed at once, and pass@1
+  from 3 to 0 of 164."""
 
   timeout_s: float = 10.0
   allow_unfenced: bool = True
-  prefill: bool = True
+  prefill: bool = False
   name: str = FAMILY
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:

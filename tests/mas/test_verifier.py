@@ -47,6 +47,8 @@ def test_syntax_error_names_the_line():
     ("def k():\n  '''Only a docstring.'''\n", "docstring"),
     ("def ok():\n  return 1  # TODO: handle 0\n", "TODO comment at line 2"),
     ("def ok():\n  return 'TODO: write me'\n", "TODO string"),
+    ("def f():\n  return 1\n\ndef f():\n  pass\n", "line 4"),  # the stub is what runs
+    ("def f():\n  '''Doc.'''\n\ndef g():\n  return f()\n", "'f'"),  # another name
 ])
 def test_placeholder_found(code, needle):
   assert needle in verifier.placeholder(code)
@@ -58,6 +60,9 @@ def test_placeholder_found(code, needle):
     "from typing import Protocol\nclass P(Protocol):\n  def m(self) -> int: ...\n",
     "STATUS = ['TODO', 'DONE']\nlabel = 'my TODO list'\nTODO = 1\n",
     "def f(:\n  pass\n",  # not parsable: syntax_error's business
+    # A repeated stub replaced by a later definition never runs (small models write this).
+    "def f(x):\n  '''Doc.'''\n\ndef f(x):\n  '''Doc.'''\n  return x\n",
+    "class A:\n  def m(self):\n    pass\n  def m(self):\n    return 1\n",
 ])
 def test_placeholder_not_found(code):
   assert verifier.placeholder(code) is None
