@@ -6,7 +6,7 @@ sampled for one input (question, bucket); its rewards give the advantages
 
   A_i = clip((r_i - mean_group r) / (std_group r + eps), +-5),   0 when std_group r < 5e-4,
 
-through `morse_jax.rl.train_step.train_step` with estimator "grpo", one route per node
+through `morse_jax.rl.update.run` (the jitted step) with estimator "grpo", one route per node
 (route id = group id) and no router. Every row runs with the expert set [role_index(module)],
 so the other experts get exactly zero gradient; their slices are nonetheless copied back from
 before the update, because AdamW's weight decay (and moments left from an earlier stage, were a
