@@ -29,6 +29,7 @@ from morse_jax.rl import train_step as ts
 from apex_jax import plots
 from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
+from apex_jax.agents.generator import with_experts
 from apex_jax.datasets import World, evaluate as score_predictions, read_examples
 from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank, MemoryConfig
@@ -296,13 +297,13 @@ def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: boo
   c = exp.config.eval
   examples = examples[:c.questions] if c.questions else examples
   agents = dataclasses.replace(exp.agents, temperature=c.temperature)
-  if hasattr(exp.generator, "experts"):
-    exp.generator.experts = experts
+  generator = with_experts(exp.generator, experts)  # exp.generator is left as it is
   bank = ContextView(exp.bank, use_memories, use_skills) if use_memories or use_skills else None
   rng = jax.random.PRNGKey(exp.config.seed) if rng is None else rng
   predictions, answered = {}, 0
   for i, batch in enumerate(_batches(examples, c.batch_size)):
-    episodes = run_episode(Planner(exp.generator, agents), exp.executor(agents),
+    episodes = run_episode(Planner(generator, agents),
+                           Executor(generator, exp.searcher, agents),
                            [ex.question for ex in batch], rng=jax.random.fold_in(rng, i),
                            bank=bank, categories=[ex.category for ex in batch])
     for ep, ex in zip(episodes, batch):

@@ -13,7 +13,6 @@ import dataclasses
 
 from morse_jax import llm
 
-BACKENDS = ("adapters", "separate")
 PROMPT_STYLES = ("authors", "compact")  # see apex_jax.agents.prompts
 ON_FORMAT_ERROR = ("end", "feedback")
 
@@ -43,7 +42,6 @@ class AgentConfig:
   distiller_max_new_tokens: int = 2048
   temperature: float = 1.0  # 0 is greedy
   top_p: float = 1.0
-  backend: str = "adapters"  # "adapters": three role experts on one backbone; "separate"
   on_format_error: str = "end"  # "end" (the authors') or "feedback": show the error, go on
   replan_memories: bool = True  # the paper's replan sees k=1 new memories; the code shows none
   prompts: str = "authors"  # "authors": verbatim; "compact": same protocol, a few dozen words
@@ -64,8 +62,6 @@ class AgentConfig:
                              f"{self.temperature!r}")
     if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
       raise AgentConfigError(f"AgentConfig.top_p must be in (0, 1], got {self.top_p!r}")
-    if self.backend not in BACKENDS:
-      raise AgentConfigError(f"AgentConfig.backend {self.backend!r} not in {BACKENDS}")
     if self.on_format_error not in ON_FORMAT_ERROR:
       raise AgentConfigError(f"AgentConfig.on_format_error {self.on_format_error!r} not in "
                              f"{ON_FORMAT_ERROR}")

@@ -12,6 +12,7 @@ when top-k / top-p filter, the trainer recomputes them (see morse_jax.rl.rollout
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Mapping, Protocol, Sequence
 
@@ -59,6 +60,19 @@ class Generator(Protocol):
                max_new_tokens: int, sampling: llm.SamplingConfig) -> list[Generation]: ...
 
 
+def with_experts(generator, experts):
+  """`generator` sampling with `experts`: a copy holding them (the caller's generator is left as
+  it is), for any generator with an `experts` attribute (AdapterGenerator, test fakes); one
+  without is returned as it is (SeparateGenerator holds its experts per module)."""
+  if not hasattr(generator, "experts"):
+    return generator
+  if dataclasses.is_dataclass(generator):
+    return dataclasses.replace(generator, experts=experts)
+  out = copy.copy(generator)  # shallow: a fake's records stay shared with the original
+  out.experts = experts
+  return out
+
+
 def chat_tokens(tokenizer: ChatTokenizer, messages: list[dict]) -> list[int]:
   """Chat messages -> prompt ids with the assistant turn opened (as mas.agents.Agents.tokens)."""
   return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
@@ -93,7 +107,8 @@ def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max
 class AdapterGenerator:
   """Three role experts (planner, executor, distiller) on one frozen backbone.
 
-  `experts` is held so the trainer can swap in its current weights (`generator.experts = ...`)."""
+  `experts` are the weights it samples with by default; `generate(..., experts=...)` samples with
+  others, and `with_experts` gives a generator holding others (the trainers' current weights)."""
 
   model: llm.Model
   experts: dict
@@ -116,12 +131,14 @@ class AdapterGenerator:
     return self.model.tokenizer
 
   def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
-               max_new_tokens: int, sampling: llm.SamplingConfig) -> list[Generation]:
+               max_new_tokens: int, sampling: llm.SamplingConfig,
+               experts=None) -> list[Generation]:
+    """experts: the role experts to sample with (None: `self.experts`)."""
     _check_module(module)
     if not prompts:
       return []
     sets = [[self.lora.role_index(module)]] * len(prompts)
-    adapter = make_adapter(self.experts, self.lora, self.model.config, sets, kernel=self.kernel)
+    adapter = make_adapter(self.experts if experts is None else experts, self.lora, self.model.config, sets, kernel=self.kernel)
     return _sample(self.model, prompts, adapter, rng=rng, max_new_tokens=max_new_tokens,
                    sampling=sampling, mesh=self.mesh)
 

@@ -6,7 +6,7 @@ sampled for one input (question, bucket); its rewards give the advantages
 
   A_i = clip((r_i - mean_group r) / (std_group r + eps), +-5),   0 when std_group r < 5e-4,
 
-through `morse_jax.rl.train_step.train_step` with estimator "grpo", one route per node
+through `morse_jax.rl.update.run` (the jitted step) with estimator "grpo", one route per node
 (route id = group id) and no router. Every row runs with the expert set [role_index(module)],
 so the other experts get exactly zero gradient; their slices are nonetheless copied back from
 before the update, because AdamW's weight decay (and moments left from an earlier stage, were a
@@ -27,12 +27,14 @@ import numpy as np
 from morse_jax import llm
 from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import LoraConfig
-from morse_jax.lora.mixture import Adapter, uniform_routes
-from morse_jax.rl import compaction
+from morse_jax.lora.mixture import Adapter
+from morse_jax.rl import batch as batch_lib
+from morse_jax.rl import logprobs
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import train_step as ts
-from morse_jax.rl.rollout import Segment, pack, padded_rows, sequence_logprobs
-from morse_jax.rl.train_step import PolicyBatch
+from morse_jax.rl import update as update_lib
+from morse_jax.rl.advantages import flat_nodes
+from morse_jax.rl.batch import PolicyBatch
 
 from apex_jax.agents.trajectory import MODULES, Trajectory
 
@@ -58,16 +60,8 @@ def packed_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Seque
     route.extend([g] * len(group))
   if not all(math.isfinite(r) for r in flat):
     raise ValueError(f"packed_batch: non-finite reward in {flat}")
-  n = len(rows)
-  total = padded_rows(n, rows_multiple)
-  packed = pack(rows + [[Segment([pad_id])]] * (total - n), pad_id)
-  pad = lambda values, dtype: np.asarray(list(values) + [0] * (total - n), dtype)
-  batch = PolicyBatch(
-      tokens=jnp.asarray(packed.tokens), attention_mask=jnp.asarray(packed.attention_mask),
-      loss_mask=jnp.asarray(packed.loss_mask), logp_old=jnp.asarray(packed.logp_old),
-      rewards=jnp.asarray(pad(flat, np.float32)), route=jnp.asarray(pad(route, np.int32)),
-      valid=jnp.asarray(pad([1.0] * n, np.float32)),
-      routes=uniform_routes([[expert]] * total))
+  batch = batch_lib.update_batch(rows, flat, route, [[expert]] * len(rows), pad_id=pad_id,
+                                 rows_multiple=rows_multiple)
   return batch, bucket(len(groups), minimum=1)
 
 
@@ -78,11 +72,6 @@ def keep_only_expert(new, old, expert: int):
     mask = (jnp.arange(n.shape[1]) == expert).reshape((1, -1) + (1,) * (n.ndim - 2))
     return jnp.where(mask, n, o)
   return jax.tree.map(pick, new, old)
-
-
-def group_has_signal(rewards: Sequence[float], min_std: float) -> bool:
-  """A group teaches something only when its rewards differ (population std >= min_std)."""
-  return len(rewards) > 1 and float(np.std(np.asarray(rewards, np.float64))) >= min_std
 
 
 @dataclasses.dataclass
@@ -103,8 +92,6 @@ class ModuleUpdater:
   # The update leaves flat groups out and runs a group's common prompt once (rl.compaction):
   # the same update for less compute.
   share_prompts: bool = True
-  skipped_updates: int = 0  # counted across calls
-  updates: int = 0
 
   def __post_init__(self):
     missing = [m for m in MODULES if m not in self.lora.roles]
@@ -120,8 +107,9 @@ class ModuleUpdater:
 
   def update(self, experts, opt_state, module: str, groups: Sequence[Sequence[Trajectory]],
              rewards: Sequence[Sequence[float]]):
-    """Returns (experts, opt_state, metrics). Skipped (nothing changes, counted) when no group's
-    rewards differ: e.g. every rollout correct, or the skill gate fixed them all."""
+    """Returns (experts, opt_state, metrics). Skipped (nothing changes, metrics["skipped"] 1)
+    when no group's rewards differ (`advantages.flat_nodes`, the step's own rule): e.g. every
+    rollout correct, or the skill gate fixed them all."""
     if module not in MODULES:
       raise ValueError(f"ModuleUpdater.update: module {module!r} not in {MODULES}")
     for g, group in enumerate(groups):
@@ -134,37 +122,30 @@ class ModuleUpdater:
                                      rows_multiple=self.step.micro_batches)
     flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
     group_ids = np.concatenate([np.full(len(r), g) for g, r in enumerate(rewards)])
-    metrics = dict(metrics_lib.reward_stats(flat, group_ids))
+    metrics = dict(metrics_lib.reward_stats(flat, group_ids, self.step.min_reward_std))
     metrics["generated_tokens"] = float(sum(t.generated_tokens() for g in groups for t in g))
-    self.updates += 1
-    if not any(group_has_signal(r, self.step.min_reward_std) for r in rewards):
-      self.skipped_updates += 1
-      metrics.update(skipped=1.0, skipped_total=float(self.skipped_updates))
+    flat_groups = flat_nodes(batch.rewards, batch.route, batch.valid, num_nodes=num_routes,
+                             routes_per_node=1, min_std=self.step.min_reward_std)
+    if flat_groups[:len(groups)].all():
+      metrics.update(skipped=1.0)
       return experts, opt_state, metrics
     layers, scale = self.lora.adapted_layers(self.model), self.lora.scale
-    if self.recompute_logp_old or self.step.kl_coef > 0:
+    if self.recompute_logp_old:
       adapter = Adapter(experts=experts, routes=batch.routes, layers=layers, scale=scale,
                         kernel=self.kernel)
-      temp = self.step.temperature
-      if self.recompute_logp_old:
-        logp = sequence_logprobs(self.backbone, self.model, adapter, batch.tokens,
-                                 batch.attention_mask, temp)
-        batch = dataclasses.replace(batch, logp_old=logp * batch.loss_mask)
-      if self.step.kl_coef > 0:
-        ref = sequence_logprobs(self.backbone, self.model, None, batch.tokens,
-                                batch.attention_mask, temp)
-        batch = dataclasses.replace(batch, logp_ref=ref * batch.loss_mask)
-    batch, compacted = compaction.for_update(batch, self.step, routes_per_node=1,
-                                             rows_multiple=self.step.micro_batches,
-                                             share_prompts=self.share_prompts)
-    new, _, (new_state, _), step_metrics = ts.train_step(
+      batch = dataclasses.replace(batch, logp_old=logprobs.recompute(
+          self.backbone, self.model, adapter, batch.tokens, batch.attention_mask,
+          batch.loss_mask, self.step.temperature))
+    if self.step.kl_coef > 0:
+      batch = dataclasses.replace(batch, logp_ref=logprobs.recompute(
+          self.backbone, self.model, None, batch.tokens, batch.attention_mask, batch.loss_mask,
+          self.step.temperature))
+    new, _, (new_state, _), step_metrics, _ = update_lib.run(
         self.backbone, experts, None, (opt_state[0], None), batch, None, config=self.model,
         router_config=None, step_config=self.step, layers=layers, scale=scale,
-        kernel=self.kernel, routes_per_node=1, num_routes=num_routes)
+        kernel=self.kernel, routes_per_node=1, num_routes=num_routes,
+        rows_multiple=self.step.micro_batches, share_prompts=self.share_prompts,
+        to_host=lambda m: {k: float(v) for k, v in jax.device_get(m).items()})
     new = keep_only_expert(new, experts, expert)
-    step_metrics = compacted.whole_batch(
-        {k: float(v) for k, v in jax.device_get(step_metrics).items()})
-    if step_metrics["skipped"]:
-      self.skipped_updates += 1
-    metrics.update(step_metrics, skipped_total=float(self.skipped_updates))
+    metrics.update(step_metrics)
     return new, (new_state, opt_state[1]), metrics

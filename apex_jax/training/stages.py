@@ -11,8 +11,8 @@ A stage's rollout function is the only contact with the agents:
 
 batch: `config.batch_size` items of the stage's data; groups: one list of `config.group_size`
 Trajectory of `config.module` per item; rewards: the matching floats (`rewards.py`). The
-generator is the agents' sampler; its `experts` attribute (if any) is set to the current
-weights before every rollout, as `apex_jax.agents.generator.AdapterGenerator` expects.
+generator is the agents' sampler; each rollout gets `with_experts(generator, current weights)`
+(a copy: the caller's generator is left as it is; the trained weights are the result's).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.state import Checkpoints, TrainState, fingerprint
 
+from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import MODULES, Trajectory
 from apex_jax.training.grpo import ModuleUpdater
 
@@ -140,9 +142,9 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
         start = end
         continue
       step_config = dataclasses.replace(updater.step, expert_lr=cfg.learning_rate,
-                                        temperature=cfg.temperature or 1.0)
-      stage_updater = dataclasses.replace(updater, step=step_config, skipped_updates=0,
-                                          updates=0)
+                                        temperature=scoring_temperature(cfg.temperature))
+      stage_updater = dataclasses.replace(updater, step=step_config)
+      skipped = 0  # this stage's skipped updates (logged as skipped_total)
       if opt is None or done == start:
         opt = stage_updater.init_opt_state(experts)
       name = f"stage{index}_{cfg.module}"
@@ -152,13 +154,14 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
       with writer:
         for step in range(done - start, cfg.steps):
           rng, key = jax.random.split(rng)
-          if hasattr(generator, "experts"):
-            generator.experts = experts
-          groups, rewards = stage.rollout_fn(stage.batch(step), generator, key, cfg)
+          groups, rewards = stage.rollout_fn(stage.batch(step), with_experts(generator, experts),
+                                             key, cfg)
           _check_rollout(groups, rewards, cfg, step)
           experts, opt, metrics = stage_updater.update(experts, opt, cfg.module, groups, rewards)
           metrics.update(getattr(stage.rollout_fn, "metrics", None) or {})  # judge counts
-          metrics.update(stage=float(index), learning_rate=cfg.learning_rate)
+          skipped += int(metrics["skipped"] != 0)
+          metrics.update(skipped_total=float(skipped), stage=float(index),
+                         learning_rate=cfg.learning_rate)
           writer.write(step + 1, metrics)
           history.append({"stage": index, "module": cfg.module, "step": step + 1, **metrics})
           done = start + step + 1
@@ -170,6 +173,4 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
   finally:
     if ckpt is not None:
       ckpt.close()
-  if hasattr(generator, "experts"):
-    generator.experts = experts
   return StagesResult(experts, history, rng)

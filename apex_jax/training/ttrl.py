@@ -31,7 +31,9 @@ from typing import Any, Callable, Protocol, Sequence
 import jax
 
 from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl.logprobs import scoring_temperature
 
+from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import Trajectory
 from apex_jax.judges.chat import JudgeError
 from apex_jax.judges.nogt import Candidate
@@ -209,8 +211,8 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
   if distill_fn is None and evolve_fn is None:
     raise ValueError("run_ttrl: give distill_fn or evolve_fn (the Distiller step)")
   step_config = dataclasses.replace(updater.step, expert_lr=config.learning_rate,
-                                    temperature=config.temperature or 1.0)
-  updater = dataclasses.replace(updater, step=step_config, skipped_updates=0, updates=0)
+                                    temperature=scoring_temperature(config.temperature))
+  updater = dataclasses.replace(updater, step=step_config)
   opt = updater.init_opt_state(experts)
   judging, history = _Judging(judges), []
   writer = metrics_lib.MetricsWriter(None if logdir is None else os.path.join(logdir, "ttrl"),
@@ -222,9 +224,7 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
       contexts = [bank.planner_context(q.question, q.caption, category=q.category,
                                        modality=q.modality) for q in batch]
       rng, key = jax.random.split(rng)
-      if hasattr(generator, "experts"):
-        generator.experts = experts
-      groups = episode_fn(batch, contexts, generator, key, config)
+      groups = episode_fn(batch, contexts, with_experts(generator, experts), key, config)
       if len(groups) != len(batch) or any(len(g) != config.group_size for g in groups):
         raise ValueError(f"run_ttrl step {step}: episode_fn returned group sizes "
                          f"{[len(g) for g in groups]} for {len(batch)} queries x "
@@ -251,7 +251,8 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
       stats["memories_stored"] += sum(r.id is not None for r in added)
       if evolve_fn is not None:
         rng, key = jax.random.split(rng)
-        results = evolve_fn(bank, [ctx.bucket for ctx in contexts], generator, key)
+        results = evolve_fn(bank, [ctx.bucket for ctx in contexts],
+                            with_experts(generator, experts), key)
       else:
         results = []
         for bucket in dict.fromkeys(ctx.bucket for ctx in contexts):
@@ -272,6 +273,4 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
       metrics["judge_failures"] = float(sum(judging.failures.values()))
       writer.write(step + 1, metrics)
       history.append({"step": step + 1, **metrics})
-  if hasattr(generator, "experts"):
-    generator.experts = experts
   return TtrlResult(experts, history, judging.failures)

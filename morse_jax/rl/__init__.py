@@ -1,10 +1,33 @@
-"""RL core: group advantages (GRPO, HGRPO), losses, B x M rollouts, the jitted update (module
-`train_step`), the training loop, its state and checkpoints, metrics, multi-process start-up."""
+"""RL core: group advantages (GRPO, HGRPO), losses, the update batch (module `batch`) and its
+log-probs (`logprobs`), B x M rollouts, the jitted update (module `train_step`), the training
+loop, its state and checkpoints, metrics, multi-process start-up.
 
-from morse_jax.rl.advantages import (HgrpoAdvantages, RowAdvantages, grpo, hgrpo, row_advantages,
-                                     should_skip)
-from morse_jax.rl.losses import aggregate, k3_kl, policy_loss, router_loss
-from morse_jax.rl.rollout import GroupRollout, NodeRequest, Segment, pack
-from morse_jax.rl.state import CheckpointError, Checkpoints, TrainState
-from morse_jax.rl.train_step import PolicyBatch, RouterBatch, StepConfig
-from morse_jax.rl.trainer import RolloutConfig, TrainNode, Trainer, fit
+The names below are loaded on first use, so that importing one submodule (e.g. `rl.rollout`)
+does not import the others (`rl.train_step`; tests/test_layers.py checks it).
+"""
+
+import importlib
+
+_EXPORTS = {
+    "advantages": ("HgrpoAdvantages", "RowAdvantages", "grpo", "hgrpo", "row_advantages"),
+    "losses": ("aggregate", "k3_kl", "policy_loss", "router_loss"),
+    "batch": ("PolicyBatch", "RouterBatch", "Segment", "pack", "update_batch"),
+    "rollout": ("GroupRollout", "NodeRequest"),
+    "state": ("CheckpointError", "Checkpoints", "TrainState"),
+    "train_step": ("StepConfig",),
+    "trainer": ("RolloutConfig", "TrainNode", "Trainer", "fit"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+  if name not in _WHERE:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

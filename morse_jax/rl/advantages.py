@@ -9,6 +9,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 EPS = 1e-6
 MIN_REWARD_STD = 5e-4  # the authors skip an update when the node's rewards barely differ
@@ -58,15 +59,6 @@ def hgrpo(rewards, eps: float = EPS, clip: float | None = 5.0,
     within = jnp.where(sigma[:, None] > 0, within / (sigma[:, None] + eps), 0.0)
     cross = jnp.where(sigma_c > 0, cross / (sigma_c + eps), 0.0)
   return HgrpoAdvantages(within=_clip(within, clip), cross=_clip(cross, clip))
-
-
-def should_skip(rewards, *advantages, min_std: float = MIN_REWARD_STD) -> bool:
-  """True when a node's update carries no signal: every advantage is 0 or the rewards' spread is
-  below `min_std` (host-side: decides whether to run the step at all)."""
-  u = jnp.asarray(rewards, jnp.float32)
-  if float(u.std()) < min_std:
-    return True
-  return all(not bool(jnp.any(jnp.asarray(a) != 0)) for a in advantages)
 
 
 ESTIMATORS = ("hgrpo", "grpo")
@@ -129,3 +121,14 @@ def row_advantages(rewards, route, valid, *, num_nodes: int, routes_per_node: in
   policy = jnp.where(skipped[node] | (w == 0), 0.0, _clip(policy, clip))
   cross = jnp.where(skipped[node_of_route], 0.0, _clip(cross, clip))
   return RowAdvantages(policy=policy, route=cross, node_skipped=skipped & (node_rows > 0))
+
+
+def flat_nodes(rewards, route, valid, *, num_nodes: int, routes_per_node: int,
+               min_std: float = MIN_REWARD_STD) -> np.ndarray:
+  """[num_nodes] bool on the host: the nodes (groups, with routes_per_node=1) that
+  `row_advantages` gives advantage 0 because their rewards' spread is below min_std; nodes
+  without rows (padding) are not flat. The one rule, in float32 as the step applies it, for
+  whoever decides on the host whether rows (or a whole update) can be left out."""
+  return np.asarray(row_advantages(rewards, route, valid, num_nodes=num_nodes,
+                                   routes_per_node=routes_per_node,
+                                   min_std=min_std).node_skipped)

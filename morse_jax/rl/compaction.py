@@ -2,7 +2,7 @@
 common prompt is run once.
 
 `without_flat_nodes`: a node whose reward spread is below `min_std` gets advantage 0 on every
-row and route (`advantages.row_advantages`), so without a KL term its rows add 0 to the policy
+row and route (`advantages.row_advantages`; `advantages.flat_nodes` on the host), so without a KL term its rows add 0 to the policy
 loss, to its gradient and to the router's. They still cost a forward and backward pass each PPO
 epoch, and on the demo about half the nodes are flat. It keeps the other nodes' rows and records
 the whole batch's loss denominators on the batch, so the step's loss, gradients and clip
@@ -22,11 +22,10 @@ import numpy as np
 
 from morse_jax.llm.sampling import length_bucket
 from morse_jax.lora.mixture import Routes
-from morse_jax.rl.advantages import MIN_REWARD_STD, row_advantages
+from morse_jax.rl.advantages import MIN_REWARD_STD, flat_nodes
+from morse_jax.rl.batch import PolicyBatch, padded_rows
 from morse_jax.rl.losses import aggregate_parts
-from morse_jax.rl.rollout import padded_rows
 from morse_jax.rl.shared_prefix import SharedPrefix
-from morse_jax.rl.train_step import PolicyBatch
 
 
 def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation: str,
@@ -48,8 +47,8 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
   host = jax.tree.map(np.asarray, batch)
   num_nodes = int(host.route.max()) // routes_per_node + 1
   # The step's own rule (float32, same threshold), so no row with an advantage is ever dropped.
-  flat = np.asarray(row_advantages(host.rewards, host.route, host.valid, num_nodes=num_nodes,
-                                   routes_per_node=routes_per_node, min_std=min_std).node_skipped)
+  flat = flat_nodes(host.rewards, host.route, host.valid, num_nodes=num_nodes,
+                    routes_per_node=routes_per_node, min_std=min_std)
   keep = np.flatnonzero((host.valid > 0) & ~flat[host.route // routes_per_node])
   dropped = int(flat.sum())
   if keep.size == 0 or dropped == 0:

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax import atomic
+from morse_jax.rl.advantages import MIN_REWARD_STD, flat_nodes
 
 JSONL_NAME = "metrics.jsonl"
-ZERO_STD = 1e-12  # a group whose reward std is below this carries no learning signal
 # Keys shown in the progress bar, with their short labels and formats.
 _POSTFIX = (("reward_mean", "reward", "{:.3f}"), ("expert_loss", "loss", "{:.4g}"),
             ("tokens_per_s", "tok/s", "{:.0f}"))
@@ -29,13 +29,15 @@ _POSTFIX = (("reward_mean", "reward", "{:.3f}"), ("expert_loss", "loss", "{:.4g}
 # ------------------------------------------------------------------------------- pure helpers
 
 
-def reward_stats(rewards: np.ndarray, group: np.ndarray) -> dict[str, float]:
+def reward_stats(rewards: np.ndarray, group: np.ndarray,
+                 min_std: float = MIN_REWARD_STD) -> dict[str, float]:
   """Reward summary over all rows and per group (one group = one DAG node's B*M samples).
 
     reward_mean = mean_i r_i,   reward_std = sqrt(mean_i (r_i - reward_mean)^2)  (ddof 0),
-    frac_reward_zero_std = |{g : std(r_i : group_i = g) < 1e-12}| / |groups|.
+    frac_reward_zero_std = |{g : std(r_i : group_i = g) < min_std}| / |groups|.
 
-  A zero-std group gets advantage 0 everywhere, so the last one is the fraction of wasted groups.
+  The last is the update's own rule (`advantages.flat_nodes`: float32, the step's min_std): a
+  group below it gets advantage 0 everywhere, so it is the fraction of wasted groups.
   """
   r = np.asarray(rewards, np.float64)
   g = np.asarray(group)
@@ -44,27 +46,13 @@ def reward_stats(rewards: np.ndarray, group: np.ndarray) -> dict[str, float]:
   if r.size == 0:
     raise ValueError("reward_stats needs at least one reward")
   ids, inverse = np.unique(g, return_inverse=True)
-  count = np.bincount(inverse, minlength=ids.size)
-  mean = np.bincount(inverse, weights=r, minlength=ids.size) / count
-  var = np.bincount(inverse, weights=(r - mean[inverse]) ** 2, minlength=ids.size) / count
+  flat = flat_nodes(r, inverse.astype(np.int32), np.ones(r.size, np.float32),
+                    num_nodes=ids.size, routes_per_node=1, min_std=min_std)
   return {
       "reward_mean": float(r.mean()),
       "reward_std": float(r.std()),
-      "frac_reward_zero_std": float(np.mean(np.sqrt(var) < ZERO_STD)),
+      "frac_reward_zero_std": float(np.mean(flat)),
   }
-
-
-def route_entropy(logp: np.ndarray) -> float:
-  """Mean router entropy, H = mean_rows -sum_j p_j log p_j with p = exp(logp).
-
-  Terms with p_j = 0 (logp = -inf) contribute 0 (the limit of p log p), not NaN.
-  """
-  lp = np.asarray(logp, np.float64)
-  if lp.ndim != 2 or lp.shape[0] == 0:
-    raise ValueError(f"logp must be [n, Ks] with n > 0; got shape {lp.shape}")
-  p = np.exp(lp)
-  safe_lp = np.where(p > 0, lp, 0.0)
-  return float(np.mean(-np.sum(p * safe_lp, axis=-1)))
 
 
 def expert_usage(expert_sets: Sequence[Sequence[int]], num_experts: int) -> np.ndarray:

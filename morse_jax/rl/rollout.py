@@ -10,8 +10,6 @@ rollouts with the same B and M into one update batch (a wave's merge calls and i
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from typing import Sequence
 
 import jax
@@ -19,10 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax import llm
-from morse_jax.llm.sampling import bucket, length_bucket
+from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import LoraConfig, make_adapter
 from morse_jax.lora.mixture import Routes, uniform_routes
-from morse_jax.rl.train_step import PolicyBatch, RouterBatch, token_logprobs
+from morse_jax.rl import batch as batch_lib
+from morse_jax.rl import logprobs
+# Segment, Packed, pack, padded_rows and sequence_logprobs are re-exported: they live in rl.batch
+# and rl.logprobs.
+from morse_jax.rl.batch import (Packed, PolicyBatch, RouterBatch, Segment, pack,  # noqa: F401
+                                padded_rows)
+from morse_jax.rl.logprobs import sequence_logprobs  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,51 +41,6 @@ class NodeRequest:
   # B * M prompts, one per row in row order, when a node's candidates see different prompts
   # (the executor rows of a merge node, each after its own merge sample); None: `prompt`.
   row_prompts: Sequence[Sequence[int]] | None = None
-
-
-@dataclasses.dataclass
-class Segment:
-  tokens: Sequence[int]
-  logprobs: Sequence[float] | None = None  # given: the policy generated it (trained on)
-
-
-@dataclasses.dataclass
-class Packed:
-  tokens: np.ndarray  # [n, T] right-padded
-  attention_mask: np.ndarray  # [n, T]
-  loss_mask: np.ndarray  # [n, T] 1 on generated tokens
-  logp_old: np.ndarray  # [n, T] sampling log-probs on generated tokens, else 0
-
-
-def padded_rows(n: int, multiple: int = 1) -> int:
-  """Rows of an update batch for n real rows: a power of two, then a multiple of `multiple`
-  (mesh data axis x micro-batches), so that the jitted step sees few shapes."""
-  rows = bucket(n, minimum=1)
-  return math.lcm(rows, multiple) if rows % multiple else rows
-
-
-def pack(rows: Sequence[Sequence[Segment]], pad_id: int = 0, length: int | None = None) -> Packed:
-  """Concatenates each row's segments; T = `length` or the longest row's `length_bucket`."""
-  lengths = [sum(len(s.tokens) for s in row) for row in rows]
-  t = length or length_bucket(max(lengths))
-  if max(lengths) > t:
-    raise ValueError(f"pack: a row has {max(lengths)} tokens, more than length={t}")
-  out = Packed(np.full((len(rows), t), pad_id, np.int32), np.zeros((len(rows), t), np.int32),
-               np.zeros((len(rows), t), np.float32), np.zeros((len(rows), t), np.float32))
-  for i, row in enumerate(rows):
-    pos = 0
-    for seg in row:
-      end = pos + len(seg.tokens)
-      out.tokens[i, pos:end] = seg.tokens
-      out.attention_mask[i, pos:end] = 1
-      if seg.logprobs is not None:
-        if len(seg.logprobs) != len(seg.tokens):
-          raise ValueError(f"pack: row {i} has a segment of {len(seg.tokens)} tokens with "
-                           f"{len(seg.logprobs)} log-probs")
-        out.loss_mask[i, pos:end] = 1
-        out.logp_old[i, pos:end] = seg.logprobs
-      pos = end
-  return out
 
 
 @dataclasses.dataclass
@@ -113,12 +72,6 @@ class GroupRollout:
 
   def generated_tokens(self) -> int:
     return int(sum(len(c) for c in self.completions))
-
-
-@functools.partial(jax.jit, static_argnames=("config", "temperature"))
-def sequence_logprobs(params, config, adapter, tokens, attention_mask, temperature):
-  """[n, T] log p(tokens[:, t]) under the adapted model (jitted `token_logprobs`)."""
-  return token_logprobs(params, config, adapter, tokens, attention_mask, temperature)[0]
 
 
 def expert_sets_of(requests: Sequence[NodeRequest], lora: LoraConfig, group_size: int):
@@ -165,33 +118,29 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
                    sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter,
                    prompt_repeats=repeats)
   n = len(prompts)
-  rows = padded_rows(n, rows_multiple)
   completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]
   segments = [[Segment(prompts[r]), Segment(completions[r], out.logprobs[r, :out.lengths[r]])]
               for r in range(n)]
-  segments += [[Segment([pad_id])]] * (rows - n)
   # T fits the longest real row, not the longest prompt plus max_new_tokens: completions are
   # mostly far shorter than the cap, and the update's cost grows with T squared.
-  packed = pack(segments, pad_id)
-  routes = uniform_routes(sets + [sets[0]] * (rows - n), adapter.routes.idx.shape[1])
-  route = np.zeros(rows, np.int32)
-  route[:n] = np.arange(n) // group_size
-  valid = (np.arange(rows) < n).astype(np.float32)
-  greedy = sampling.greedy
-  temperature = 1.0 if greedy else sampling.temperature
-  if not greedy and (sampling.top_p < 1.0 or sampling.top_k):
-    padded = dataclasses.replace(adapter, routes=routes)  # the same mixtures, padded rows too
-    logp = np.asarray(sequence_logprobs(backbone, config, padded, packed.tokens,
-                                        packed.attention_mask, temperature))
-    packed.logp_old = logp * packed.loss_mask
+  rows = batch_lib.layout(segments, np.arange(n) // group_size, sets, pad_id=pad_id,
+                          rows_multiple=rows_multiple, width=adapter.routes.idx.shape[1])
+  packed = rows.packed
+  temperature = logprobs.scoring_temperature(sampling)
+  if not sampling.greedy and (sampling.top_p < 1.0 or sampling.top_k):
+    padded = dataclasses.replace(adapter, routes=rows.routes)  # the same mixtures, padding too
+    packed.logp_old = np.asarray(logprobs.recompute(backbone, config, padded, packed.tokens,
+                                                    packed.attention_mask, packed.loss_mask,
+                                                    temperature))
   logp_ref = None
   if kl:
-    logp_ref = np.asarray(sequence_logprobs(backbone, config, None, packed.tokens,
-                                            packed.attention_mask, temperature)) * packed.loss_mask
+    logp_ref = np.asarray(logprobs.recompute(backbone, config, None, packed.tokens,
+                                             packed.attention_mask, packed.loss_mask,
+                                             temperature))
   return GroupRollout(requests=list(requests), routes_per_node=b, group_size=group_size,
                       num_nodes=bucket(len(requests), minimum=1), completions=completions,
-                      expert_sets=sets, packed=packed, route=route, valid=valid, routes=routes,
-                      logp_ref=logp_ref)
+                      expert_sets=sets, packed=packed, route=rows.route, valid=rows.valid,
+                      routes=rows.routes, logp_ref=logp_ref)
 
 
 def concat(first: GroupRollout, second: GroupRollout, *, pad_id: int = 0,
@@ -241,21 +190,8 @@ def concat(first: GroupRollout, second: GroupRollout, *, pad_id: int = 0,
 
 def policy_batch(rollout: GroupRollout, rewards: Sequence[float]) -> PolicyBatch:
   """The update's rows: rewards [real rows] (one per completion, in row order)."""
-  rewards = np.asarray(rewards, np.float32)
-  if rewards.shape != (rollout.num_rows,):
-    raise ValueError(f"policy_batch: rewards has shape {rewards.shape}, expected "
-                     f"({rollout.num_rows},) (one per sampled row)")
-  if not np.all(np.isfinite(rewards)):
-    raise ValueError(f"policy_batch: non-finite reward at row "
-                     f"{int(np.flatnonzero(~np.isfinite(rewards))[0])}")
-  padded = np.zeros(len(rollout.valid), np.float32)
-  padded[:len(rewards)] = rewards
-  p = rollout.packed
-  return PolicyBatch(tokens=jnp.asarray(p.tokens), attention_mask=jnp.asarray(p.attention_mask),
-                     loss_mask=jnp.asarray(p.loss_mask), logp_old=jnp.asarray(p.logp_old),
-                     rewards=jnp.asarray(padded), route=jnp.asarray(rollout.route),
-                     valid=jnp.asarray(rollout.valid), routes=rollout.routes,
-                     logp_ref=None if rollout.logp_ref is None else jnp.asarray(rollout.logp_ref))
+  rows = batch_lib.Layout(rollout.packed, rollout.route, rollout.valid, rollout.routes)
+  return batch_lib.policy_batch(rows, rewards, rollout.logp_ref)
 
 
 def router_batch(rollout: GroupRollout, top_k: int, input_dim: int) -> RouterBatch:

@@ -8,8 +8,8 @@ positions continue from the prefix, so every token sees exactly the context it h
 row. The per-token log-probs are gathered back into the rows' [n, T] layout, so the losses,
 masks, advantages and denominators are those of the row layout, untouched.
 
-Built on the host by `compaction.share_prefixes`; used by `train_step` when
-`PolicyBatch.shared` is set.
+Built on the host by `compaction.share_prefixes`; run by `logprobs.shared_token_logprobs` (the
+step's forward pass when `PolicyBatch.shared` is set).
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
-from morse_jax.llm.config import LlmConfig
-from morse_jax.llm.model import forward
-from morse_jax.lora.mixture import Adapter, Routes
+from morse_jax.lora.mixture import Routes
 
 
 @jax.tree_util.register_dataclass
@@ -36,23 +33,3 @@ class SharedPrefix:
   row: jax.Array  # [n] the packed row holding each row
   col: jax.Array  # [n, T] the packed slot of each row token (0 on padding)
   routes: Routes  # [R] the group's experts
-
-
-def shared_token_logprobs(params, config: LlmConfig, adapter: Adapter | None,
-                          shared: SharedPrefix, temperature: float = 1.0):
-  """`train_step.token_logprobs` of the rows, computed on the packed layout: ([n, T] log-probs,
-  [n, T] entropies), both 0 where a token has no predecessor."""
-  if adapter is not None:
-    adapter = dataclasses.replace(adapter, routes=shared.routes)
-  logits, _ = forward(params, config, shared.tokens, positions=shared.positions,
-                      attention_mask=shared.segments >= 0, segments=shared.segments,
-                      adapter=adapter)
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32) / (temperature or 1.0), axis=-1)
-  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [R, S] of each slot's prediction
-  has_prev = shared.prev >= 0
-  prev = jnp.maximum(shared.prev, 0)
-  packed_rows = jnp.arange(prev.shape[0])[:, None]
-  picked = jnp.where(has_prev, logp[packed_rows, prev, shared.tokens], 0.0)
-  picked_entropy = jnp.where(has_prev, entropy[packed_rows, prev], 0.0)
-  rows = shared.row[:, None]
-  return picked[rows, shared.col], picked_entropy[rows, shared.col]

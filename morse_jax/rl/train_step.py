@@ -17,12 +17,14 @@ import jax.numpy as jnp
 import optax
 
 from morse_jax.llm.config import LlmConfig
-from morse_jax.llm.model import forward
 from morse_jax.lora import router as router_lib
-from morse_jax.lora.mixture import Adapter, Routes
+from morse_jax.lora.mixture import Adapter
 from morse_jax.rl.advantages import ESTIMATORS, MIN_REWARD_STD, row_advantages
+# PolicyBatch, RouterBatch and token_logprobs are re-exported: they live in rl.batch / rl.logprobs.
+from morse_jax.rl.batch import PolicyBatch, RouterBatch  # noqa: F401
+from morse_jax.rl.logprobs import entropy as entropy_of
+from morse_jax.rl.logprobs import shared_token_logprobs, token_logprobs
 from morse_jax.rl.losses import AGGREGATIONS, aggregate_parts, policy_loss, router_loss
-from morse_jax.rl.shared_prefix import SharedPrefix, shared_token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,52 +76,6 @@ def make_optimizers(config: StepConfig):
   make = lambda lr: optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
                                 optax.adamw(lr, weight_decay=config.weight_decay))
   return make(config.expert_lr), make(config.router_lr)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class PolicyBatch:
-  """Rows = sampled candidates (any order, padding rows allowed). Token arrays are [n, T]."""
-
-  tokens: jax.Array
-  attention_mask: jax.Array
-  loss_mask: jax.Array  # 1 on tokens the policy generated; 0 on prompt, tool output, padding
-  logp_old: jax.Array  # log-prob of tokens[:, t] when sampled (0 where loss_mask is 0)
-  rewards: jax.Array  # [n] the verifier's reward of the row
-  route: jax.Array  # [n] int32 global route id g = node * B + b
-  valid: jax.Array  # [n] 1 for real rows, 0 for padding
-  routes: Routes  # [n, e] each row's experts
-  logp_ref: jax.Array | None = None  # [n, T] adapters-off log-probs; needed when kl_coef > 0
-  # [] the loss denominator and generated-token count of the batch these rows were taken from,
-  # when rows with no signal were left out (compaction.without_flat_nodes); None: these rows'.
-  denominator: jax.Array | None = None
-  token_count: jax.Array | None = None
-  # The rows laid out so that each group's common prompt is run once (compaction.share_prefixes);
-  # None: the forward pass runs on tokens / attention_mask as they are.
-  shared: SharedPrefix | None = None
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class RouterBatch:
-  """One entry per global route g (G = nodes x B)."""
-
-  embeddings: jax.Array  # [G, D] router input of the route's node
-  subtask_routes: jax.Array  # [G, K] ordered subtask-expert draws (0-based subtask ids)
-  mask: jax.Array  # [G] 1 when the router drew the route (0: merge nodes, padding)
-
-
-def token_logprobs(params, config: LlmConfig, adapter: Adapter | None, tokens, attention_mask,
-                   temperature: float = 1.0):
-  """([n, T] log p(tokens[:, t] | tokens[:, :t]), [n, T] entropy of that distribution), both 0
-  at t = 0, under softmax(logits / temperature) of the adapted model."""
-  logits, _ = forward(params, config, tokens, attention_mask=attention_mask, adapter=adapter)
-  logits = logits[:, :-1].astype(jnp.float32) / (temperature or 1.0)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-  pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
-  return pad(picked), pad(entropy)
 
 
 def _micro(tree, k: int):
@@ -222,8 +178,7 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
     regs = router_lib.regularisers(router_params, logp, router_config, router_batch.mask)
     loss = router_loss(route_logp, adv.route, step_config.alpha_pi, router_batch.mask)
     mask = router_batch.mask.astype(jnp.float32)
-    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    route_entropy = jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    route_entropy = jnp.sum(entropy_of(logp) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return loss + sum(regs.values()), {"router_pg_loss": loss, "route_entropy": route_entropy,
                                        **regs}
 

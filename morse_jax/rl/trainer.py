@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax import llm
-from morse_jax.llm import sharding
 from morse_jax.lora import router as router_lib
 from morse_jax.lora.experts import LoraConfig, init_experts
-from morse_jax.rl import compaction
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import rollout as rollout_lib
 from morse_jax.rl import train_step as ts
+from morse_jax.rl import update as update_lib
+from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.state import Checkpoints, TrainState
 
 
@@ -101,7 +101,8 @@ class Trainer:
                embed_dim: int, mesh=None, eos_ids: Sequence[int] = (), pad_id: int = 0):
     self.backbone, self.model, self.lora, self.router = backbone, model, lora, router
     # The update scores tokens at the temperature they were sampled at.
-    self.step_config = dataclasses.replace(step, temperature=_temperature(rollout.sampling))
+    self.step_config = dataclasses.replace(step,
+                                           temperature=scoring_temperature(rollout.sampling))
     if step.aggregation == "seq-mean-token-sum-norm" and step.norm_len is None:
       self.step_config = dataclasses.replace(self.step_config, norm_len=rollout.max_new_tokens)
     self.rollout_config, self.embed_dim, self.mesh = rollout, embed_dim, mesh
@@ -211,39 +212,28 @@ class Trainer:
                                                                         self.embed_dim)
     # Flat nodes add nothing: update on the others' rows, each route's prompt run once. Rows
     # with prompts of their own (after a merge) have longer suffixes than the generation budget.
-    batch, compacted = compaction.for_update(
-        batch, self.step_config, routes_per_node=out.routes_per_node,
-        rows_multiple=self.rows_multiple, share_prompts=rc.share_prompts,
-        width=None if merged is not None else llm.length_bucket(rc.max_new_tokens))
-    update_shape = (batch.tokens if batch.shared is None else batch.shared.tokens).shape
-    if self.mesh is not None:
-      place = sharding.shard_rows(self.mesh)
-      batch = jax.tree.map(lambda x: place(x)[0], batch)
-    experts, router, opt_states = state.experts, state.router, state.opt_states
-    for epoch in range(self.step_config.epochs):  # PPO epochs on this rollout
-      experts, router, opt_states, epoch_metrics = ts.train_step(
-          self.backbone, experts, router, opt_states, batch, rbatch,
-          config=self.model, router_config=self.router, step_config=self.step_config,
-          layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
-          kernel=rc.train_kernel, routes_per_node=out.routes_per_node,
-          num_routes=update.num_routes, update_router=jnp.asarray(epoch == 0))
-      if epoch == 0:  # losses, entropy and norms of the rollout policy
-        step_metrics = epoch_metrics
-    step_metrics = compacted.whole_batch(sharding.to_host(step_metrics))
-    if self.step_config.epochs > 1:  # clipping can only happen after the first epoch
-      step_metrics["clip_frac"] = sharding.to_host(epoch_metrics["clip_frac"])
+    experts, router, opt_states, step_metrics, info = update_lib.run(
+        self.backbone, state.experts, state.router, state.opt_states, batch, rbatch,
+        config=self.model, router_config=self.router, step_config=self.step_config,
+        layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
+        kernel=rc.train_kernel, routes_per_node=out.routes_per_node,
+        num_routes=update.num_routes, rows_multiple=self.rows_multiple,
+        share_prompts=rc.share_prompts,
+        width=None if merged is not None else llm.length_bucket(rc.max_new_tokens),
+        mesh=self.mesh)
     t3 = time.perf_counter()
     node_of_row = np.asarray([out.node_of_row(r) for r in range(out.num_rows)])
     metrics = {k: float(v) for k, v in step_metrics.items()}
-    metrics.update(metrics_lib.reward_stats(rewards, node_of_row))
+    metrics.update(metrics_lib.reward_stats(rewards, node_of_row,
+                                            self.step_config.min_reward_std))
     metrics["expert_usage"] = metrics_lib.expert_usage(update.expert_sets, self.lora.num_experts)
     metrics["merge_rows"] = 0 if merged is None else merged.num_rows
     metrics["generated_tokens"] = update.generated_tokens()
     metrics["tokens_per_s"] = metrics_lib.tokens_per_second(update.generated_tokens(), t1 - t0)
     metrics["time_rollout_s"], metrics["time_reward_s"] = t1 - t0, t2 - t1
     metrics["time_update_s"] = t3 - t2
-    metrics["update_rows"] = compacted.kept_rows
-    metrics["update_tokens"] = float(np.prod(update_shape))
+    metrics["update_rows"] = info.compacted.kept_rows
+    metrics["update_tokens"] = float(np.prod(info.shape))
     state = dataclasses.replace(state, step=state.step + 1, experts=experts, router=router,
                                 opt_states=opt_states, rng=rng)
     return state, metrics, out
@@ -266,8 +256,4 @@ def fit(trainer: Trainer, state: TrainState, source: Source, *, steps: int,
     if checkpoints is not None:
       checkpoints.maybe_save(state, force=int(state.step) == steps)
   return state
-
-
-def _temperature(sampling: llm.SamplingConfig) -> float:
-  return 1.0 if sampling.greedy else sampling.temperature
 

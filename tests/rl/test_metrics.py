@@ -31,12 +31,13 @@ def test_reward_stats_unsorted_groups_and_bad_shapes():
     metrics.reward_stats(np.zeros(3), np.zeros(4, int))
 
 
-def test_route_entropy_by_hand():
-  assert metrics.route_entropy(np.log(np.full((3, 4), 0.25))) == pytest.approx(math.log(4))
-  # Row 0 is one-hot (p = 0 entries, logp = -inf): entropy 0, not NaN. Row 1: log 2.
-  with np.errstate(divide="ignore"):
-    logp = np.log(np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]))
-  assert metrics.route_entropy(logp) == pytest.approx(math.log(2) / 2)
+def test_zero_std_fraction_is_the_updates_rule():
+  """A group counts as wasted exactly when the update gives it advantage 0: spread below
+  MIN_REWARD_STD (5e-4), not merely below 1e-12."""
+  out = metrics.reward_stats(np.array([0.5, 0.5002, 1.0, 0.0]), np.array([0, 0, 1, 1]))
+  assert out["frac_reward_zero_std"] == pytest.approx(0.5)  # group 0: std 1e-4
+  out = metrics.reward_stats(np.array([0.5, 0.5002]), np.array([0, 0]), min_std=1e-5)
+  assert out["frac_reward_zero_std"] == 0.0
 
 
 def test_expert_usage_counts_rows_and_names_bad_id():

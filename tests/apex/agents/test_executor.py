@@ -154,7 +154,7 @@ def test_resume_strips_the_answer_and_adds_the_revised_plan():
 
 
 @pytest.mark.parametrize("field,value", [("max_turns", 0), ("temperature", -1.0),
-                                         ("backend", "vllm"), ("on_format_error", "retry"),
+                                         ("on_format_error", "retry"),
                                          ("max_queries", 0), ("top_p", 0.0)])
 def test_config_errors_name_the_field(field, value):
   with pytest.raises(ValueError, match=field):

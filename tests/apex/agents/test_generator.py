@@ -63,3 +63,16 @@ def test_generator_validation(model):
     AdapterGenerator(model, {}, LORA).tokenizer_of("critic")
   with pytest.raises(ValueError, match="Trajectory.module"):
     Trajectory("critic", [Segment([1])], "", None)
+
+
+def test_with_experts_copies_and_leaves_the_original():
+  """Explicit state: the trainers hand a rollout a generator holding their weights; the caller's
+  generator keeps its own (fakes share their records with the copy)."""
+  from apex_jax.agents.generator import with_experts
+  gen = fakes.ScriptedGenerator(lambda *a: "x")
+  gen.experts = None
+  held = with_experts(gen, {"w": 1})
+  assert held is not gen and held.experts == {"w": 1} and gen.experts is None
+  assert held.calls is gen.calls
+  plain = fakes.ScriptedGenerator(lambda *a: "x")  # no experts attribute: returned as it is
+  assert with_experts(plain, {"w": 1}) is plain

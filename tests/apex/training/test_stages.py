@@ -13,7 +13,8 @@ from tests.apex.training.conftest import LORA, STEP
 
 
 class FakeGenerator:
-  """Records which module rolled out with which weights (the loop sets `experts`)."""
+  """Records which module rolled out with which weights (the loop hands each rollout a copy
+  holding them, `with_experts`; the records are shared)."""
 
   def __init__(self):
     self.experts, self.seen = None, []
@@ -55,7 +56,8 @@ def test_stage_order_freezing_and_metrics(tiny, tmp_path):
   assert changed(tiny.experts, at_distiller) == {"executor"}
   assert changed(at_distiller, at_planner) == {"distiller"}
   assert changed(at_planner, result.experts) == {"planner"}
-  assert gen.experts is result.experts
+  assert gen.experts is None  # the rollouts got copies holding the weights (with_experts)
+  assert [h["skipped_total"] for h in result.history] == [0.0] * 4
   # one reward curve per stage
   dirs = sorted(os.listdir(tmp_path))
   assert dirs == ["stage0_executor", "stage1_distiller", "stage2_planner"]
