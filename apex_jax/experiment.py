@@ -7,8 +7,18 @@ warm-up, the three stages, TTRL and the ablation table.
   scores = evaluate(exp, result.experts, "test", use_memories=True, use_skills=True)
   run(config)                                # all of it, metrics in <workdir>/results.json
 
-Ablations (the issue's table): full; without memories (the planner sees no instance memories);
-without skills (no skill document); without TTRL (the experts after the stages).
+Ablations (the paper's table; `config.eval.ablations`, default all of ABLATIONS), each on the
+test questions with EM, F1, answered rate and context tokens per episode:
+  full                          the experts after TTRL, the bank as TTRL left it
+  without_memories / _skills    the same, the planner shown no instance memory / no skill
+  without_memories_and_skills   neither
+  without_ttrl                  the experts after the stages, the bank snapshotted before TTRL
+  without_iteration             the experts after TTRL, the bank one memory-building pass left
+                                before any evolution: its memories, no skill document, nothing
+                                TTRL added (evolution and TTRL's additions are the iterations)
+  without_<module>_training     the full system with that module's role adapter as it was before
+                                its stage (the initial one: each stage trains only its own role,
+                                TTRL only the planner's)
 Pieces that need a model run in `apex_jax.training.rollouts`; this module only wires them.
 """
 
@@ -33,8 +43,6 @@ from apex_jax.agents.generator import with_experts
 from apex_jax.datasets import World, evaluate as score_predictions, read_examples
 from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank, MemoryConfig
-from apex_jax.memory.records import PlannerContext, Retrieval
-from apex_jax.memory import skills as skills_lib
 from apex_jax.training import judging, rollouts
 from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
@@ -220,12 +228,13 @@ def _batches(items, size: int):
   return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def memory_build(exp: Experiment, *, rng: jax.Array) -> dict:
+def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None) -> dict:
   """Runs the untrained system on `memory_build.questions` training questions, stores each
   episode's summarised workflow with its outcome (EM of y2, as the authors' memory server
   records a judged outcome), updates the shown memories' win rates, and lets the Distiller
   evolve every bucket that is due (all touched ones when `memory_build.force_evolve`), at
-  `memory.evolve_temperature`."""
+  `memory.evolve_temperature`. snapshot: a file to back the bank up to after the episodes and
+  before the evolution (the ablations' one-pass bank)."""
   c = exp.config.memory_build
   planner, executor = Planner(exp.generator, exp.agents), exp.executor()
   distiller = Distiller(exp.generator, exp.agents)
@@ -248,6 +257,8 @@ def memory_build(exp: Experiment, *, rng: jax.Array) -> dict:
     stats["correct"] += sum(correct)
     stats["memories_stored"] += sum(r.id is not None for r in added)
     touched += [ep.bucket for ep in episodes]
+  if snapshot is not None:
+    exp.bank.backup(snapshot)
   for e in evolver.evolve(exp.bank, touched, rng=k_evolve, force=c.force_evolve):
     stats["evolutions_applied" if e.result.applied else "evolutions_failed"] += 1
     stats["unknown_absorbed_ids"] += e.result.unknown_absorbed_ids  # dropped (memory/skills.py)
@@ -262,56 +273,118 @@ def memory_buckets(bank: MemoryBank, minimum: int = 1) -> list[Bucket]:
           if bank.count(Bucket(cat, mod)) >= minimum]
 
 
-class ContextView:
-  """The bank as the planner sees it in an ablation: without instance memories and / or without
-  the skill document (read-only: evaluation stores nothing)."""
-
-  def __init__(self, bank: MemoryBank, memories: bool, skills: bool):
-    self.bank, self.memories, self.skills = bank, memories, skills
-    self.config = bank.config
-
-  def retrieve(self, question, caption=None, **kw) -> Retrieval:
-    found = self.bank.retrieve(question, caption, **kw)
-    return found if self.memories else Retrieval(found.bucket, (), ())
-
-  def planner_context(self, question, caption=None, *, category=None, modality=None,
-                      k=None, replan=False) -> PlannerContext:
-    full = self.bank.planner_context(question, caption, category=category, modality=modality,
-                                     k=k, replan=replan)
-    found = self.retrieve(question, caption, category=category, modality=modality, k=k,
-                          replan=replan)
-    text = skills_lib.render_memories([s.memory for s in found.correct],
-                                      [s.memory for s in found.incorrect])
-    skill = full.skill if self.skills else None
-    if skill is not None:
-      text = skills_lib.render_skill(skill, full.gamma) + text
-    return PlannerContext(text.strip(), full.bucket, found.memory_ids if self.memories else (),
-                          skill, full.gamma if skill is not None else 0.0)
-
-
 def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: bool = True,
-             use_skills: bool = True, rng: jax.Array | None = None) -> dict:
+             use_skills: bool = True, rng: jax.Array | None = None,
+             bank: MemoryBank | None = None) -> dict:
   """EM / F1 (overall, per category, per hop count) of whole episodes on `split`'s first
-  `eval.questions` questions, sampled at `eval.temperature` (0: greedy)."""
+  `eval.questions` questions, sampled at `eval.temperature` (0: greedy), reading `bank` (else the
+  experiment's; read only: evaluation stores nothing) through `MemoryBank.planner_context`'s
+  use_memories / use_skills. Also `answered` (the share with a final answer),
+  `context_tokens` (per episode, the tokens of every conversation it ran: the planner's and each
+  executor run's, prompts, generations and tool output) and `memory_context_tokens` (per
+  episode, the planner context E(q): skill document + memories, as the planner tokenises it)."""
   examples = {"train": exp.train, "test": exp.test}[_choice(split, "split", ("train", "test"))]
   c = exp.config.eval
   examples = examples[:c.questions] if c.questions else examples
   agents = dataclasses.replace(exp.agents, temperature=c.temperature)
   generator = with_experts(exp.generator, experts)  # exp.generator is left as it is
-  bank = ContextView(exp.bank, use_memories, use_skills) if use_memories or use_skills else None
+  bank = exp.bank if bank is None else bank
+  bank = bank if use_memories or use_skills else None
+  tokenizer = generator.tokenizer_of("planner")
   rng = jax.random.PRNGKey(exp.config.seed) if rng is None else rng
-  predictions, answered = {}, 0
+  predictions, answered, context, memory = {}, 0, [], []
   for i, batch in enumerate(_batches(examples, c.batch_size)):
     episodes = run_episode(Planner(generator, agents),
                            Executor(generator, exp.searcher, agents),
                            [ex.question for ex in batch], rng=jax.random.fold_in(rng, i),
-                           bank=bank, categories=[ex.category for ex in batch])
+                           bank=bank, categories=[ex.category for ex in batch],
+                           use_memories=use_memories, use_skills=use_skills)
     for ep, ex in zip(episodes, batch):
       predictions[ex.id] = ep.y2 or ""
       answered += ep.y2 is not None
+      context.append(ep.planner.total_tokens() + sum(t.total_tokens() for t in ep.executor))
+      memory.append(0 if ep.context is None else
+                    len(tokenizer.encode(ep.context.text, add_special_tokens=False)))
   scores = score_predictions(predictions, examples)
   scores["answered"] = answered / max(len(examples), 1)
+  scores["context_tokens"] = sum(context) / max(len(context), 1)
+  scores["memory_context_tokens"] = sum(memory) / max(len(memory), 1)
   return scores
+
+
+ABLATIONS = ("full", "without_memories", "without_skills", "without_memories_and_skills",
+             "without_ttrl", "without_iteration", "without_executor_training",
+             "without_distiller_training", "without_planner_training")
+
+
+@dataclasses.dataclass
+class AblationInputs:
+  """What the ablation rows read (module docstring): the experts before the stages, after them
+  and after TTRL, and the bank snapshots (files; None where no row asked for one)."""
+  initial: Any  # every module's adapter as its stage started (a stage trains only its own role)
+  staged: Any
+  final: Any
+  one_pass_bank: str | None = None  # memory_build's episodes stored, before any evolution
+  before_ttrl_bank: str | None = None
+
+
+def ablation_names(config) -> tuple[str, ...]:
+  """config.eval.ablations (empty or absent: all of ABLATIONS), checked."""
+  names = tuple(config.eval.get("ablations") or ABLATIONS)
+  unknown = [n for n in names if n not in ABLATIONS]
+  if unknown:
+    raise ValueError(f"config.eval.ablations {unknown[0]!r} not in {ABLATIONS}")
+  return tuple(dict.fromkeys(names))
+
+
+def untrained_module(experts, initial, lora, module: str):
+  """`experts` with `module`'s role adapter taken from `initial` (the others kept)."""
+  from apex_jax.training.grpo import keep_only_expert
+
+  return keep_only_expert(initial, experts, lora.role_index(module))
+
+
+def ablation_system(name: str, inputs: AblationInputs, lora) -> tuple[Any, str | None, bool,
+                                                                      bool]:
+  """(experts, bank snapshot file or None for the live bank, use_memories, use_skills)."""
+  if name not in ABLATIONS:
+    raise ValueError(f"ablation {name!r} not in {ABLATIONS}")
+  if name.endswith("_training"):
+    module = name[len("without_"):-len("_training")]
+    return untrained_module(inputs.final, inputs.initial, lora, module), None, True, True
+  if name in ("without_ttrl", "without_iteration"):
+    path = inputs.before_ttrl_bank if name == "without_ttrl" else inputs.one_pass_bank
+    if path is None:
+      raise ValueError(f"ablation {name!r} needs its bank snapshot (AblationInputs)")
+    return (inputs.staged if name == "without_ttrl" else inputs.final), path, True, True
+  return (inputs.final, None, name not in ("without_memories", "without_memories_and_skills"),
+          name not in ("without_skills", "without_memories_and_skills"))
+
+
+def bank_counts(bank: MemoryBank) -> dict:
+  """Memories and skill documents a bank holds (the rows' banks, in the results)."""
+  return {"memories": len(bank), "skills": sum(
+      bank.get_skill(Bucket(cat, mod)) is not None for cat in CATEGORIES for mod in MODALITIES)}
+
+
+def ablations(exp: Experiment, inputs: AblationInputs, names=ABLATIONS, *,
+              rng: jax.Array | None = None) -> dict[str, dict]:
+  """One `evaluate` per row (module docstring), all with the same key; each row also names the
+  bank it read (`bank`: memories, skills, the snapshot file or "live")."""
+  rows, opened = {}, {}
+  try:
+    for name in names:
+      experts, path, memories, skills = ablation_system(name, inputs, exp.updater.lora)
+      if path is not None and path not in opened:
+        opened[path] = MemoryBank(path, exp.bank.embedder, config=exp.bank.config)
+      bank = exp.bank if path is None else opened[path]
+      rows[name] = evaluate(exp, experts, use_memories=memories, use_skills=skills, rng=rng,
+                            bank=bank)
+      rows[name]["bank"] = {"path": path or "live", **bank_counts(bank)}
+  finally:
+    for bank in opened.values():
+      bank.close()
+  return rows
 
 
 def stages(exp: Experiment) -> list[Stage]:
@@ -368,7 +441,8 @@ def run(config) -> dict:
   """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
   ablation table, with the untrained system (initial experts, the built memories) as the first
   row; everything in <workdir>/results.json, curves under <workdir>/logs and in
-  <workdir>/rewards.png, seconds per phase in results["seconds"]."""
+  <workdir>/rewards.png, the ablations' bank snapshots in <workdir>/banks, seconds per phase in
+  results["seconds"]."""
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
@@ -381,15 +455,21 @@ def run(config) -> dict:
     clock = time.time()
     print(f"[apex] {name}: {seconds[name]:.0f}s", flush=True)
 
-  results = {"memory_build": memory_build(exp, rng=k_mem), "seconds": seconds}
+  names, banks = ablation_names(config), os.path.join(config.workdir, "banks")
+  one_pass = os.path.join(banks, "one_pass.db") if "without_iteration" in names else None
+  results = {"memory_build": memory_build(exp, rng=k_mem, snapshot=one_pass),
+             "seconds": seconds}
   lap("memory_build")
   untrained = evaluate(exp, exp.experts, rng=k_eval)
+  untrained["bank"] = {"path": "live", **bank_counts(exp.bank)}  # as memory building left it
   lap("eval_untrained")
   staged = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=k_stages,
                       logdir=logdir)
   results["stages"] = staged.history
   experts = staged.experts
   lap("stages")
+  before_ttrl = (exp.bank.backup(os.path.join(banks, "before_ttrl.db"))
+                 if "without_ttrl" in names else None)
   t = config.ttrl
   if t.steps or t.get("epochs"):
     queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
@@ -410,12 +490,9 @@ def run(config) -> dict:
     lap("ttrl")
   else:
     experts_ttrl = experts
-  results["eval"] = {
-      "untrained": untrained,
-      "full": evaluate(exp, experts_ttrl, rng=k_eval),
-      "without_memories": evaluate(exp, experts_ttrl, use_memories=False, rng=k_eval),
-      "without_skills": evaluate(exp, experts_ttrl, use_skills=False, rng=k_eval),
-      "without_ttrl": evaluate(exp, experts, rng=k_eval)}
+  results["eval"] = {"untrained": untrained, **ablations(
+      exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl), names,
+      rng=k_eval)}
   lap("eval")
   results["distiller_errors"] = dict(exp.bank.distiller_errors)
   results["unknown_absorbed_ids"] = exp.bank.unknown_absorbed_ids  # dropped, replies applied
@@ -462,10 +539,27 @@ def print_summary(results: dict, workdir: str) -> None:
   if results.get("judge_failures"):
     print(f"TTRL judge failures (counted; scored by the judges' fallbacks): "
           f"{results['judge_failures']}")
-  print("\nablations (held-out questions)")
-  print(f"{'system':<18} {'EM':>6} {'F1':>6} {'answered':>9}")
-  for name, row in results["eval"].items():
-    print(f"{name:<18} {row['em']:>6.3f} {row['f1']:>6.3f} {row.get('answered', 0):>9.3f}")
+  print("\nablations (held-out questions; context: tokens per episode, all conversations / "
+        "the planner's memory context E(q); bank: memories / skills it held)")
+  print(ablation_table(results["eval"]))
   print(f"\nreward curves: {results.get('plot')}\nresults: {workdir}/results.json; seconds: "
         f"{results.get('seconds')}\ntrained experts as PEFT adapters (launchers.serve "
         f"--lora_modules=NAME=DIR): {results.get('adapters')}")
+
+
+def ablation_table(rows: dict) -> str:
+  """The ablation rows as a text table: system, EM, F1, answered, context tokens per episode
+  (all conversations, and the planner's memory context), the bank's memories / skills."""
+  def num(row, key, fmt):
+    value = row.get(key)
+    return "-" if value is None else format(value, fmt)
+
+  lines = [f"{'system':<28} {'EM':>6} {'F1':>6} {'answered':>9} {'context':>9} {'E(q)':>7} "
+           f"{'bank':>7}"]
+  for name, row in rows.items():
+    bank = row.get("bank")
+    bank = f"{bank['memories']}/{bank['skills']}" if bank else "-"
+    lines.append(f"{name:<28} {row['em']:>6.3f} {row['f1']:>6.3f} "
+                 f"{num(row, 'answered', '.3f'):>9} {num(row, 'context_tokens', '.1f'):>9} "
+                 f"{num(row, 'memory_context_tokens', '.1f'):>7} {bank:>7}")
+  return "\n".join(lines)

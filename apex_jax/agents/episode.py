@@ -48,8 +48,11 @@ class Episode:
 
 def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], *,
                 rng: jax.Array, bank=None, categories: Sequence[str | None] | None = None,
-                captions: Sequence[str | None] | None = None) -> list[Episode]:
-  """The loop over a batch; bank None plans without memories (the paper's no-memory ablation)."""
+                captions: Sequence[str | None] | None = None, use_memories: bool = True,
+                use_skills: bool = True) -> list[Episode]:
+  """The loop over a batch; bank None plans without memories or skills. use_memories /
+  use_skills (MemoryBank.planner_context's options, the ablations): False shows the planner no
+  instance memory (at the plan and the replan) / no skill document."""
   n = len(questions)
   categories = [None] * n if categories is None else list(categories)
   captions = [None] * n if captions is None else list(captions)
@@ -58,8 +61,8 @@ def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], 
                      f"{len(captions)} captions")
   k_plan, k_run, k_eval, k_replan, k_rerun = jax.random.split(rng, 5)
   contexts = [None] * n if bank is None else [
-      bank.planner_context(q, c, category=cat) for q, c, cat in zip(questions, captions,
-                                                                    categories)]
+      bank.planner_context(q, c, category=cat, use_memories=use_memories, use_skills=use_skills)
+      for q, c, cat in zip(questions, captions, categories)]
   runs = planner.plan(questions, contexts, rng=k_plan)
   first = executor.run(questions, [r.plan for r in runs], rng=k_run)
   decisions = planner.evaluate(runs, first, rng=k_eval)
@@ -68,7 +71,7 @@ def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], 
   memories = []
   for i in again:
     text = None
-    if bank is not None and planner.config.replan_memories:
+    if bank is not None and use_memories and planner.config.replan_memories:
       found = bank.retrieve(questions[i], captions[i], category=contexts[i].bucket.category,
                             modality=contexts[i].bucket.modality, replan=True)
       replan_ids[i] = found.memory_ids

@@ -35,6 +35,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 import sqlite3
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -465,13 +466,21 @@ class MemoryBank(SkillOps):
 
   def planner_context(self, question: str, caption: str | None = None, *,
                       category: str | None = None, modality: str | None = None,
-                      k: int | None = None, replan: bool = False) -> PlannerContext:
+                      k: int | None = None, replan: bool = False, use_memories: bool = True,
+                      use_skills: bool = True) -> PlannerContext:
     """E(q) = the bucket's skill (only when gamma > config.skill_min_gamma) + the retrieved
     memories, as text in the reference code's layout (Serve/MIA-TTRL/
-    agent_sever_ttrl_nogt_skill.py, the /memory route: skill section, memories, stripped)."""
-    found = self.retrieve(question, caption, category=category, modality=modality, k=k,
-                          replan=replan)
-    skill = self.get_skill(found.bucket)
+    agent_sever_ttrl_nogt_skill.py, the /memory route: skill section, memories, stripped).
+    The ablations: use_memories=False shows no instance memory (the memory section reads
+    "None found", no ids), use_skills=False no skill document (gamma 0); the bucket is routed
+    as always."""
+    if use_memories:
+      found = self.retrieve(question, caption, category=category, modality=modality, k=k,
+                            replan=replan)
+    else:
+      question, caption = _text(question, "question"), _caption(caption)
+      found = Retrieval(self._route(question, caption, category, modality), (), ())
+    skill = self.get_skill(found.bucket) if use_skills else None
     gamma = 0.0 if skill is None else skills.confidence(skill.win_rate, skill.evidence_count,
                                                         self.config.skill_evidence_n)
     shown = skill if skill is not None and gamma > self.config.skill_min_gamma else None
@@ -529,6 +538,30 @@ class MemoryBank(SkillOps):
           f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE category = ? AND modality = ? "
           f"ORDER BY id DESC LIMIT ?", (*bucket, limit)).fetchall()
     return [Memory(*r) for r in reversed(rows)]
+
+  def backup(self, path: str) -> str:
+    """A consistent copy of the whole bank at `path` through SQLite's online backup API (any
+    file there is replaced), e.g. the bank as it stood before TTRL for the ablations; open it
+    with `MemoryBank(path, embedder)`. Returns path."""
+    path = str(path)
+    if path == self.path:
+      raise MemoryBankError(f"backup: {path} is the bank's own file")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    for stale in (path, path + "-wal", path + "-shm", path + "-journal"):
+      if os.path.exists(stale):
+        os.remove(stale)
+    with self._lock:
+      try:
+        dest = sqlite3.connect(path)
+      except sqlite3.Error as err:
+        raise database_error(err, path, None, "opening the backup") from err
+      try:
+        self._conn.backup(dest)
+      except sqlite3.Error as err:
+        raise database_error(err, path, None, "writing the backup") from err
+      finally:
+        dest.close()
+    return path
 
   # ------------------------------------------------------------------------------ JSON
 

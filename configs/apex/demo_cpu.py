@@ -57,5 +57,6 @@ def get_config(arg=None):
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)
   c.judges = dict(kind="inprocess", url="", model="", max_tokens=32, accuracy="rule", rule="em",
                   skill_quality="rule")
-  c.eval = dict(questions=16, batch_size=16, temperature=0.0)
+  # ablations: the table's rows (apex_jax.experiment.ABLATIONS); () gives every row
+  c.eval = dict(questions=16, batch_size=16, temperature=0.0, ablations=())
   return ml_collections.ConfigDict(c)

@@ -109,34 +109,104 @@ def test_evolve_temperature_is_checked(exp):
     experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
 
 
+def show_skills(exp, examples):
+  """Six correct memories and a counted skill ('skip') per bucket of `examples`: gamma > 0.1,
+  so the planner is shown the skill."""
+  skip = json.dumps({**SKILL, "operation": "skip"})
+  for q in examples:
+    for i in range(6):
+      exp.bank.add(f"{q.question} variant {i}", "worked", True, category=q.category)
+  for bucket in {Bucket(q.category, "text-only") for q in examples}:
+    assert exp.bank.apply_distiller_reply(bucket, skip).applied
+
+
 def test_ablation_views_and_evaluate(exp):
   experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
   q = exp.train[0]
   bucket = Bucket(q.category, "text-only")
-  for i in range(6):  # correct evidence, counted by a 'skip': gamma > 0.1, the skill is shown
-    exp.bank.add(f"{q.question} variant {i}", "worked", True, category=q.category)
-  skip = json.dumps({**SKILL, "operation": "skip"})
-  assert exp.bank.apply_distiller_reply(bucket, skip).applied
-  full = experiment.ContextView(exp.bank, True, True).planner_context(q.question,
-                                                                     category=q.category)
-  assert full == exp.bank.planner_context(q.question, category=q.category)
+  show_skills(exp, [q])
+  full = exp.bank.planner_context(q.question, category=q.category)
   assert full.skill is not None and full.memory_ids
-  no_skill = experiment.ContextView(exp.bank, True, False).planner_context(
-      q.question, category=q.category)
-  assert no_skill.skill is None and "search the chain" not in no_skill.text
-  assert no_skill.memory_ids == full.memory_ids
-  no_mem = experiment.ContextView(exp.bank, False, True).planner_context(q.question,
-                                                                        category=q.category)
+  no_skill = exp.bank.planner_context(q.question, category=q.category, use_skills=False)
+  assert no_skill.skill is None and no_skill.gamma == 0.0 and "search the chain" not in no_skill.text
+  assert no_skill.memory_ids == full.memory_ids and full.text.endswith(no_skill.text)
+  no_mem = exp.bank.planner_context(q.question, category=q.category, use_memories=False)
   assert no_mem.memory_ids == () and "None found" in no_mem.text and no_mem.skill is not None
-  assert no_mem.bucket == bucket
+  assert no_mem.bucket == bucket and no_mem.gamma == full.gamma
   experts = {"marker": 1}
   scores = experiment.evaluate(exp, experts, "test", use_skills=False)
   assert exp.generator.experts is None  # evaluate samples with a copy holding `experts`
   assert scores["n"] == 3 and scores["answered"] == 1.0 and scores["em"] == 0.0
   assert sum(v["n"] for v in scores["per_category"].values()) == 3
+  assert scores["context_tokens"] > scores["memory_context_tokens"] > 0
   before = len(exp.bank)
-  experiment.evaluate(exp, experts, "train", use_memories=False, use_skills=False)
+  bare = experiment.evaluate(exp, experts, "train", use_memories=False, use_skills=False)
   assert len(exp.bank) == before  # evaluation stores nothing
+  assert bare["memory_context_tokens"] == 0 and bare["context_tokens"] > 0
+
+
+def test_ablation_table_rows(exp, monkeypatch, tmp_path):
+  """Every row, finite numbers; w/o TTRL reads the pre-TTRL snapshot, w/o iteration the one-pass
+  bank; an untrained module's row has that role's initial adapter; fewer context tokens without
+  memories or skills."""
+  from apex_jax.training.stages import STAGE_ORDER
+
+  one_pass = str(tmp_path / "banks" / "one_pass.db")
+  stats = experiment.memory_build(exp, rng=jax.random.PRNGKey(0), snapshot=one_pass)
+  show_skills(exp, exp.test[:3])  # skills shown on the evaluated questions
+  before_ttrl = exp.bank.backup(str(tmp_path / "banks" / "before_ttrl.db"))
+  exp.bank.add("a question TTRL answered", "1. searched", True, category=exp.test[0].category)
+  lora = exp.updater.lora
+  initial = exp.experts
+  staged = jax.tree.map(lambda x: x + 1.0, initial)  # every role trained by its stage
+  final = experiment.untrained_module(jax.tree.map(lambda x: x + 2.0, staged), staged, lora,
+                                      "executor")  # TTRL: the planner (and the distiller, here)
+  used = {}
+  real = experiment.evaluate
+
+  def evaluate(exp_, experts, *a, **kw):
+    used[len(used)] = experts
+    return real(exp_, experts, *a, **kw)
+
+  monkeypatch.setattr(experiment, "evaluate", evaluate)
+  rows = experiment.ablations(exp, experiment.AblationInputs(initial, staged, final, one_pass,
+                                                             before_ttrl),
+                              experiment.ABLATIONS, rng=jax.random.PRNGKey(3))
+  assert list(rows) == list(experiment.ABLATIONS)
+  for name, row in rows.items():
+    assert row["n"] == 3 and all(np.isfinite(row[k]) for k in (
+        "em", "f1", "answered", "context_tokens", "memory_context_tokens")), name
+  experts_of = dict(zip(rows, used.values()))
+  banks = {name: row["bank"] for name, row in rows.items()}
+  assert banks["full"]["memories"] == len(exp.bank) == banks["without_ttrl"]["memories"] + 1
+  assert banks["without_ttrl"]["path"] == before_ttrl and banks["full"]["path"] == "live"
+  assert banks["without_iteration"] == {"path": one_pass, "memories": stats["memories_stored"],
+                                        "skills": 0}  # one pass, no evolution
+  assert banks["without_ttrl"]["skills"] == banks["full"]["skills"] > 0
+  assert experts_of["without_ttrl"] is staged and experts_of["full"] is final
+  assert experts_of["without_iteration"] is final
+  for module in STAGE_ORDER:
+    k = lora.role_index(module)
+    for got, want, base in zip(*(jax.tree.leaves(e) for e in (
+        experts_of[f"without_{module}_training"], initial, final))):
+      got, want, base = map(np.asarray, (got, want, base))
+      assert np.array_equal(got[:, k], want[:, k])  # that role: its adapter before its stage
+      others = [j for j in range(got.shape[1]) if j != k]
+      assert np.array_equal(got[:, others], base[:, others])  # the rest: the full system's
+  ctx = {name: row["context_tokens"] for name, row in rows.items()}
+  assert ctx["without_memories"] < ctx["full"] and ctx["without_skills"] < ctx["full"]
+  assert ctx["without_memories_and_skills"] < min(ctx["without_memories"],
+                                                  ctx["without_skills"])
+  assert rows["without_memories_and_skills"]["memory_context_tokens"] == 0
+  table = experiment.ablation_table(rows)
+  assert table.splitlines()[0].split() == ["system", "EM", "F1", "answered", "context", "E(q)",
+                                           "bank"]
+  assert len(table.splitlines()) == 1 + len(experiment.ABLATIONS)
+  with pytest.raises(ValueError, match="needs its bank snapshot"):
+    experiment.ablations(exp, experiment.AblationInputs(initial, staged, final), ["without_ttrl"])
+  exp.config.eval.ablations = ("full", "w/o ttrl")
+  with pytest.raises(ValueError, match=r"config.eval.ablations 'w/o ttrl' not in"):
+    experiment.ablation_names(exp.config)
 
 
 def test_config_judges_select_the_stage_scorers_on_one_chat(exp):
@@ -195,9 +265,10 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   failures = results["judge_failures"]  # a random model cannot write the judges' formats
   assert set(failures) == {"evaluator", "arbiter", "align", "calls"}
   assert sum(failures["evaluator"].values()) + sum(failures["arbiter"].values()) > 0
-  assert set(results["eval"]) == {"untrained", "full", "without_memories", "without_skills",
-                                  "without_ttrl"}
-  assert all(0 <= r["em"] <= 1 and r["n"] == 2 for r in results["eval"].values())
+  assert list(results["eval"]) == ["untrained", *experiment.ABLATIONS]
+  assert all(0 <= r["em"] <= 1 and r["n"] == 2 and r["context_tokens"] > 0
+             for r in results["eval"].values())
+  assert os.path.exists(results["eval"]["without_ttrl"]["bank"]["path"])
   for name in ("stage0_executor", "stage1_distiller", "stage2_planner", "ttrl"):
     assert os.path.exists(os.path.join(c.workdir, "logs", name, "metrics.jsonl"))
   assert results["plot"] == os.path.join(c.workdir, "rewards.png") and os.path.exists(
@@ -254,4 +325,5 @@ def test_print_summary_reads_a_results_dict(capsys):
          "half 0.700" in out
   assert "planner    1 updates (0 skipped: flat rewards); mean reward 0.300" in out
   assert "ttrl       1 updates" in out
-  assert "untrained           0.250  0.500     1.000" in out and "/w/results.json" in out
+  assert "untrained                     0.250  0.500     1.000         -       -       -" in out
+  assert "/w/results.json" in out

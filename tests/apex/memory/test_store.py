@@ -211,7 +211,27 @@ def test_planner_context_layout(tmp_path):
       "\n#### Negative Examples (Failure Lessons - 1):\n"
       "\n--- Example 1 (Text-only modality) ---\n- Judgement: incorrect\n"
       "- Question: when was the bridge built\n- Workflow Summary: 1. search")
+  bare = bank.planner_context("when was the tower finished", category="time",
+                              use_memories=False)  # the no-memory ablation: routed, none shown
+  assert bare.memory_ids == () and bare.bucket == ctx.bucket and "None found" in bare.text
   pictured = bank.planner_context("when was the tower opened", "a photo", category="time")
   assert pictured.text.endswith("--- Example 1 (Image-Text modality) ---\n- Judgement: incorrect\n"
                                 "- Question: when was the tower opened\n"
                                 "- Image Caption: an old photo\n- Workflow Summary: 1. guess")
+
+
+def test_backup_is_a_consistent_copy_the_bank_goes_on_without(tmp_path):
+  bank = _bank(tmp_path)
+  bank.add(Q, "1. search", True, category="time")
+  path = bank.backup(str(tmp_path / "snap" / "before.db"))  # folder made
+  bank.add("who built the tower", "1. search", False, category="human")
+  with pytest.raises(MemoryBankError, match="the bank's own file"):
+    bank.backup(bank.path)
+  with MemoryBank(path, HashEmbedder()) as copy:
+    assert len(copy) == 1 and copy.memories("time/text-only")[0].question == Q
+    assert copy.retrieve(Q, category="time").memory_ids == bank.retrieve(
+        Q, category="time").memory_ids
+  assert len(bank) == 2
+  assert bank.backup(path) == path  # replaces the older copy
+  with MemoryBank(path, HashEmbedder()) as copy:
+    assert len(copy) == 2
