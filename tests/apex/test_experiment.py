@@ -103,6 +103,36 @@ def test_a_run_starts_with_an_empty_bank_unless_one_is_named(tiny_model, tmp_pat
   assert len(build(named).bank) == 1
 
 
+def test_memory_build_runs_once_per_run_and_a_restart_gets_its_bank_back(tiny_model, tmp_path):
+  """A restarted run (new process: new bank object on a bank file a later phase changed)
+  skips memory building: its snapshot goes back into the bank, its stats are returned."""
+  from morse_jax.rl.state import CheckpointError
+
+  def build(c):
+    gen = fakes.ScriptedGenerator(reply)
+    gen.experts = None
+    return experiment.build(c, model=tiny_model, generator=gen, embedder=HashEmbedder(64))
+
+  where = str(tmp_path / "checkpoints")
+  first = build(small_config(tmp_path))
+  stats = experiment.resumable_memory_build(first, rng=jax.random.PRNGKey(0), directory=where)
+  first.bank.export_json(str(tmp_path / "built.json"))
+  first.bank.add("Who directed Musol?", "1. search", True, category="human")  # e.g. TTRL
+  first.bank.close()
+  again = build(small_config(tmp_path))
+  assert experiment.resumable_memory_build(again, rng=jax.random.PRNGKey(0),
+                                           directory=where) == stats
+  assert again.generator.calls == []  # nothing was run again
+  again.bank.export_json(str(tmp_path / "restored.json"))
+  with open(tmp_path / "built.json") as f, open(tmp_path / "restored.json") as g:
+    assert json.load(f) == json.load(g)
+  again.bank.close()
+  other = small_config(tmp_path)
+  other.memory_build.questions = 2
+  with pytest.raises(CheckpointError, match="config memory_build differ"):
+    experiment.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0), directory=where)
+
+
 def test_evolve_temperature_is_checked(exp):
   exp.config.memory.evolve_temperature = -1.0
   with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
