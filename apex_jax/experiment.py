@@ -261,12 +261,16 @@ _MEMORY_BUILD_FORMAT = "apex_jax.experiment/memory_build/1"
 
 def memory_build_identity(c) -> dict:
   """What memory building depends on: a snapshot taken under another is not this run's."""
+  from morse_jax.rl.state import files_fingerprint
+
   parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
-  return json.loads(json.dumps({k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k]
-                                for k in parts if k in c}, sort_keys=True, default=str))
+  out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
+  out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
+  return json.loads(json.dumps(out, sort_keys=True, default=str))
 
 
-def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str) -> dict:
+def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str,
+                           continue_other_run: bool = False) -> dict:
   """memory_build, once per run. It writes to the bank (memories, win rates, skills), so it is
   not repeated on a restart: after it, the bank is snapshotted (MemoryBank.snapshot: sqlite3's
   backup API) to `<directory>/memory_build.db` and its stats, the snapshot's sha256 and the
@@ -274,7 +278,8 @@ def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str) -
   atomically: the phase's commit). A restarted run finding them puts that snapshot back into
   the bank and returns the stats without running anything. The stages only read the bank, so
   it is also where a run killed in the stages (or before TTRL's first checkpoint) resumes from.
-  A damaged snapshot or one of other settings is an error, not silently rebuilt."""
+  A damaged snapshot is an error, not silently rebuilt; so is one of other settings, unless
+  `continue_other_run` (config.train.continue_other_run: then it is used, with a warning)."""
   from morse_jax.rl.state import CheckpointError, fingerprint
   from apex_jax.memory.store import file_sha256
 
@@ -288,9 +293,14 @@ def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str) -
         saved.get("fingerprint") != fingerprint(identity):
       was = saved.get("identity") or {}
       differ = sorted(k for k in set(was) | set(identity) if was.get(k) != identity.get(k))
-      raise CheckpointError(f"{marker} was written by a run with other settings (config "
-                            f"{', '.join(differ) or 'format'} differ): use another workdir, or "
-                            f"remove {directory} to start this one afresh")
+      text = (f"{marker} was written by a run with other settings (config "
+              f"{', '.join(differ) or 'format'} differ)")
+      if not continue_other_run or saved.get("format") != _MEMORY_BUILD_FORMAT:
+        raise CheckpointError(f"{text}: use another workdir, remove {directory} to start this "
+                              f"one afresh, or continue that run's checkpoints with "
+                              f"--config.train.continue_other_run=True")
+      print(f"[apex] {text}; continuing that run's memories as asked (continue_other_run)",
+            flush=True)
     if file_sha256(db) != saved["bank"]["sha256"]:
       raise CheckpointError(f"{db}: the memory bank snapshot after memory building does not "
                             f"match its sha256 (damaged); remove {directory} to start afresh")
@@ -427,7 +437,8 @@ def run(config) -> dict:
   (0: at each stage's end) and TTRL one every `ttrl.checkpoint_every` steps with the bank's
   snapshot (default 1 for both). Run again with the same config and workdir after a kill, it
   skips what was finished and repeats the unbroken run's metrics step for step; the
-  evaluations are rerun (they only read)."""
+  evaluations are rerun (they only read). A workdir whose checkpoints another config wrote is
+  refused (unless train.continue_other_run); remove <workdir>/checkpoints to start afresh."""
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
@@ -441,14 +452,17 @@ def run(config) -> dict:
     print(f"[apex] {name}: {seconds[name]:.0f}s", flush=True)
 
   checkpoints = os.path.join(config.workdir, "checkpoints")  # a restarted run resumes
-  results = {"memory_build": resumable_memory_build(exp, rng=k_mem, directory=checkpoints),
+  other = bool(config.train.get("continue_other_run", False))
+  results = {"memory_build": resumable_memory_build(exp, rng=k_mem, directory=checkpoints,
+                                                    continue_other_run=other),
              "seconds": seconds}
   lap("memory_build")
   untrained = evaluate(exp, exp.experts, rng=k_eval)
   lap("eval_untrained")
   staged = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=k_stages,
                       logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "stages"),
-                      checkpoint_every=config.train.get("checkpoint_every", 1))
+                      checkpoint_every=config.train.get("checkpoint_every", 1),
+                      continue_other_run=other)
   results["stages"] = staged.history
   experts = staged.experts
   lap("stages")
@@ -462,7 +476,7 @@ def run(config) -> dict:
                     panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
                     config=ttrl_config(t, len(queries)),
                     rng=k_ttrl, logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "ttrl"),
-                    checkpoint_every=t.get("checkpoint_every", 1))
+                    checkpoint_every=t.get("checkpoint_every", 1), continue_other_run=other)
     results["ttrl"] = ttrl.history
     # replies the judges could not parse (scored by their fallbacks), then calls that failed
     results["judge_failures"] = {"evaluator": panel.nogt.evaluator_failures.snapshot(),

@@ -109,14 +109,16 @@ def _metadata(updater: ModuleUpdater, stages: Sequence[Stage]) -> dict:
 
 def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generator, *,
                rng: jax.Array, logdir: str | None = None, checkpoint_dir: str | None = None,
-               checkpoint_every: int = 0, keep: int = 2) -> StagesResult:
+               checkpoint_every: int = 0, keep: int = 2,
+               continue_other_run: bool = False) -> StagesResult:
   """Runs the stages in order; metrics per stage go to `<logdir>/stage<i>_<module>/`
   (metrics.jsonl + TensorBoard: the stage's reward curve). With checkpoint_dir, a TrainState
   (global step, experts, the current stage's optimiser state, rng) is saved every
   `checkpoint_every` updates and at the end of each stage, and a later call resumes from the
   latest good one (the stage and its step follow from the global step): finished stages are
   skipped, `history` is the whole run's (kept in each step's sidecar, training/resume.py), and
-  a resumed run's metrics repeat an unbroken run's step for step."""
+  a resumed run's metrics repeat an unbroken run's step for step. Another run's checkpoints
+  (other stages or key) are refused unless `continue_other_run` (Checkpoints)."""
   if not stages:
     raise ValueError("run_stages: no stages")
   done, opt, resumed, history = 0, None, False, []
@@ -128,7 +130,8 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
     ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every or 10**9, keep=keep,
                        metadata=_metadata(updater, stages),
                        identity={"stages": _metadata(updater, stages),
-                                 "rng": fingerprint(np.asarray(raw_key).tolist())})
+                                 "rng": fingerprint(np.asarray(raw_key).tolist())},
+                       continue_other_run=continue_other_run)
     sidecar = resume.Sidecar(checkpoint_dir)
     template = TrainState(step=jnp.int32(0), experts=experts, router=None,
                           opt_states=updater.init_opt_state(experts), rng=rng,

@@ -209,7 +209,8 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
              generator, episode_fn: EpisodeFn, judges: Judges, distill_fn: DistillFn | None, *,
              config: TtrlConfig, rng: jax.Array, logdir: str | None = None,
              evolve_fn: EvolveFn | None = None, checkpoint_dir: str | None = None,
-             checkpoint_every: int = 1, keep: int = 2) -> TtrlResult:
+             checkpoint_every: int = 1, keep: int = 2,
+             continue_other_run: bool = False) -> TtrlResult:
   """Runs `config.steps` TTRL updates over `queries` (cyclically); see the module docstring.
   Evolution: evolve_fn when given (it applies its replies), else distill_fn's reply per due
   bucket, applied here.
@@ -218,7 +219,8 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
   state (experts, optimiser state, rng, step) is saved, and beside it the history, the judge
   failure counts and a snapshot of the memory bank (training/resume.py); a later call resumes
   from the newest good step, with the bank put back as it was after that step, and repeats an
-  unbroken run's metrics step for step."""
+  unbroken run's metrics step for step. Another run's checkpoints (other config, queries or
+  key) are refused unless `continue_other_run` (Checkpoints)."""
   if not queries:
     raise ValueError("run_ttrl: no queries")
   if distill_fn is None and evolve_fn is None:
@@ -240,7 +242,8 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
     ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every, keep=keep, metadata=meta,
                        identity={"ttrl": meta,
                                  "queries": fingerprint([dataclasses.astuple(q) for q in queries]),
-                                 "rng": fingerprint(np.asarray(raw_key).tolist())})
+                                 "rng": fingerprint(np.asarray(raw_key).tolist())},
+                       continue_other_run=continue_other_run)
     sidecar = resume.Sidecar(checkpoint_dir)
     template = TrainState(step=jnp.int32(0), experts=experts, router=None, opt_states=opt,
                           rng=rng, cursor=jnp.int32(0))

@@ -131,6 +131,8 @@ def test_memory_build_runs_once_per_run_and_a_restart_gets_its_bank_back(tiny_mo
   other.memory_build.questions = 2
   with pytest.raises(CheckpointError, match="config memory_build differ"):
     experiment.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0), directory=where)
+  assert experiment.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0),
+                                           directory=where, continue_other_run=True) == stats
 
 
 def test_evolve_temperature_is_checked(exp):
