@@ -137,7 +137,11 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
                           opt_states=updater.init_opt_state(experts), rng=rng,
                           cursor=jnp.int32(0))
     # A step written before sidecars existed restores with an empty history.
-    found = resume.restore_newest(ckpt, sidecar, template, sidecar_required=False)
+    try:
+      found = resume.restore_newest(ckpt, sidecar, template, sidecar_required=False)
+    except BaseException:
+      ckpt.close()
+      raise
     if found is not None:
       state, payload = found
       done, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
