@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 
-from morse_jax import llm
+from morse_jax import atomic, llm
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
 
@@ -267,6 +267,70 @@ def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None
   return stats
 
 
+_MEMORY_BUILD_FORMAT = "apex_jax.experiment/memory_build/1"
+
+
+def memory_build_identity(c) -> dict:
+  """What memory building depends on: a snapshot taken under another is not this run's."""
+  from morse_jax.rl.state import files_fingerprint
+
+  parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
+  out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
+  out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
+  return json.loads(json.dumps(out, sort_keys=True, default=str))
+
+
+def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str,
+                           continue_other_run: bool = False, snapshot: str | None = None) -> dict:
+  """memory_build, once per run. It writes to the bank (memories, win rates, skills), so it is
+  not repeated on a restart: after it, the bank is snapshotted (MemoryBank.snapshot: sqlite3's
+  backup API) to `<directory>/memory_build.db` and its stats, the snapshot's sha256 and the
+  identity of the settings it ran under are written to `<directory>/memory_build.json` (last,
+  atomically: the phase's commit). A restarted run finding them puts that snapshot back into
+  the bank and returns the stats without running anything. The stages only read the bank, so
+  it is also where a run killed in the stages (or before TTRL's first checkpoint) resumes from.
+  A damaged snapshot is an error, not silently rebuilt; so is one of other settings, unless
+  `continue_other_run` (config.train.continue_other_run: then it is used, with a warning).
+  snapshot: memory_build's one-pass bank copy (the w/o-iteration ablation), kept from the run's
+  first attempt."""
+  from morse_jax.rl.state import CheckpointError, fingerprint
+  from apex_jax.memory.store import file_sha256
+
+  marker = os.path.join(directory, "memory_build.json")
+  db = os.path.join(directory, "memory_build.db")
+  identity = memory_build_identity(exp.config)
+  if os.path.exists(marker):
+    with open(marker, encoding="utf-8") as f:
+      saved = json.load(f)
+    if saved.get("format") != _MEMORY_BUILD_FORMAT or \
+        saved.get("fingerprint") != fingerprint(identity):
+      was = saved.get("identity") or {}
+      differ = sorted(k for k in set(was) | set(identity) if was.get(k) != identity.get(k))
+      text = (f"{marker} was written by a run with other settings (config "
+              f"{', '.join(differ) or 'format'} differ)")
+      if not continue_other_run or saved.get("format") != _MEMORY_BUILD_FORMAT:
+        raise CheckpointError(f"{text}: use another workdir, remove {directory} to start this "
+                              f"one afresh, or continue that run's checkpoints with "
+                              f"--config.train.continue_other_run=True")
+      print(f"[apex] {text}; continuing that run's memories as asked (continue_other_run)",
+            flush=True)
+    if file_sha256(db) != saved["bank"]["sha256"]:
+      raise CheckpointError(f"{db}: the memory bank snapshot after memory building does not "
+                            f"match its sha256 (damaged); remove {directory} to start afresh")
+    exp.bank.restore_snapshot(db, saved["bank"]["sha256"])
+    exp.bank.load_counters_state(saved["bank"]["counts"])
+    print(f"[apex] memory_build: resumed from {marker}", flush=True)
+    return saved["stats"]
+  stats = memory_build(exp, rng=rng, snapshot=snapshot)
+  os.makedirs(directory, exist_ok=True)
+  sha = exp.bank.snapshot(db)
+  atomic.write_text(marker, json.dumps({
+      "format": _MEMORY_BUILD_FORMAT, "fingerprint": fingerprint(identity),
+      "identity": identity, "stats": stats,
+      "bank": {"sha256": sha, "counts": exp.bank.counters_state()}}, sort_keys=True))
+  return stats
+
+
 def memory_buckets(bank: MemoryBank, minimum: int = 1) -> list[Bucket]:
   """Every bucket holding at least `minimum` memories: the distiller stage's inputs."""
   return [Bucket(cat, mod) for cat in CATEGORIES for mod in MODALITIES
@@ -442,7 +506,15 @@ def run(config) -> dict:
   ablation table, with the untrained system (initial experts, the built memories) as the first
   row; everything in <workdir>/results.json, curves under <workdir>/logs and in
   <workdir>/rewards.png, the ablations' bank snapshots in <workdir>/banks, seconds per phase in
-  results["seconds"]."""
+  results["seconds"].
+
+  Resumable: under <workdir>/checkpoints, memory building leaves a bank snapshot
+  (`resumable_memory_build`), the stages a checkpoint every `train.checkpoint_every` updates
+  (0: at each stage's end) and TTRL one every `ttrl.checkpoint_every` steps with the bank's
+  snapshot (default 1 for both). Run again with the same config and workdir after a kill, it
+  skips what was finished and repeats the unbroken run's metrics step for step; the
+  evaluations are rerun (they only read). A workdir whose checkpoints another config wrote is
+  refused (unless train.continue_other_run); remove <workdir>/checkpoints to start afresh."""
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
@@ -457,14 +529,20 @@ def run(config) -> dict:
 
   names, banks = ablation_names(config), os.path.join(config.workdir, "banks")
   one_pass = os.path.join(banks, "one_pass.db") if "without_iteration" in names else None
-  results = {"memory_build": memory_build(exp, rng=k_mem, snapshot=one_pass),
+  checkpoints = os.path.join(config.workdir, "checkpoints")  # a restarted run resumes
+  other = bool(config.train.get("continue_other_run", False))
+  results = {"memory_build": resumable_memory_build(exp, rng=k_mem, directory=checkpoints,
+                                                    continue_other_run=other,
+                                                    snapshot=one_pass),
              "seconds": seconds}
   lap("memory_build")
   untrained = evaluate(exp, exp.experts, rng=k_eval)
   untrained["bank"] = {"path": "live", **bank_counts(exp.bank)}  # as memory building left it
   lap("eval_untrained")
   staged = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=k_stages,
-                      logdir=logdir)
+                      logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "stages"),
+                      checkpoint_every=config.train.get("checkpoint_every", 1),
+                      continue_other_run=other)
   results["stages"] = staged.history
   experts = staged.experts
   lap("stages")
@@ -479,7 +557,8 @@ def run(config) -> dict:
                                           t.summarize),
                     panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
                     config=ttrl_config(t, len(queries)),
-                    rng=k_ttrl, logdir=logdir)
+                    rng=k_ttrl, logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "ttrl"),
+                    checkpoint_every=t.get("checkpoint_every", 1), continue_other_run=other)
     results["ttrl"] = ttrl.history
     # replies the judges could not parse (scored by their fallbacks), then calls that failed
     results["judge_failures"] = {"evaluator": panel.nogt.evaluator_failures.snapshot(),

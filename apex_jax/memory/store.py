@@ -34,9 +34,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import sqlite3
+import tempfile
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -142,6 +144,14 @@ def _caption(value: Any, field: str = "caption") -> str | None:
   if value is None:
     return None
   return _text(value, field, allow_empty=True) if value.strip() else None
+
+
+def file_sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
 
 
 class MemoryBank(SkillOps):
@@ -539,29 +549,84 @@ class MemoryBank(SkillOps):
           f"ORDER BY id DESC LIMIT ?", (*bucket, limit)).fetchall()
     return [Memory(*r) for r in reversed(rows)]
 
-  def backup(self, path: str) -> str:
-    """A consistent copy of the whole bank at `path` through SQLite's online backup API (any
-    file there is replaced), e.g. the bank as it stood before TTRL for the ablations; open it
-    with `MemoryBank(path, embedder)`. Returns path."""
-    path = str(path)
-    if path == self.path:
-      raise MemoryBankError(f"backup: {path} is the bank's own file")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    for stale in (path, path + "-wal", path + "-shm", path + "-journal"):
-      if os.path.exists(stale):
-        os.remove(stale)
-    with self._lock:
+  # ------------------------------------------------------------------------- snapshots
+
+  def snapshot(self, path: str) -> str:
+    """A consistent copy of the bank at this moment (sqlite3's online backup API, under the
+    lock, so no write of this bank lands half in it) written to `path` atomically (a temporary
+    file in the same folder, fsynced, renamed) as a plain rollback-journal file. Returns the
+    copy's sha256. Resumable runs keep one per checkpoint step (training/resume.py)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".bank.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+      dest = sqlite3.connect(tmp, isolation_level=None)
       try:
-        dest = sqlite3.connect(path)
-      except sqlite3.Error as err:
-        raise database_error(err, path, None, "opening the backup") from err
-      try:
-        self._conn.backup(dest)
-      except sqlite3.Error as err:
-        raise database_error(err, path, None, "writing the backup") from err
+        with self._lock:
+          try:
+            self._conn.backup(dest)
+          except sqlite3.Error as err:
+            raise database_error(err, self.path, None, "snapshotting") from err
+        dest.execute("PRAGMA journal_mode = DELETE")
       finally:
         dest.close()
+      digest = file_sha256(tmp)
+      with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+      os.replace(tmp, path)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+      raise
+    return digest
+
+  def backup(self, path: str) -> str:
+    """A consistent copy of the whole bank at `path` (`snapshot`), e.g. the bank as it stood
+    before TTRL for the ablations; open it with `MemoryBank(path, embedder)`. Returns path."""
+    path = str(path)
+    if os.path.abspath(path) == os.path.abspath(self.path):
+      raise MemoryBankError(f"backup: {path} is the bank's own file")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    for stale in (path + "-wal", path + "-shm", path + "-journal"):
+      if os.path.exists(stale):
+        os.remove(stale)
+    self.snapshot(path)
     return path
+
+  def restore_snapshot(self, path: str, sha256: str | None = None) -> None:
+    """Replaces the bank's whole contents with a `snapshot` file (through the backup API, into
+    this open connection, so every holder of this bank sees it), after checking its sha256
+    when given: a damaged copy raises MemoryBankDatabaseError ('corrupt') and leaves the bank
+    as it was."""
+    if not os.path.isfile(path):
+      raise MemoryBankDatabaseError(f"{path}: memory bank snapshot is missing", "corrupt")
+    if sha256 is not None and file_sha256(path) != sha256:
+      raise MemoryBankDatabaseError(f"{path}: memory bank snapshot does not match its sha256 "
+                                    f"{sha256[:16]}: the file is damaged", "corrupt")
+    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+      with self._lock:
+        try:
+          src.backup(self._conn)
+        except sqlite3.Error as err:
+          raise database_error(err, self.path, None, "restoring a snapshot") from err
+        self._caches.clear()
+        self.dim = self._stored_dim()
+        self._data_version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+    finally:
+      src.close()
+
+  def counters_state(self) -> dict:
+    """This object's counts (not in the file): what a resumed run must carry on from."""
+    return {"counters": dict(self.counters), "distiller_errors": dict(self.distiller_errors),
+            "unknown_absorbed_ids": self.unknown_absorbed_ids,
+            "bucket_overwrites": self.bucket_overwrites}
+
+  def load_counters_state(self, state: Mapping) -> None:
+    self.counters = collections.Counter(state.get("counters", {}))
+    self.distiller_errors = collections.Counter(state.get("distiller_errors", {}))
+    self.unknown_absorbed_ids = int(state.get("unknown_absorbed_ids", 0))
+    self.bucket_overwrites = int(state.get("bucket_overwrites", 0))
 
   # ------------------------------------------------------------------------------ JSON
 

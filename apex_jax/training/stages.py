@@ -32,6 +32,7 @@ from morse_jax.rl.state import Checkpoints, TrainState, fingerprint
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import MODULES, Trajectory
+from apex_jax.training import resume
 from apex_jax.training.grpo import ModuleUpdater
 
 STAGE_ORDER = ("executor", "distiller", "planner")  # the paper's alternation
@@ -108,16 +109,20 @@ def _metadata(updater: ModuleUpdater, stages: Sequence[Stage]) -> dict:
 
 def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generator, *,
                rng: jax.Array, logdir: str | None = None, checkpoint_dir: str | None = None,
-               checkpoint_every: int = 0, keep: int = 2) -> StagesResult:
+               checkpoint_every: int = 0, keep: int = 2,
+               continue_other_run: bool = False) -> StagesResult:
   """Runs the stages in order; metrics per stage go to `<logdir>/stage<i>_<module>/`
   (metrics.jsonl + TensorBoard: the stage's reward curve). With checkpoint_dir, a TrainState
   (global step, experts, the current stage's optimiser state, rng) is saved every
   `checkpoint_every` updates and at the end of each stage, and a later call resumes from the
-  latest one (the stage and its step follow from the global step)."""
+  latest good one (the stage and its step follow from the global step): finished stages are
+  skipped, `history` is the whole run's (kept in each step's sidecar, training/resume.py), and
+  a resumed run's metrics repeat an unbroken run's step for step. Another run's checkpoints
+  (other stages or key) are refused unless `continue_other_run` (Checkpoints)."""
   if not stages:
     raise ValueError("run_stages: no stages")
-  done, opt, resumed = 0, None, False
-  ckpt = None
+  done, opt, resumed, history = 0, None, False, []
+  ckpt = sidecar = None
   if checkpoint_dir is not None:
     raw_key = (jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
                else rng)
@@ -125,15 +130,24 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
     ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every or 10**9, keep=keep,
                        metadata=_metadata(updater, stages),
                        identity={"stages": _metadata(updater, stages),
-                                 "rng": fingerprint(np.asarray(raw_key).tolist())})
-    if ckpt.latest_step() is not None:
-      template = TrainState(step=jnp.int32(0), experts=experts, router=None,
-                            opt_states=updater.init_opt_state(experts), rng=rng,
-                            cursor=jnp.int32(0))
-      state = ckpt.restore(template)
+                                 "rng": fingerprint(np.asarray(raw_key).tolist())},
+                       continue_other_run=continue_other_run)
+    sidecar = resume.Sidecar(checkpoint_dir)
+    template = TrainState(step=jnp.int32(0), experts=experts, router=None,
+                          opt_states=updater.init_opt_state(experts), rng=rng,
+                          cursor=jnp.int32(0))
+    # A step written before sidecars existed restores with an empty history.
+    try:
+      found = resume.restore_newest(ckpt, sidecar, template, sidecar_required=False)
+    except BaseException:
+      ckpt.close()
+      raise
+    if found is not None:
+      state, payload = found
       done, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
+      history = list(payload.get("history", []))
       resumed = True
-  history, start = [], 0
+  start = 0
   try:
     for index, stage in enumerate(stages):
       cfg = stage.config
@@ -144,7 +158,8 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
       step_config = dataclasses.replace(updater.step, expert_lr=cfg.learning_rate,
                                         temperature=scoring_temperature(cfg.temperature))
       stage_updater = dataclasses.replace(updater, step=step_config)
-      skipped = 0  # this stage's skipped updates (logged as skipped_total)
+      # this stage's skipped updates (logged as skipped_total; carried on from a resumed history)
+      skipped = sum(h["stage"] == index and h["skipped"] != 0 for h in history)
       if opt is None or done == start:
         opt = stage_updater.init_opt_state(experts)
       name = f"stage{index}_{cfg.module}"
@@ -168,7 +183,7 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
           if ckpt is not None:
             state = TrainState(step=jnp.int32(done), experts=experts, router=None,
                                opt_states=opt, rng=rng, cursor=jnp.int32(step + 1))
-            ckpt.maybe_save(state, force=step + 1 == cfg.steps)
+            resume.save(ckpt, sidecar, state, {"history": history}, force=step + 1 == cfg.steps)
       opt, start = None, end
   finally:
     if ckpt is not None:

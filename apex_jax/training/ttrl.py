@@ -22,22 +22,28 @@ fallback for alignment; an unjudged answer is not counted correct), never a cras
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
 from typing import Any, Callable, Protocol, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl.logprobs import scoring_temperature
+from morse_jax.rl.state import Checkpoints, TrainState, fingerprint
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import Trajectory
 from apex_jax.judges.chat import JudgeError
 from apex_jax.judges.nogt import Candidate
 from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContext, Skill
+from apex_jax.training import resume
 from apex_jax.training import rewards as rw
 from apex_jax.training.grpo import ModuleUpdater
 
@@ -202,10 +208,19 @@ def _group_rewards(episodes, query: Query, skill: Skill | None, conf: float, cfg
 def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: MemoryBank,
              generator, episode_fn: EpisodeFn, judges: Judges, distill_fn: DistillFn | None, *,
              config: TtrlConfig, rng: jax.Array, logdir: str | None = None,
-             evolve_fn: EvolveFn | None = None) -> TtrlResult:
+             evolve_fn: EvolveFn | None = None, checkpoint_dir: str | None = None,
+             checkpoint_every: int = 1, keep: int = 2,
+             continue_other_run: bool = False) -> TtrlResult:
   """Runs `config.steps` TTRL updates over `queries` (cyclically); see the module docstring.
   Evolution: evolve_fn when given (it applies its replies), else distill_fn's reply per due
-  bucket, applied here."""
+  bucket, applied here.
+
+  With checkpoint_dir, every `checkpoint_every` steps and after the last one the planner's
+  state (experts, optimiser state, rng, step) is saved, and beside it the history, the judge
+  failure counts and a snapshot of the memory bank (training/resume.py); a later call resumes
+  from the newest good step, with the bank put back as it was after that step, and repeats an
+  unbroken run's metrics step for step. Another run's checkpoints (other config, queries or
+  key) are refused unless `continue_other_run` (Checkpoints)."""
   if not queries:
     raise ValueError("run_ttrl: no queries")
   if distill_fn is None and evolve_fn is None:
@@ -215,10 +230,41 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
   updater = dataclasses.replace(updater, step=step_config)
   opt = updater.init_opt_state(experts)
   judging, history = _Judging(judges), []
+  ckpt = sidecar = None
+  first = 0
+  if checkpoint_dir is not None:
+    meta = {"model": dataclasses.asdict(updater.model), "lora": dataclasses.asdict(updater.lora),
+            "step": dataclasses.asdict(updater.step), "ttrl": dataclasses.asdict(config)}
+    meta = json.loads(json.dumps(meta))
+    raw_key = (jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+               else rng)
+    # The directory belongs to one run: this config, these queries, from this key.
+    ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every, keep=keep, metadata=meta,
+                       identity={"ttrl": meta,
+                                 "queries": fingerprint([dataclasses.astuple(q) for q in queries]),
+                                 "rng": fingerprint(np.asarray(raw_key).tolist())},
+                       continue_other_run=continue_other_run)
+    sidecar = resume.Sidecar(checkpoint_dir)
+    template = TrainState(step=jnp.int32(0), experts=experts, router=None, opt_states=opt,
+                          rng=rng, cursor=jnp.int32(0))
+    try:
+      found = resume.restore_newest(ckpt, sidecar, template, bank=bank)
+    except BaseException:
+      ckpt.close()
+      raise
+    if found is not None:
+      state, payload = found
+      first, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
+      history = list(payload["history"])
+      judging.failures.update(payload["judge_failures"])
   writer = metrics_lib.MetricsWriter(None if logdir is None else os.path.join(logdir, "ttrl"),
-                                     total_steps=config.steps, progress=False)
-  with writer:
-    for step in range(config.steps):
+                                     total_steps=config.steps, progress=False,
+                                     resume_step=first if ckpt is not None else None)
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(writer)
+    if ckpt is not None:
+      stack.callback(ckpt.close)
+    for step in range(first, config.steps):
       batch = [queries[(step * config.batch_size + j) % len(queries)]
                for j in range(config.batch_size)]
       contexts = [bank.planner_context(q.question, q.caption, category=q.category,
@@ -273,4 +319,10 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
       metrics["judge_failures"] = float(sum(judging.failures.values()))
       writer.write(step + 1, metrics)
       history.append({"step": step + 1, **metrics})
+      if ckpt is not None:
+        state = TrainState(step=jnp.int32(step + 1), experts=experts, router=None,
+                           opt_states=opt, rng=rng, cursor=jnp.int32(step + 1))
+        resume.save(ckpt, sidecar, state, {"history": history,
+                                           "judge_failures": dict(judging.failures)},
+                    bank=bank, force=step + 1 == config.steps)
   return TtrlResult(experts, history, judging.failures)

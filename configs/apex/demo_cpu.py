@@ -42,7 +42,9 @@ def get_config(arg=None):
                   bank=dict(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
                             evolve_window=8))
   c.lora = dict(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0)
-  c.train = dict(kl_coef=0.0, micro_batches=1)
+  # checkpoint_every: the stages save every n updates (0: at each stage's end), TTRL every n
+  # steps with a snapshot of the memory bank; a killed run resumes (experiment.run)
+  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1)
   c.agents = dict(max_turns=5, max_llm_calls=10, max_tool_tokens=512, max_context_tokens=2048,
                   topk=2, planner_max_new_tokens=96, executor_max_new_tokens=80,
                   distiller_max_new_tokens=400, temperature=1.0, top_p=1.0,
@@ -51,7 +53,7 @@ def get_config(arg=None):
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),
                   planner=_stage(3, 1e-3, 96))
   c.ttrl = dict(steps=2, batch_size=4, group_size=4, learning_rate=1e-4, temperature=1.0,
-                max_new_tokens=96, summarize=True)
+                max_new_tokens=96, summarize=True, checkpoint_every=1)
   # accuracy / skill_quality "judge" (the paper's: an LLM judge on this backend) or "rule": the
   # toy was taught the TTRL judges' replies but not the correctness or skill grades, so the
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)

@@ -77,7 +77,7 @@ def get_config(arg=None):
                   evolve_temperature=None, bank=dict())
   c.lora = dict(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0)  # ours
   # kl 0 in every script (algorithm.kl_ctrl.kl_coef=0.0, use_kl_loss=False)
-  c.train = dict(kl_coef=0.0, micro_batches=1)
+  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1)  # a killed run resumes
   # multi_turn.max_assistant_turns 10; MAX_LLM_CALL_PER_RUN 20 (the agent servers); the
   # executor stage's tool outputs 4096 tokens; prompts verbatim; replans see k_replan memories
   c.agents = dict(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,
@@ -99,7 +99,7 @@ def get_config(arg=None):
   # responses 8192, one epoch over the test queries; SKILL_LAMBDA 0.1 (TtrlConfig.base_lambda);
   # stored workflows are summarised (Memory-Serve get_trace_prompt)
   ttrl = _stage(8, 4, 2e-7, 24576, 8192, 1, max_tool_tokens=8192)
-  c.ttrl = dict(ttrl, summarize=True)
+  c.ttrl = dict(ttrl, summarize=True, checkpoint_every=1)  # with the memory bank's snapshot
   # the judges: Qwen3-32B (the authors' vLLM server, served name "qwen"); replies up to 1000
   # tokens (the authors' call_llm; NoGtConfig), panel weights 0.5 / 0.3 / 0.2 (NoGtConfig)
   c.judges = dict(kind="http" if judge_url else "inprocess",

@@ -103,6 +103,38 @@ def test_a_run_starts_with_an_empty_bank_unless_one_is_named(tiny_model, tmp_pat
   assert len(build(named).bank) == 1
 
 
+def test_memory_build_runs_once_per_run_and_a_restart_gets_its_bank_back(tiny_model, tmp_path):
+  """A restarted run (new process: new bank object on a bank file a later phase changed)
+  skips memory building: its snapshot goes back into the bank, its stats are returned."""
+  from morse_jax.rl.state import CheckpointError
+
+  def build(c):
+    gen = fakes.ScriptedGenerator(reply)
+    gen.experts = None
+    return experiment.build(c, model=tiny_model, generator=gen, embedder=HashEmbedder(64))
+
+  where = str(tmp_path / "checkpoints")
+  first = build(small_config(tmp_path))
+  stats = experiment.resumable_memory_build(first, rng=jax.random.PRNGKey(0), directory=where)
+  first.bank.export_json(str(tmp_path / "built.json"))
+  first.bank.add("Who directed Musol?", "1. search", True, category="human")  # e.g. TTRL
+  first.bank.close()
+  again = build(small_config(tmp_path))
+  assert experiment.resumable_memory_build(again, rng=jax.random.PRNGKey(0),
+                                           directory=where) == stats
+  assert again.generator.calls == []  # nothing was run again
+  again.bank.export_json(str(tmp_path / "restored.json"))
+  with open(tmp_path / "built.json") as f, open(tmp_path / "restored.json") as g:
+    assert json.load(f) == json.load(g)
+  again.bank.close()
+  other = small_config(tmp_path)
+  other.memory_build.questions = 2
+  with pytest.raises(CheckpointError, match="config memory_build differ"):
+    experiment.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0), directory=where)
+  assert experiment.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0),
+                                           directory=where, continue_other_run=True) == stats
+
+
 def test_evolve_temperature_is_checked(exp):
   exp.config.memory.evolve_temperature = -1.0
   with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
@@ -327,3 +359,104 @@ def test_print_summary_reads_a_results_dict(capsys):
   assert "ttrl       1 updates" in out
   assert "untrained                     0.250  0.500     1.000         -       -       -" in out
   assert "/w/results.json" in out
+
+
+class _Killed(RuntimeError):
+  pass
+
+
+class _FakeChat:
+  """The judges' chat backend: the same short reply to everything (the judges count it as
+  unreadable and use their fallbacks)."""
+
+  def complete(self, messages, *, max_tokens, temperature):
+    return "1"
+
+
+def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
+  """experiment.run killed in the planner stage, restarted, killed in TTRL's second step,
+  restarted: the stages' and TTRL's histories, the memory-building stats, the ablation table
+  and the final bank equal an unbroken run's."""
+  from apex_jax.training import judging, rollouts
+
+  real_build = experiment.build
+
+  def build(c, **_):
+    gen = fakes.ScriptedGenerator(reply)
+    gen.experts = None
+    return real_build(c, model=tiny_model, generator=gen, embedder=HashEmbedder(64))
+
+  monkeypatch.setattr(experiment, "build", build)
+  monkeypatch.setattr(judging, "judge_chat", lambda exp: _FakeChat())
+  monkeypatch.setattr(experiment, "export_adapters", lambda *a: {})
+  kill = {}
+  real_stages, real_episodes = experiment.stages, rollouts.TtrlEpisodes.__call__
+
+  def stages(exp):
+    out = real_stages(exp)
+    for s in out:
+      def fn(batch, generator, rng, cfg, real=s.rollout_fn):
+        if kill.get("stage") == cfg.module:
+          raise _Killed(cfg.module)
+        return real(batch, generator, rng, cfg)
+      out[out.index(s)] = type(s)(s.config, s.data, _Forward(fn, s.rollout_fn))
+    return out
+
+  def episodes(self, *args):
+    kill["ttrl_calls"] = kill.get("ttrl_calls", 0) + 1
+    if kill.get("ttrl") == kill["ttrl_calls"]:
+      raise _Killed("ttrl")
+    return real_episodes(self, *args)
+
+  monkeypatch.setattr(experiment, "stages", stages)
+  monkeypatch.setattr(rollouts.TtrlEpisodes, "__call__", episodes)
+
+  def config(workdir):
+    c = small_config(workdir)
+    for m in STAGE_ORDER:
+      c.stages[m].update(steps=2)
+    c.ttrl.update(steps=2)
+    return c
+
+  def comparable(results, workdir):
+    # The ablation rows name the bank copies they read, under each run's own workdir.
+    results = json.loads(json.dumps(results).replace(str(workdir), "<workdir>"))
+    out = {k: v for k, v in results.items() if k not in ("seconds", "judge_failures", "plot")}
+    out["judge_calls"] = results["judge_failures"]["calls"]  # the panel's own counts restart
+    from apex_jax.memory import MemoryBank
+    b = MemoryBank(str(workdir / "memory.db"), HashEmbedder(64))  # as the run left it
+    b.export_json(str(workdir / "bank.json"))
+    b.close()
+    with open(workdir / "bank.json") as f:
+      out["bank"] = json.load(f)
+    return out
+
+  unbroken = comparable(experiment.run(config(tmp_path / "a")), tmp_path / "a")
+  workdir = tmp_path / "b"
+  kill.update(stage="planner")
+  with pytest.raises(_Killed):
+    experiment.run(config(workdir))
+  kill.clear()
+  kill.update(ttrl=2)
+  with pytest.raises(_Killed):
+    experiment.run(config(workdir))
+  kill.clear()
+  resumed = experiment.run(config(workdir))
+  assert kill["ttrl_calls"] == 1  # only TTRL's second step ran again
+  assert len(unbroken["stages"]) == 6 and len(unbroken["ttrl"]) == 2
+  assert len(unbroken["bank"]["memories"]) > unbroken["memory_build"]["memories_stored"]
+  assert comparable(resumed, workdir) == unbroken
+
+
+class _Forward:
+  """A rollout function wrapped, with the real one's `metrics` (its judge counts) passed on."""
+
+  def __init__(self, fn, real):
+    self.fn, self.real = fn, real
+
+  def __call__(self, *args):
+    return self.fn(*args)
+
+  @property
+  def metrics(self):
+    return getattr(self.real, "metrics", None)

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -235,3 +236,31 @@ def test_backup_is_a_consistent_copy_the_bank_goes_on_without(tmp_path):
   assert bank.backup(path) == path  # replaces the older copy
   with MemoryBank(path, HashEmbedder()) as copy:
     assert len(copy) == 2
+
+
+def test_snapshot_and_restore_snapshot(tmp_path):
+  """A snapshot is the bank at that moment; restoring it (checked by sha256) puts the bank's
+  whole contents back in the open bank; a damaged one is refused and the bank left alone."""
+  from apex_jax.memory.schema import MemoryBankDatabaseError
+  from tests.apex.memory.fakes import HashEmbedder
+
+  bank = MemoryBank(str(tmp_path / "m.db"), HashEmbedder(16))
+  bank.add("what is a", "did x", True, category="time", modality="text-only")
+  sha = bank.snapshot(str(tmp_path / "s.db"))
+  bank.add("what is b", "did y", False, category="time", modality="text-only")
+  bank.distiller_errors["no_json"] += 1
+  counts = bank.counters_state()
+  assert len(bank) == 2 and sorted(os.listdir(tmp_path))[-1] == "s.db"  # no temporaries left
+  bank.restore_snapshot(str(tmp_path / "s.db"), sha)
+  assert len(bank) == 1 and not bank.retrieve("what is b", category="time",
+                                              modality="text-only").incorrect
+  bank.load_counters_state(counts)
+  assert bank.distiller_errors == {"no_json": 1}
+  with open(tmp_path / "s.db", "r+b") as f:
+    f.seek(100)
+    f.write(b"\xff")
+  bank.add("what is c", "did z", False, category="time", modality="text-only")
+  with pytest.raises(MemoryBankDatabaseError, match="does not match its sha256"):
+    bank.restore_snapshot(str(tmp_path / "s.db"), sha)
+  assert len(bank) == 2
+  bank.close()

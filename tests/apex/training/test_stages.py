@@ -94,13 +94,16 @@ def test_resume_from_checkpoint(tiny, tmp_path):
     st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny, fail_at=4), FakeGenerator(),
                   rng=jax.random.key(0), checkpoint_dir=ckpt, checkpoint_every=1,
                   logdir=str(tmp_path / "logs"))
-  resumed = st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny), FakeGenerator(),
+  gen = FakeGenerator()
+  resumed = st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny), gen,
                           rng=jax.random.key(0), checkpoint_dir=ckpt, checkpoint_every=1,
                           logdir=str(tmp_path / "logs"))
-  assert [(h["module"], h["step"]) for h in resumed.history] == [("planner", 1)]
+  assert [s[0] for s in gen.seen] == ["planner"]  # only the planner's step was run again
   unbroken = st.run_stages(tiny.updater(), tiny.experts, make_stages(tiny), FakeGenerator(),
                            rng=jax.random.key(0))
   assert not changed(resumed.experts, unbroken.experts)
+  # the whole run's history, from the checkpoint's sidecar: step for step the unbroken one's
+  assert resumed.history == unbroken.history
   records = read_jsonl(str(tmp_path / "logs" / "stage2_planner" / "metrics.jsonl"))
   assert [r["step"] for r in records] == [1]
 

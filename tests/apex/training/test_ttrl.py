@@ -1,6 +1,7 @@
 """Skill-guided TTRL with fake judges and episodes: rewards, memories, evolution, the gate."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -225,3 +226,76 @@ def test_alignment_only_where_the_skill_was_shown(tiny, tmp_path):
   # R = R_nogt = 0.9 * 0 + 0.1 * 1 (with alignment it would be (1 - 0.01) 0.1 + 0.01 * 0.5)
   assert first["reward_mean"] == pytest.approx(0.1) and judges.alignments == 0
   assert first["lambda_mean"] == 0.0 and first["unshown_skill_groups"] == 2.0
+
+
+class Kill(RuntimeError):
+  pass
+
+
+def dies_at(call: int, fn):
+  """fn, raising Kill at its `call`-th call (1-based): a run killed there."""
+  calls = []
+
+  def wrapped(*args):
+    calls.append(1)
+    if len(calls) == call:
+      raise Kill(f"killed at call {call}")
+    return fn(*args)
+  return wrapped
+
+
+def test_killed_ttrl_resumes_step_for_step_with_the_bank(tiny, tmp_path):
+  """Killed in step 2 after the bank took its memories (in the Distiller call), restarted,
+  killed again in step 3's episodes, restarted: the history, the metrics file, the experts and
+  the bank's whole contents equal an unbroken run's. A restart is a new process: a new bank
+  object on the (dirty) file and a new, stateless embedder."""
+  from morse_jax.rl.metrics import read_jsonl
+  from tests.apex.memory.fakes import HashEmbedder
+
+  cfg = ttrl.TtrlConfig(steps=3, batch_size=2, group_size=2, learning_rate=LR)
+  episodes = episode_fn_for(tiny, ["right", "boom"])  # boom: counted judge failures
+
+  def run(root, episode_fn=episodes, distill_fn=distill, checkpoint=True):
+    root.mkdir(exist_ok=True)
+    bank = MemoryBank(str(root / "m.db"), HashEmbedder(64),
+                      config=MemoryConfig(evolve_every=3, evolve_min_size=3))
+    try:
+      result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(6), bank, object(),
+                             episode_fn, FakeJudges(), distill_fn, config=cfg,
+                             rng=jax.random.key(0), logdir=str(root / "logs"),
+                             checkpoint_dir=str(root / "ckpt") if checkpoint else None)
+      bank.export_json(str(root / "bank.json"))
+      return result
+    finally:
+      bank.close()
+
+  unbroken = run(tmp_path / "a", checkpoint=False)
+  assert [h["evolutions_applied"] for h in unbroken.history if "evolutions_applied" in h]
+  root = tmp_path / "b"
+  with pytest.raises(Kill):
+    run(root, distill_fn=dies_at(1, distill))  # step 2, after add_many
+  with pytest.raises(Kill):
+    run(root, episode_fn=dies_at(2, episodes))  # resumed at step 2; dies in step 3
+  resumed = run(root)
+  assert resumed.history == unbroken.history
+  assert resumed.judge_failures == unbroken.judge_failures and unbroken.judge_failures
+  assert read_jsonl(str(root / "logs" / "ttrl" / "metrics.jsonl")) == read_jsonl(
+      str(tmp_path / "a" / "logs" / "ttrl" / "metrics.jsonl"))
+  for x, y in zip(jax.tree.leaves(resumed.experts), jax.tree.leaves(unbroken.experts)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with open(root / "bank.json") as f, open(tmp_path / "a" / "bank.json") as g:
+    assert json.load(f) == json.load(g)
+  # a finished run restarted does nothing more and returns the same
+  again = run(root, episode_fn=dies_at(1, episodes))
+  assert again.history == unbroken.history
+  # a damaged bank snapshot fails its sha256: the step before it is resumed from, step 3 rerun
+  sidecar = root / "ckpt" / "sidecar"
+  assert sorted(os.listdir(sidecar)) == ["2.db", "2.json", "3.db", "3.json"]  # keep=2
+  with open(sidecar / "3.db", "r+b") as f:
+    f.seek(200)
+    f.write(b"\xff")
+  calls = []
+  rerun = run(root, episode_fn=lambda *a: calls.append(1) or episodes(*a))
+  assert rerun.history == unbroken.history and len(calls) == 1
+  with open(root / "bank.json") as f, open(tmp_path / "a" / "bank.json") as g:
+    assert json.load(f) == json.load(g)
