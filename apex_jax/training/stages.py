@@ -24,11 +24,10 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl.logprobs import scoring_temperature
-from morse_jax.rl.state import Checkpoints, TrainState, fingerprint
+from morse_jax.rl.state import TrainState
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import MODULES, Trajectory
@@ -124,27 +123,14 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
   done, opt, resumed, history = 0, None, False, []
   ckpt = sidecar = None
   if checkpoint_dir is not None:
-    raw_key = (jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
-               else rng)
-    # The directory belongs to one run: these stages, from this key (the seed).
-    ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every or 10**9, keep=keep,
-                       metadata=_metadata(updater, stages),
-                       identity={"stages": _metadata(updater, stages),
-                                 "rng": fingerprint(np.asarray(raw_key).tolist())},
-                       continue_other_run=continue_other_run)
-    sidecar = resume.Sidecar(checkpoint_dir)
-    template = TrainState(step=jnp.int32(0), experts=experts, router=None,
-                          opt_states=updater.init_opt_state(experts), rng=rng,
-                          cursor=jnp.int32(0))
     # A step written before sidecars existed restores with an empty history.
-    try:
-      found = resume.restore_newest(ckpt, sidecar, template, sidecar_required=False)
-    except BaseException:
-      ckpt.close()
-      raise
+    ckpt, sidecar, found = resume.open_run(
+        checkpoint_dir, experts=experts, opt_states=updater.init_opt_state(experts), rng=rng,
+        every=checkpoint_every or 10**9, keep=keep, metadata=_metadata(updater, stages),
+        identity={"stages": _metadata(updater, stages)}, continue_other_run=continue_other_run,
+        sidecar_required=False)
     if found is not None:
-      state, payload = found
-      done, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
+      done, experts, opt, rng, payload = found
       history = list(payload.get("history", []))
       resumed = True
   start = 0

@@ -32,11 +32,10 @@ from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl.logprobs import scoring_temperature
-from morse_jax.rl.state import Checkpoints, TrainState, fingerprint
+from morse_jax.rl.state import TrainState, fingerprint
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import Trajectory
@@ -236,25 +235,15 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
     meta = {"model": dataclasses.asdict(updater.model), "lora": dataclasses.asdict(updater.lora),
             "step": dataclasses.asdict(updater.step), "ttrl": dataclasses.asdict(config)}
     meta = json.loads(json.dumps(meta))
-    raw_key = (jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
-               else rng)
     # The directory belongs to one run: this config, these queries, from this key.
-    ckpt = Checkpoints(checkpoint_dir, every=checkpoint_every, keep=keep, metadata=meta,
-                       identity={"ttrl": meta,
-                                 "queries": fingerprint([dataclasses.astuple(q) for q in queries]),
-                                 "rng": fingerprint(np.asarray(raw_key).tolist())},
-                       continue_other_run=continue_other_run)
-    sidecar = resume.Sidecar(checkpoint_dir)
-    template = TrainState(step=jnp.int32(0), experts=experts, router=None, opt_states=opt,
-                          rng=rng, cursor=jnp.int32(0))
-    try:
-      found = resume.restore_newest(ckpt, sidecar, template, bank=bank)
-    except BaseException:
-      ckpt.close()
-      raise
+    ckpt, sidecar, found = resume.open_run(
+        checkpoint_dir, experts=experts, opt_states=opt, rng=rng, every=checkpoint_every,
+        keep=keep, metadata=meta,
+        identity={"ttrl": meta,
+                  "queries": fingerprint([dataclasses.astuple(q) for q in queries])},
+        continue_other_run=continue_other_run, bank=bank)
     if found is not None:
-      state, payload = found
-      first, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
+      first, experts, opt, rng, payload = found
       history = list(payload["history"])
       judging.failures.update(payload["judge_failures"])
   writer = metrics_lib.MetricsWriter(None if logdir is None else os.path.join(logdir, "ttrl"),
