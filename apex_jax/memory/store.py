@@ -38,11 +38,12 @@ import hashlib
 import logging
 import os
 import sqlite3
-import tempfile
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from morse_jax import atomic
 
 from apex_jax.memory import exchange, skills
 from apex_jax.memory.buckets import CentroidClassifier, modality_of
@@ -556,10 +557,7 @@ class MemoryBank(SkillOps):
     lock, so no write of this bank lands half in it) written to `path` atomically (a temporary
     file in the same folder, fsynced, renamed) as a plain rollback-journal file. Returns the
     copy's sha256. Resumable runs keep one per checkpoint step (training/resume.py)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".bank.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
+    def fill(tmp):
       dest = sqlite3.connect(tmp, isolation_level=None)
       try:
         with self._lock:
@@ -570,15 +568,9 @@ class MemoryBank(SkillOps):
         dest.execute("PRAGMA journal_mode = DELETE")
       finally:
         dest.close()
-      digest = file_sha256(tmp)
-      with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-      os.replace(tmp, path)
-    except BaseException:
-      if os.path.exists(tmp):
-        os.remove(tmp)
-      raise
-    return digest
+      return file_sha256(tmp)
+
+    return atomic.replace_with(path, fill, prefix=".bank.")
 
   def backup(self, path: str) -> str:
     """A consistent copy of the whole bank at `path` (`snapshot`), e.g. the bank as it stood
