@@ -1,7 +1,7 @@
 """The single-agent HumanEval evaluation with transformers' `generate` in place of our sampler.
 
   python -m benchmarks.humaneval_transformers --ours=RUN/eval_test.jsonl --out=FILE.json \
-      [--model=DIR] [--max_new_tokens=512] [--limit=0] [--batch=32]
+      [--model=DIR] [--max_new_tokens=512] [--limit=0] [--skip=0] [--batch=32]
 
 The prompts are the ones `launchers.evaluate --config=configs/morse/humaneval.py:single,...`
 builds (the same prompt builder, chat template and stop ids), decoded greedily by transformers
@@ -26,6 +26,8 @@ _OURS = flags.DEFINE_string("ours", None, "eval_<split>.jsonl of our run on the 
 _OUT = flags.DEFINE_string("out", None, "Summary JSON; the replies go beside it as .jsonl.")
 _NEW = flags.DEFINE_integer("max_new_tokens", 512, "Generation budget (our eval.max_new_tokens).")
 _LIMIT = flags.DEFINE_integer("limit", 0, "First N problems only (0: all 164).")
+_SKIP = flags.DEFINE_integer("skip", 0, "Leave out the first N problems (after --limit), to "
+                             "finish a run in parts.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Rows per generate call.")
 _PREFILL = flags.DEFINE_bool("prefill", False, "HumanEval(prefill=...): task.reply_prefix of our run.")
 # torch's OpenMP threads spin when another process holds the cores: several times slower.
@@ -73,6 +75,7 @@ def main(argv):
   family = humaneval.HumanEval(prefill=_PREFILL.value)
   problems = humaneval.load()
   problems = problems[:_LIMIT.value] if _LIMIT.value else problems
+  problems = problems[_SKIP.value:]
   token_prompts = _prompts(model, family, problems)
   pad = model.tokenizer.pad_id
   replies, start = [], time.perf_counter()

@@ -260,11 +260,12 @@ def attack(port: int, cases: dict, stop: threading.Event, threads: int, slow_cli
       with lock:
         by_case["slowloris"][outcome] += 1
 
-  def flooder():
-    while not stop.wait(flood_every_s):
+  def flooder():  # at once, then every flood_every_s
+    while not stop.is_set():
       result = flood(port, flood_n)
       with lock:
         floods.append(result)
+      stop.wait(flood_every_s)
 
   workers = [threading.Thread(target=hostile, args=(k,), daemon=True) for k in range(threads)]
   workers += [threading.Thread(target=slow, daemon=True) for _ in range(slow_clients)]
@@ -380,8 +381,10 @@ def run_server(kind: str, args) -> dict:
       sampler = threading.Thread(target=sample_rss, daemon=True)
       sampler.start()
       hostile = attack(port, cases, stop, args["hostile_threads"], args["slow_clients"],
-                       flood_every_s=2.0, flood_n=limits.max_connections + 16)
-      time.sleep(min(seconds / 2, limits.read_timeout_s + 1))  # slowloris clients cut once
+                       # the first flood is over (0.3 s) before good clients start
+                       flood_every_s=max(2.0, limits.read_timeout_s + 1.5),
+                       flood_n=limits.max_connections + 16)
+      time.sleep(limits.read_timeout_s + 0.5)  # slowloris clients cut once before measuring
       start = time.monotonic()
       result = good_load(port, path, bodies, n, conc, start + seconds)
       result["seconds"] = time.monotonic() - start
@@ -428,6 +431,10 @@ def run_server(kind: str, args) -> dict:
   return out
 
 
+def _ms(value) -> str:
+  return "-" if value is None else f"{value:.0f} ms"  # None: no good request answered 200
+
+
 def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
         concurrency: int = 8, hostile_threads: int = 4, slow_clients: int = 8,
         read_timeout_s: float = 2.0, attack_rounds: int = 1, out: str | None = None) -> dict:
@@ -442,7 +449,7 @@ def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
     b, a = r["baseline"], r["attack"]
     print(f"{kind}: good {b['tried']} + {a['tried']} (baseline {r['good_by_class']['baseline']}, "
           f"attack {r['good_by_class']['attack']}), hostile {r['hostile_tried']}, crashes "
-          f"{r['crashes']}, p99 {b['p99_ms']:.0f} ms -> {a['p99_ms']:.0f} ms under attack "
+          f"{r['crashes']}, p99 {_ms(b['p99_ms'])} -> {_ms(a['p99_ms'])} under attack "
           f"({a['xla_compiles']['count']} XLA compiles, {a['xla_compiles']['seconds']} s), "
           f"peak RSS {r['peak_rss_attack_mb']:.0f} MB", flush=True)
   report["crashes"] = sum(r["crashes"] for r in report["servers"].values())

@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import random
+import selectors
 import socket
 import sys
 import threading
@@ -186,6 +187,7 @@ class JsonHandler(BaseHTTPRequestHandler):
     return body
 
 
+LINGER_S = 2.0  # how long a refused connection is read after its 503 (see `_refuse_loop`)
 _REFUSAL = json.dumps({"error": {"message": "too many connections; try again later",
                                  "type": "server_busy", "param": None}}).encode()
 
@@ -251,9 +253,8 @@ class JsonServer(ThreadingHTTPServer):
         self._open -= 1
 
   def _refuse(self, request) -> None:
-    """A 503 from one refuser thread (not the accepting one): it answers, then reads what the
-    client had sent for a moment so that closing does not reset the connection before the
-    client reads the answer. Beyond 256 waiting refusals, connections are closed unanswered."""
+    """A 503 from one refuser thread (not the accepting one). Beyond 256 waiting refusals,
+    connections are closed unanswered."""
     with self._lock:
       self.refused += 1
       if self._refuser is None:
@@ -268,21 +269,42 @@ class JsonServer(ThreadingHTTPServer):
       self.shutdown_request(request)
 
   def _refuse_loop(self) -> None:
+    """Answers each refused connection, then keeps reading what its client sends (a lingering
+    close, up to 256 connections at once on one selector) until the client closes, LINGER_S
+    pass or 64 KiB arrive: closing with unread bytes resets the connection, and a reset can discard the
+    503 before a slow client reads it, or break the send of a client that was still writing."""
+    lingering = selectors.DefaultSelector()
     while True:
-      request = self._refusals.get()
       try:
-        request.settimeout(0.5)
-        request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json"
-                        b"\r\nConnection: close\r\nContent-Length: "
-                        + str(len(_REFUSAL)).encode() + b"\r\n\r\n" + _REFUSAL)
-        request.shutdown(socket.SHUT_WR)
-        request.settimeout(0.05)
-        for _ in range(16):  # at most 64 KiB, or until the client stops sending
-          if not request.recv(4096):
-            break
-      except OSError:
-        pass
-      request.close()
+        request = self._refusals.get(timeout=0.05 if lingering.get_map() else None)
+      except queue.Empty:
+        request = None
+      if request is not None:
+        try:
+          request.settimeout(0.5)
+          request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json"
+                          b"\r\nConnection: close\r\nContent-Length: "
+                          + str(len(_REFUSAL)).encode() + b"\r\n\r\n" + _REFUSAL)
+          request.shutdown(socket.SHUT_WR)
+          if len(lingering.get_map()) >= 256:  # bounded: past that, closed at once
+            raise OSError("too many lingering connections")
+          request.setblocking(False)
+          lingering.register(request, selectors.EVENT_READ,
+                             [time.monotonic() + LINGER_S, 64 << 10])
+        except OSError:
+          request.close()
+      now = time.monotonic()
+      for key, _ in lingering.select(timeout=0):
+        try:
+          data = key.fileobj.recv(4096)
+        except OSError:
+          data = b""
+        key.data[1] -= len(data)
+        if not data or key.data[1] <= 0:
+          key.data[0] = 0.0  # closed by the client, or enough read
+      for key in [k for k in lingering.get_map().values() if k.data[0] <= now]:
+        lingering.unregister(key.fileobj)
+        key.fileobj.close()
 
   @property
   def open_connections(self) -> int:

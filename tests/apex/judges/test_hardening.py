@@ -148,13 +148,15 @@ def test_chunked_turns_give_the_same_greedy_text(server):
 
 class FakeChat:
   """generate: `limit` tokens per row (token 5), recording each call's rows; can fail on a
-  prompt holding token 99 when merged with others, and wait for `gate` on the first call."""
+  prompt holding token 99 when merged with others, wait for `gate` on the first call, and run
+  `hold(call_number)` at the start of every call."""
 
-  def __init__(self):
-    self.calls, self.gate = [], threading.Event()
+  def __init__(self, hold=lambda n: None):
+    self.calls, self.gate, self.hold = [], threading.Event(), hold
 
   def generate(self, prompts, limits, *, temperature, top_p=1.0, stops=None):
     self.calls.append([(p[0], n) for p, n in zip(prompts, limits)])
+    self.hold(len(self.calls))
     if len(self.calls) == 1:
       self.gate.wait(timeout=30)
     if any(99 in p for p in prompts):
@@ -182,9 +184,15 @@ def submit_later(batcher, prompt, max_tokens, out, key, done_order):
 def test_a_long_request_takes_turns_with_short_ones():
   """A 12-token request in turns of 2: a short request that arrives during its first turn is
   merged into its second turn and answered then, not after the long one ends."""
-  chat = FakeChat()
-  batcher = serving.ChatBatcher(chat, max_batch=8, chunk_tokens=2)
   out, order = {}, []
+
+  def hold(call):  # the long one's turn 3 waits (bounded) for the short one's thread to finish,
+    if call == 3:  # which it can only if the batcher answered the short one in turn 2
+      deadline = time.monotonic() + 10
+      while "short" not in order and time.monotonic() < deadline:
+        time.sleep(0.01)
+  chat = FakeChat(hold)
+  batcher = serving.ChatBatcher(chat, max_batch=8, chunk_tokens=2)
   long = submit_later(batcher, [1], 12, out, "long", order)
   wait_until(lambda: chat.calls)
   short = submit_later(batcher, [2], 2, out, "short", order)
