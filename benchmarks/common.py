@@ -20,3 +20,18 @@ def write_report(name: str, out: str | None, **fields) -> dict:
       json.dump(report, f, indent=2)
     print(f"wrote {out}")
   return report
+
+
+def single_agent_prompts(model, family, problems) -> list[list[int]]:
+  """What `runner.run` sends for the single system: one executor call per problem."""
+  from morse_jax.mas import graph as graph_lib
+  from morse_jax.mas import prompts
+
+  out = []
+  for p in problems:
+    node = graph_lib.single_node(p.statement).nodes[0]
+    messages = prompts.executor(p.statement, node, "",
+                                family.executor_instructions(p, node.to_dict()))
+    prefix = model.tokenizer.encode(family.reply_prefix(p, node.to_dict()))
+    out.append(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True) + prefix)
+  return out

@@ -18,7 +18,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks.common import write_report
+from benchmarks.common import single_agent_prompts, write_report
 
 _MODEL = flags.DEFINE_string("model", "~/.cache/morse_jax/models/SmolLM2-135M-Instruct",
                              "Hugging Face folder (make real-model writes the default).")
@@ -32,21 +32,6 @@ _BATCH = flags.DEFINE_integer("batch", 32, "Rows per generate call.")
 _PREFILL = flags.DEFINE_bool("prefill", False, "HumanEval(prefill=...): task.reply_prefix of our run.")
 # torch's OpenMP threads spin when another process holds the cores: several times slower.
 _THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
-
-
-def _prompts(model, family, problems):
-  """What `runner.run` sends for the single system: one executor call per problem."""
-  from morse_jax.mas import graph as graph_lib
-  from morse_jax.mas import prompts
-
-  out = []
-  for p in problems:
-    node = graph_lib.single_node(p.statement).nodes[0]
-    messages = prompts.executor(p.statement, node, "",
-                                family.executor_instructions(p, node.to_dict()))
-    prefix = model.tokenizer.encode(family.reply_prefix(p, node.to_dict()))
-    out.append(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True) + prefix)
-  return out
 
 
 def _ours(path: str) -> dict[str, dict]:
@@ -76,7 +61,7 @@ def main(argv):
   problems = humaneval.load()
   problems = problems[:_LIMIT.value] if _LIMIT.value else problems
   problems = problems[_SKIP.value:]
-  token_prompts = _prompts(model, family, problems)
+  token_prompts = single_agent_prompts(model, family, problems)
   pad = model.tokenizer.pad_id
   replies, start = [], time.perf_counter()
   for i in range(0, len(problems), _BATCH.value):

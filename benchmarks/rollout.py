@@ -1,18 +1,31 @@
 """Generated tokens per second: our sampler against transformers' `generate`, same weights, one run.
 
-  python -m benchmarks.rollout [--out FILE] [--quick] [--dtype float32|bfloat16]
+  python -m benchmarks.rollout [--models=smollm2,tiny,llama_100m] [--out FILE] [--quick]
+                               [--dtype float32|bfloat16]
 
-Each case builds a random model with transformers (seeded), saves it, loads it with
-`morse_jax.llm.load`, and times 16 rows x 64-token prompts x 128 new tokens on both sides with EOS
-disabled, so both produce exactly rows * new_tokens tokens. Our compile is excluded (it is paid once
-per bucket); the first transformers call is excluded as warm-up too.
+`smollm2`: the real SmolLM2-135M-Instruct (`make real-model`'s folder), read by both sides from
+the same files. Prompts are HumanEval executor prompts as `launchers.evaluate` builds them (chat
+template included), each cut to its last 64 or 350 tokens; 8 and 32 rows, 256 new tokens, greedy
+and top-p 0.9, EOS off so both sides generate every token. Greedy cases check that both sides
+chose the same tokens (rows equal, first position where any row differs) and measure one decode
+step against the memory floor (`benchmarks.decode_step`: ms per step, weight bytes over the read
+bandwidth measured in the same run; at 8 rows x 350 tokens also where the step's time goes).
+
+`tiny`, `llama_100m`: random models built by transformers (seeded) and saved, 16 rows x 64-token
+prompts x 128 new tokens. Our compile is excluded (paid once per bucket), and so is a first
+transformers call (warm-up).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
+
+# torch's OpenMP workers otherwise spin for a while after each generate call, taking the cores
+# from our sampler timed next in the same process (measured: ours 1.7x slower right after one)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from absl import app, flags
 
@@ -22,6 +35,11 @@ _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this file.
 _QUICK = flags.DEFINE_bool("quick", False, "Tiny model only, fewer repeats.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per side (median reported).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights on both sides.")
+_MODELS = flags.DEFINE_list("models", ["smollm2", "tiny", "llama_100m"],
+                            "Cases to run: smollm2 and any of MODELS (llama_1b: accelerators).")
+_REAL = flags.DEFINE_string("real_model", "~/.cache/morse_jax/models/SmolLM2-135M-Instruct",
+                            "The smollm2 case's Hugging Face folder.")
+_THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
 
 ROWS, PROMPT, NEW = 16, 64, 128
 
@@ -32,6 +50,9 @@ MODELS = {
     # ~110M parameters, Llama-shaped (GQA, SwiGLU, untied head).
     "llama_100m": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048,
                        num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4),
+    # ~1.2B parameters, Llama-shaped: for accelerators (benchmarks/device.sh), not in the default.
+    "llama_1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                     num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8),
 }
 MODES = {"greedy": dict(temperature=0.0, top_p=1.0), "sample_top_p": dict(temperature=1.0, top_p=0.9)}
 
@@ -100,17 +121,31 @@ def run_case(name, shape, mode, repeats, dtype_name):
 
 def main(argv):
   del argv
-  models = ["tiny"] if _QUICK.value else list(MODELS)
+  import torch
+
+  if _THREADS.value:
+    torch.set_num_threads(_THREADS.value)
+  models = ["tiny"] if _QUICK.value else list(_MODELS.value)
   repeats = 1 if _QUICK.value else _REPEATS.value
   results = []
   for name in models:
-    for mode in MODES:
-      results.append(run_case(name, MODELS[name], mode, repeats, _DTYPE.value))
-      r = results[-1]
+    if name == "smollm2":
+      from benchmarks import rollout_real
+
+      cases = rollout_real.run_all(_REAL.value, repeats, _DTYPE.value)
+    else:
+      cases = (run_case(name, MODELS[name], mode, repeats, _DTYPE.value) for mode in MODES)
+    for r in cases:
+      results.append(r)
       print(f"{r['case']:<24} ours {r['ours_tokens_per_s']:9.1f} tok/s   transformers "
             f"{r['transformers_tokens_per_s']:9.1f} tok/s   ratio {r['ratio_vs_transformers']:5.2f}x"
             f"   (first call {r['ours_first_call_s']:.1f}s)", flush=True)
-  write_report("rollout", _OUT.value, results=results)
+      if "decode_step" in r:
+        d = r["decode_step"]
+        print(f"{'':<24} decode step {d['step_ms']:.1f} ms, floor {d['floor_ms']:.1f} ms "
+              f"({d['step_over_floor']:.2f}x)" + (f", profile {d['profile_ms']}"
+                                                  if "profile_ms" in d else ""), flush=True)
+      write_report("rollout", _OUT.value, results=results)  # after every case: a long run
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import numpy as np
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm import sharding as sharding_lib
-from morse_jax.llm.model import KVCache, forward, init_cache, unstack_cache, unstack_layers
+from morse_jax.llm.model import KVCache, decode_layers, forward, init_cache, unstack_cache
 from morse_jax.llm.params import Params
 
 
@@ -174,8 +174,9 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     keys: [b] PRNG keys, one per row (rows are reproducible whatever the batch around them).
     max_new: [] int32, tokens to generate (<= gen_len); traced, so it does not recompile.
     gen_len: static capacity of the output and of the cache beyond the prompt.
-    unstack: run the decode loop over per-layer weight copies (see `unstack_layers`); faster on
-      CPU, where sliced weights are copied every step, at the cost of one copy of the layers.
+    unstack: run the decode loop over per-layer FusedLayer copies (`model.decode_layers`); faster
+      on CPU, where sliced weights are copied every step and [in, out] fused weights are read
+      faster, at the cost of one copy of the layers per call.
     adapter: optional per-row adapter (`model.Adapter`; morse_jax.lora.Adapter: each row runs
       with its own mixture of experts).
     mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
@@ -207,7 +208,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
                     length=cache.length, next_pos=rep(cache.next_pos, 0))
     cache = constrain(cache)
   if unstack:
-    params = dataclasses.replace(params, layers=unstack_layers(params.layers))
+    params = dataclasses.replace(params, layers=decode_layers(params.layers))
     cache = unstack_cache(cache)
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
   out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)

@@ -64,6 +64,10 @@ class Adapter:
     """llm.model.Adapter: x through w (+ bias) plus this layer's mixture (weights = (a, b))."""
     return adapted_linear(x, w, bias, *weights, self.routes, self.scale, self.kernel)
 
+  def delta(self, x, weights):
+    """llm.model.Adapter: this layer's scaled mixture alone, [b, t, o] float32."""
+    return self.scale * mixture_delta(x, *weights, self.routes, self.kernel)
+
   @property
   def row_data(self) -> Routes:
     return self.routes
@@ -131,6 +135,18 @@ def _grouped(x, a, b, routes: Routes):
   return out.reshape(bsz, t, -1)
 
 
+def mixture_delta(x, a, b, routes: Routes, kernel: str):
+  """The unscaled per-row mixture x -> [b, t, o] float32 by a per-row kernel ("merged", which
+  folds the delta into the frozen weight, adds it as a gather over row 0's route instead)."""
+  if kernel == "auto":
+    kernel = pick_kernel(x.shape[1], a.shape[0], routes.idx.shape[1])
+  if kernel == "merged":
+    kernel = "gather"
+  if kernel not in ("dense", "gather", "grouped"):
+    raise ValueError(f"unknown mixture kernel {kernel!r} (known: {KERNELS})")
+  return {"dense": _dense, "gather": _gather, "grouped": _grouped}[kernel](x, a, b, routes)
+
+
 def adapted_linear(x, w, bias, a, b, routes: Routes, scale: float, kernel: str):
   """x [b,t,d], w [o,d], bias [o] or None, a [K,d,r], b [K,r,o] -> [b,t,o] in x.dtype.
 
@@ -145,11 +161,8 @@ def adapted_linear(x, w, bias, a, b, routes: Routes, scale: float, kernel: str):
     b_cat = b[routes.idx[0]].reshape(-1, b.shape[-1])  # [e*r, o]
     delta = jnp.einsum("dk,ko->od", a_cat, b_cat, preferred_element_type=jnp.float32)
     y = _base(x, (w.astype(jnp.float32) + scale * delta).astype(w.dtype), bias)
-  elif kernel in ("dense", "gather", "grouped"):
-    delta = {"dense": _dense, "gather": _gather, "grouped": _grouped}[kernel](x, a, b, routes)
-    y = _base(x, w, bias) + scale * delta
   else:
-    raise ValueError(f"unknown mixture kernel {kernel!r} (known: {KERNELS})")
+    y = _base(x, w, bias) + scale * mixture_delta(x, a, b, routes, kernel)
   return y.astype(x.dtype)
 
 

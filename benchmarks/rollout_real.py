@@ -1,0 +1,113 @@
+"""The real-model cases of `benchmarks.rollout`: SmolLM2-135M-Instruct, ours against
+transformers' `generate` on the same files and prompts (see benchmarks/rollout.py)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+ROWS, PROMPT_TOKENS, NEW = (8, 32), (64, 350), 256
+MODES = {"greedy": dict(temperature=0.0, top_p=1.0), "top_p_0.9": dict(temperature=1.0, top_p=0.9)}
+PROFILE_AT = (8, 350)  # the shape whose decode step is broken down
+
+
+def humaneval_prompts(model, rows: int, length: int) -> list[list[int]]:
+  """`rows` single-agent HumanEval executor prompts (chat template included) of at least
+  `length` tokens, each cut to its last `length` (it still ends with the assistant header)."""
+  from benchmarks.common import single_agent_prompts
+  from morse_jax.tasks import humaneval
+
+  family = humaneval.HumanEval()
+  long_enough = [p for p in single_agent_prompts(model, family, humaneval.load())
+                 if len(p) >= length]
+  if len(long_enough) < rows:
+    raise ValueError(f"only {len(long_enough)} HumanEval prompts have {length} tokens")
+  return [p[-length:] for p in long_enough[:rows]]
+
+
+def _median_seconds(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def same_tokens(ours, theirs) -> dict:
+  """Rows whose greedy tokens are equal, and the first position where any row differs."""
+  import numpy as np
+
+  diff = np.asarray(ours) != np.asarray(theirs)
+  first = [int(np.argmax(row)) if row.any() else diff.shape[1] for row in diff]
+  return {"rows_equal": int((~diff.any(axis=1)).sum()), "rows": int(diff.shape[0]),
+          "first_difference": min(first)}
+
+
+def run_case(model, hf, rows: int, length: int, mode: str, repeats: int) -> dict:
+  import jax
+  import torch
+
+  from benchmarks import decode_step
+  from morse_jax import llm
+
+  prompts = humaneval_prompts(model, rows, length)
+  settings = MODES[mode]
+  sampling = llm.SamplingConfig(temperature=settings["temperature"], top_p=settings["top_p"])
+
+  def ours():
+    return llm.sample(model.params, model.config, prompts, max_new_tokens=NEW,
+                      rng=jax.random.key(0), sampling=sampling, eos_ids=())
+
+  gen = dict(max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None,
+             pad_token_id=model.tokenizer.pad_id)
+  if sampling.greedy:
+    gen.update(do_sample=False)
+  else:
+    gen.update(do_sample=True, temperature=settings["temperature"], top_p=settings["top_p"],
+               top_k=0)
+  ids = torch.tensor(prompts)
+  out = {}
+
+  def theirs():
+    with torch.no_grad():
+      out["tokens"] = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
+
+  start = time.perf_counter()
+  first = ours()
+  compile_s = time.perf_counter() - start
+  our_s = _median_seconds(ours, repeats)  # before torch runs at all in this case
+  with torch.no_grad():  # warm-up
+    hf.generate(input_ids=ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]),
+                **{**gen, "max_new_tokens": 2, "min_new_tokens": 2})
+  their_s = _median_seconds(theirs, max(1, repeats - 1))  # ~1 minute per call
+  tokens = rows * NEW
+  result = {
+      "case": f"smollm2/{rows}x{length}/{mode}", "model": "SmolLM2-135M-Instruct", "mode": mode,
+      "dtype": str(model.params.embed.dtype), "params": model.config.num_params(), "rows": rows,
+      "prompt_tokens": length, "new_tokens": NEW, "ours_tokens_per_s": tokens / our_s,
+      "transformers_tokens_per_s": tokens / their_s, "ratio_vs_transformers": their_s / our_s,
+      "ours_first_call_s": compile_s}
+  if sampling.greedy:
+    result["same_greedy_tokens"] = same_tokens(first.tokens, out["tokens"][:, length:].numpy())
+    result["decode_step"] = decode_step.measure(model, prompts, NEW,
+                                                with_profile=(rows, length) == PROFILE_AT)
+  return result
+
+
+def run_all(folder: str, repeats: int, dtype_name: str):
+  """Yields each case's result (rows x prompt length x mode)."""
+  import jax.numpy as jnp
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  from morse_jax import llm
+
+  folder = os.path.expanduser(folder)
+  model = llm.load(folder, dtype=getattr(jnp, dtype_name))
+  hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name)).eval()
+  for rows in ROWS:
+    for length in PROMPT_TOKENS:
+      for mode in MODES:
+        yield run_case(model, hf, rows, length, mode, repeats)
