@@ -41,6 +41,7 @@ from apex_jax.agents.generator import with_experts
 from apex_jax.datasets import evaluate as score_predictions
 from apex_jax.experiment import JUDGES, Experiment, agents_for, build, choice, phase_steps
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank
+from apex_jax.memory.consolidation import Judged, consolidate, count_evolutions
 from apex_jax.training import judging, rollouts
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
@@ -71,20 +72,16 @@ def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None
                            bank=exp.bank, categories=[ex.category for ex in batch])
     correct = [rollouts.answer_accuracy(ep.y2, ex.answers) == 1.0
                for ep, ex in zip(episodes, batch)]
-    for ep, ok in zip(episodes, correct):
-      if ep.memory_ids:
-        exp.bank.record_outcome(ep.memory_ids, ok)
-    _, added = distiller.remember(exp.bank, episodes, correct, rng=k_remember)
+    _, memories = distiller.workflow_memories(episodes, correct, rng=k_remember)
+    consolidate(exp.bank, [Judged(m, ok, ep.memory_ids)
+                           for m, ok, ep in zip(memories, correct, episodes)], stats)
     stats["episodes"] += len(episodes)
     stats["correct"] += sum(correct)
-    stats["memories_stored"] += sum(r.id is not None for r in added)
     touched += [ep.bucket for ep in episodes]
   if snapshot is not None:
     exp.bank.backup(snapshot)
-  for e in evolver.evolve(exp.bank, touched, rng=k_evolve, force=c.force_evolve):
-    stats["evolutions_applied" if e.result.applied else "evolutions_failed"] += 1
-    stats["unknown_absorbed_ids"] += e.result.unknown_absorbed_ids  # dropped (memory/skills.py)
-    stats["bucket_overwrites"] += e.result.bucket_overwrites  # set to the bucket's (skills.py)
+  count_evolutions(stats, (e.result for e in evolver.evolve(exp.bank, touched, rng=k_evolve,
+                                                            force=c.force_evolve)))
   stats["skills"] = sum(exp.bank.get_skill(b) is not None for b in memory_buckets(exp.bank))
   return stats
 

@@ -214,12 +214,13 @@ class Distiller:
                                     info={"trace": trace})))
     return out
 
-  def remember(self, bank, episodes, correct: Sequence[bool], *, rng: jax.Array):
-    """Summarises each episode's execution (both runs) and stores it with its outcome in the
-    episode's bucket; returns (summaries, MemoryBank.add_many results)."""
+  def workflow_memories(self, episodes, correct: Sequence[bool], *,
+                        rng: jax.Array) -> tuple[list[Summary], list[NewMemory]]:
+    """Summarises each episode's execution (both runs); returns (summaries, the memories that
+    store each summary with its outcome in the episode's bucket)."""
     if len(correct) != len(episodes):
-      raise ValueError(f"Distiller.remember: {len(correct)} outcomes for {len(episodes)} "
-                       f"episodes")
+      raise ValueError(f"Distiller.workflow_memories: {len(correct)} outcomes for "
+                       f"{len(episodes)} episodes")
     traces = [prompts.render_trace(e.question, [t for ex in e.executor for t in ex.info["turns"]])
               for e in episodes]
     summaries = self.summarize(traces, rng=rng)
@@ -227,4 +228,9 @@ class Distiller:
                        category=None if e.bucket is None else e.bucket.category,
                        modality=None if e.bucket is None else e.bucket.modality)
              for e, s, ok in zip(episodes, summaries, correct)]
+    return summaries, items
+
+  def remember(self, bank, episodes, correct: Sequence[bool], *, rng: jax.Array):
+    """`workflow_memories` stored; returns (summaries, MemoryBank.add_many results)."""
+    summaries, items = self.workflow_memories(episodes, correct, rng=rng)
     return summaries, bank.add_many(items)

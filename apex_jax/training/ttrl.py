@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -42,6 +43,7 @@ from apex_jax.agents.trajectory import Trajectory
 from apex_jax.judges.chat import JudgeError
 from apex_jax.judges.nogt import Candidate
 from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContext, Skill
+from apex_jax.memory.consolidation import Judged, consolidate
 from apex_jax.training import resume
 from apex_jax.training import rewards as rw
 from apex_jax.training.grpo import ModuleUpdater
@@ -204,6 +206,17 @@ def _group_rewards(episodes, query: Query, skill: Skill | None, conf: float, cfg
   return out, outcomes
 
 
+def _distill_due(bank: MemoryBank, buckets: Sequence[Bucket], distill_fn: DistillFn) -> list:
+  """distill_fn's reply for each bucket due for evolution, applied: the DistillerResults."""
+  results = []
+  for bucket in dict.fromkeys(buckets):
+    if bank.due_for_evolution(bucket):
+      batch = bank.evolution_batch(bucket)
+      reply = distill_fn(bucket, batch, bank.get_skill(bucket))
+      results.append(bank.apply_distiller_reply(bucket, reply, batch=batch))
+  return results
+
+
 def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: MemoryBank,
              generator, episode_fn: EpisodeFn, judges: Judges, distill_fn: DistillFn | None, *,
              config: TtrlConfig, rng: jax.Array, logdir: str | None = None,
@@ -264,7 +277,7 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
         raise ValueError(f"run_ttrl step {step}: episode_fn returned group sizes "
                          f"{[len(g) for g in groups]} for {len(batch)} queries x "
                          f"{config.group_size}")
-      stats, rewards, memories = collections.Counter(), [], []
+      stats, rewards, judged = collections.Counter(), [], []
       for query, ctx, group in zip(batch, contexts, groups):
         skill = bank.get_skill(ctx.bucket)
         conf = bank.skill_confidence(ctx.bucket)
@@ -274,33 +287,20 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
         for ep, correct in zip(group, outcomes):
           if correct is None:
             continue
-          memories.append(NewMemory(query.question, ep.summary or ep.workflow, correct,
-                                    *ctx.bucket, caption=query.caption, data_id=query.data_id))
+          memory = NewMemory(query.question, ep.summary or ep.workflow, correct, *ctx.bucket,
+                             caption=query.caption, data_id=query.data_id)
           shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
-          if shown:
-            bank.record_outcome(shown, correct)
+          judged.append(Judged(memory, correct, shown))
           stats["correct"] += correct
       trajectories = [[ep.trajectory for ep in g] for g in groups]
       experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)
-      added = bank.add_many(memories)
-      stats["memories_stored"] += sum(r.id is not None for r in added)
+      buckets = [ctx.bucket for ctx in contexts]
       if evolve_fn is not None:
         rng, key = jax.random.split(rng)
-        results = evolve_fn(bank, [ctx.bucket for ctx in contexts],
-                            with_experts(generator, experts), key)
+        evolve = functools.partial(evolve_fn, bank, buckets, with_experts(generator, experts), key)
       else:
-        results = []
-        for bucket in dict.fromkeys(ctx.bucket for ctx in contexts):
-          if bank.due_for_evolution(bucket):
-            batch_memories = bank.evolution_batch(bucket)
-            reply = distill_fn(bucket, batch_memories, bank.get_skill(bucket))
-            results.append(bank.apply_distiller_reply(bucket, reply, batch=batch_memories))
-      for result in results:
-        stats["evolutions_applied" if result.applied else "evolutions_failed"] += 1
-        if result.unknown_absorbed_ids:  # dropped from an applied reply (memory/skills.py)
-          stats["unknown_absorbed_ids"] += result.unknown_absorbed_ids
-        if result.bucket_overwrites:  # category / modality set to the bucket's (memory/skills.py)
-          stats["bucket_overwrites"] += result.bucket_overwrites
+        evolve = functools.partial(_distill_due, bank, buckets, distill_fn)
+      consolidate(bank, judged, stats, evolve=evolve)  # memories stored, then evolve() called
       judged = max(stats.pop("judged", 0), 1)
       for name in ("arbiter", "align", "lambda"):
         metrics[f"{name}_mean"] = stats.pop(f"{name}_sum", 0.0) / judged
