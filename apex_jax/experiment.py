@@ -1,59 +1,36 @@
-"""An APEx experiment from an ml_collections config (configs/apex/*.py): the pieces, the memory
-warm-up, the three stages, TTRL and the ablation table.
+"""An APEx experiment's pieces from an ml_collections config (configs/apex/*.py): data, search,
+memory bank, generator, updater and agents. The phases that run them (memory building, the
+stages, TTRL, the ablation table) are in `apex_jax.pipeline`.
 
   exp = build(config)                        # data, search, bank, generator, updater, agents
-  memory_build(exp, rng=key)                 # the untrained system's episodes -> memories, skills
-  result = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=key)
-  scores = evaluate(exp, result.experts, "test", use_memories=True, use_skills=True)
-  run(config)                                # all of it, metrics in <workdir>/results.json
-
-Ablations (the paper's table; `config.eval.ablations`, default all of ABLATIONS), each on the
-test questions with EM, F1, answered rate and context tokens per episode:
-  full                          the experts after TTRL, the bank as TTRL left it
-  without_memories / _skills    the same, the planner shown no instance memory / no skill
-  without_memories_and_skills   neither
-  without_ttrl                  the experts after the stages, the bank snapshotted before TTRL
-  without_iteration             the experts after TTRL, the bank one memory-building pass left
-                                before any evolution: its memories, no skill document, nothing
-                                TTRL added (evolution and TTRL's additions are the iterations)
-  without_<module>_training     the full system with that module's role adapter as it was before
-                                its stage (the initial one: each stage trains only its own role,
-                                TTRL only the planner's)
-Pieces that need a model run in `apex_jax.training.rollouts`; this module only wires them.
+  agents_for(exp, config.stages.executor)    # the agents' settings inside one phase
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
 from typing import Any
 
 import jax
 
-from morse_jax import atomic, llm
+from morse_jax import llm
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
 
-from apex_jax import plots
-from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Distiller, Executor, Planner
-from apex_jax.agents.episode import run_episode
-from apex_jax.agents.generator import with_experts
-from apex_jax.datasets import World, evaluate as score_predictions, read_examples
+from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Executor
+from apex_jax.datasets import World, read_examples
 from apex_jax.datasets.world_questions import split as split_examples
-from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank, MemoryConfig
-from apex_jax.training import judging, rollouts
+from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.training.grpo import ModuleUpdater
-from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
-from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
 
 SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder", "hotpotqa", "twowiki"), \
     ("word", "ngram", "index"), \
     ("backbone_mean", "sentence"), ("inprocess", "http")
 
 
-def _choice(value, name: str, allowed) -> str:
+def choice(value, name: str, allowed) -> str:
+  """value, if allowed; else a ValueError naming config.<name>, the value and what is allowed."""
   if value not in allowed:
     raise ValueError(f"config.{name} {value!r} not in {allowed}")
   return value
@@ -96,7 +73,7 @@ def load_data(c) -> tuple[list, list, list]:
   searches' corpus) are the questions' own context paragraphs, first text per title."""
   from apex_jax.tools.passages import read_corpus
 
-  kind = _choice(c.data.source, "data.source", SOURCES)
+  kind = choice(c.data.source, "data.source", SOURCES)
   if kind == "world":
     world = World.generate(c.data.world_seed, c.data.entities, c.data.questions)
     train, test = split_examples(world.examples, c.data.test_fraction, c.data.world_seed)
@@ -127,7 +104,7 @@ def load_data(c) -> tuple[list, list, list]:
 
 
 def _searcher(c, passages):
-  kind = _choice(c.search.kind, "search.kind", SEARCHES)
+  kind = choice(c.search.kind, "search.kind", SEARCHES)
   if kind in ("word", "ngram"):
     from apex_jax.toy.search import NgramSearch, WordSearch
     return (WordSearch if kind == "word" else NgramSearch)(passages, topk=c.search.topk)
@@ -138,7 +115,7 @@ def _searcher(c, passages):
 def _embedder(c, model):
   from morse_jax.lora.embedders import BackboneMeanEmbedder, SentenceEmbedder
 
-  if _choice(c.memory.embedder, "memory.embedder", EMBEDDERS) == "backbone_mean":
+  if choice(c.memory.embedder, "memory.embedder", EMBEDDERS) == "backbone_mean":
     return BackboneMeanEmbedder(model.params.embed, model.tokenizer)
   return SentenceEmbedder(c.memory.embedder_path or None)
 
@@ -222,423 +199,3 @@ def _fresh_bank_path(workdir: str) -> str:
     if os.path.exists(stale):
       os.remove(stale)
   return path
-
-
-def _batches(items, size: int):
-  return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None) -> dict:
-  """Runs the untrained system on `memory_build.questions` training questions, stores each
-  episode's summarised workflow with its outcome (EM of y2, as the authors' memory server
-  records a judged outcome), updates the shown memories' win rates, and lets the Distiller
-  evolve every bucket that is due (all touched ones when `memory_build.force_evolve`), at
-  `memory.evolve_temperature`. snapshot: a file to back the bank up to after the episodes and
-  before the evolution (the ablations' one-pass bank)."""
-  c = exp.config.memory_build
-  planner, executor = Planner(exp.generator, exp.agents), exp.executor()
-  distiller = Distiller(exp.generator, exp.agents)
-  evolver = Distiller(exp.generator, exp.evolving_agents())
-  stats = dict(episodes=0, correct=0, memories_stored=0, evolutions_applied=0,
-               evolutions_failed=0, unknown_absorbed_ids=0, bucket_overwrites=0)
-  touched = []
-  rng, k_evolve = jax.random.split(rng)
-  for i, batch in enumerate(_batches(exp.train[:c.questions], c.batch_size)):
-    k_episode, k_remember = jax.random.split(jax.random.fold_in(rng, i))
-    episodes = run_episode(planner, executor, [ex.question for ex in batch], rng=k_episode,
-                           bank=exp.bank, categories=[ex.category for ex in batch])
-    correct = [rollouts.answer_accuracy(ep.y2, ex.answers) == 1.0
-               for ep, ex in zip(episodes, batch)]
-    for ep, ok in zip(episodes, correct):
-      if ep.memory_ids:
-        exp.bank.record_outcome(ep.memory_ids, ok)
-    _, added = distiller.remember(exp.bank, episodes, correct, rng=k_remember)
-    stats["episodes"] += len(episodes)
-    stats["correct"] += sum(correct)
-    stats["memories_stored"] += sum(r.id is not None for r in added)
-    touched += [ep.bucket for ep in episodes]
-  if snapshot is not None:
-    exp.bank.backup(snapshot)
-  for e in evolver.evolve(exp.bank, touched, rng=k_evolve, force=c.force_evolve):
-    stats["evolutions_applied" if e.result.applied else "evolutions_failed"] += 1
-    stats["unknown_absorbed_ids"] += e.result.unknown_absorbed_ids  # dropped (memory/skills.py)
-    stats["bucket_overwrites"] += e.result.bucket_overwrites  # set to the bucket's (skills.py)
-  stats["skills"] = sum(exp.bank.get_skill(b) is not None for b in memory_buckets(exp.bank))
-  return stats
-
-
-_MEMORY_BUILD_FORMAT = "apex_jax.experiment/memory_build/1"
-
-
-def memory_build_identity(c) -> dict:
-  """What memory building depends on: a snapshot taken under another is not this run's."""
-  from morse_jax.rl.state import files_fingerprint
-
-  parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
-  out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
-  out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
-  return json.loads(json.dumps(out, sort_keys=True, default=str))
-
-
-def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str,
-                           continue_other_run: bool = False, snapshot: str | None = None) -> dict:
-  """memory_build, once per run. It writes to the bank (memories, win rates, skills), so it is
-  not repeated on a restart: after it, the bank is snapshotted (MemoryBank.snapshot: sqlite3's
-  backup API) to `<directory>/memory_build.db` and its stats, the snapshot's sha256 and the
-  identity of the settings it ran under are written to `<directory>/memory_build.json` (last,
-  atomically: the phase's commit). A restarted run finding them puts that snapshot back into
-  the bank and returns the stats without running anything. The stages only read the bank, so
-  it is also where a run killed in the stages (or before TTRL's first checkpoint) resumes from.
-  A damaged snapshot is an error, not silently rebuilt; so is one of other settings, unless
-  `continue_other_run` (config.train.continue_other_run: then it is used, with a warning).
-  snapshot: memory_build's one-pass bank copy (the w/o-iteration ablation), kept from the run's
-  first attempt."""
-  from morse_jax.rl.state import CheckpointError, fingerprint
-  from apex_jax.memory.store import file_sha256
-
-  marker = os.path.join(directory, "memory_build.json")
-  db = os.path.join(directory, "memory_build.db")
-  identity = memory_build_identity(exp.config)
-  if os.path.exists(marker):
-    with open(marker, encoding="utf-8") as f:
-      saved = json.load(f)
-    if saved.get("format") != _MEMORY_BUILD_FORMAT or \
-        saved.get("fingerprint") != fingerprint(identity):
-      was = saved.get("identity") or {}
-      differ = sorted(k for k in set(was) | set(identity) if was.get(k) != identity.get(k))
-      text = (f"{marker} was written by a run with other settings (config "
-              f"{', '.join(differ) or 'format'} differ)")
-      if not continue_other_run or saved.get("format") != _MEMORY_BUILD_FORMAT:
-        raise CheckpointError(f"{text}: use another workdir, remove {directory} to start this "
-                              f"one afresh, or continue that run's checkpoints with "
-                              f"--config.train.continue_other_run=True")
-      print(f"[apex] {text}; continuing that run's memories as asked (continue_other_run)",
-            flush=True)
-    if file_sha256(db) != saved["bank"]["sha256"]:
-      raise CheckpointError(f"{db}: the memory bank snapshot after memory building does not "
-                            f"match its sha256 (damaged); remove {directory} to start afresh")
-    exp.bank.restore_snapshot(db, saved["bank"]["sha256"])
-    exp.bank.load_counters_state(saved["bank"]["counts"])
-    print(f"[apex] memory_build: resumed from {marker}", flush=True)
-    return saved["stats"]
-  stats = memory_build(exp, rng=rng, snapshot=snapshot)
-  os.makedirs(directory, exist_ok=True)
-  sha = exp.bank.snapshot(db)
-  atomic.write_text(marker, json.dumps({
-      "format": _MEMORY_BUILD_FORMAT, "fingerprint": fingerprint(identity),
-      "identity": identity, "stats": stats,
-      "bank": {"sha256": sha, "counts": exp.bank.counters_state()}}, sort_keys=True))
-  return stats
-
-
-def memory_buckets(bank: MemoryBank, minimum: int = 1) -> list[Bucket]:
-  """Every bucket holding at least `minimum` memories: the distiller stage's inputs."""
-  return [Bucket(cat, mod) for cat in CATEGORIES for mod in MODALITIES
-          if bank.count(Bucket(cat, mod)) >= minimum]
-
-
-def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: bool = True,
-             use_skills: bool = True, rng: jax.Array | None = None,
-             bank: MemoryBank | None = None) -> dict:
-  """EM / F1 (overall, per category, per hop count) of whole episodes on `split`'s first
-  `eval.questions` questions, sampled at `eval.temperature` (0: greedy), reading `bank` (else the
-  experiment's; read only: evaluation stores nothing) through `MemoryBank.planner_context`'s
-  use_memories / use_skills. Also `answered` (the share with a final answer),
-  `context_tokens` (per episode, the tokens of every conversation it ran: the planner's and each
-  executor run's, prompts, generations and tool output) and `memory_context_tokens` (per
-  episode, the planner context E(q): skill document + memories, as the planner tokenises it)."""
-  examples = {"train": exp.train, "test": exp.test}[_choice(split, "split", ("train", "test"))]
-  c = exp.config.eval
-  examples = examples[:c.questions] if c.questions else examples
-  agents = dataclasses.replace(exp.agents, temperature=c.temperature)
-  generator = with_experts(exp.generator, experts)  # exp.generator is left as it is
-  bank = exp.bank if bank is None else bank
-  bank = bank if use_memories or use_skills else None
-  tokenizer = generator.tokenizer_of("planner")
-  rng = jax.random.PRNGKey(exp.config.seed) if rng is None else rng
-  predictions, answered, context, memory = {}, 0, [], []
-  for i, batch in enumerate(_batches(examples, c.batch_size)):
-    episodes = run_episode(Planner(generator, agents),
-                           Executor(generator, exp.searcher, agents),
-                           [ex.question for ex in batch], rng=jax.random.fold_in(rng, i),
-                           bank=bank, categories=[ex.category for ex in batch],
-                           use_memories=use_memories, use_skills=use_skills)
-    for ep, ex in zip(episodes, batch):
-      predictions[ex.id] = ep.y2 or ""
-      answered += ep.y2 is not None
-      context.append(ep.planner.total_tokens() + sum(t.total_tokens() for t in ep.executor))
-      memory.append(0 if ep.context is None else
-                    len(tokenizer.encode(ep.context.text, add_special_tokens=False)))
-  scores = score_predictions(predictions, examples)
-  scores["answered"] = answered / max(len(examples), 1)
-  scores["context_tokens"] = sum(context) / max(len(context), 1)
-  scores["memory_context_tokens"] = sum(memory) / max(len(memory), 1)
-  return scores
-
-
-ABLATIONS = ("full", "without_memories", "without_skills", "without_memories_and_skills",
-             "without_ttrl", "without_iteration", "without_executor_training",
-             "without_distiller_training", "without_planner_training")
-
-
-@dataclasses.dataclass
-class AblationInputs:
-  """What the ablation rows read (module docstring): the experts before the stages, after them
-  and after TTRL, and the bank snapshots (files; None where no row asked for one)."""
-  initial: Any  # every module's adapter as its stage started (a stage trains only its own role)
-  staged: Any
-  final: Any
-  one_pass_bank: str | None = None  # memory_build's episodes stored, before any evolution
-  before_ttrl_bank: str | None = None
-
-
-def ablation_names(config) -> tuple[str, ...]:
-  """config.eval.ablations (empty or absent: all of ABLATIONS), checked."""
-  names = tuple(config.eval.get("ablations") or ABLATIONS)
-  unknown = [n for n in names if n not in ABLATIONS]
-  if unknown:
-    raise ValueError(f"config.eval.ablations {unknown[0]!r} not in {ABLATIONS}")
-  return tuple(dict.fromkeys(names))
-
-
-def untrained_module(experts, initial, lora, module: str):
-  """`experts` with `module`'s role adapter taken from `initial` (the others kept)."""
-  from apex_jax.training.grpo import keep_only_expert
-
-  return keep_only_expert(initial, experts, lora.role_index(module))
-
-
-def ablation_system(name: str, inputs: AblationInputs, lora) -> tuple[Any, str | None, bool,
-                                                                      bool]:
-  """(experts, bank snapshot file or None for the live bank, use_memories, use_skills)."""
-  if name not in ABLATIONS:
-    raise ValueError(f"ablation {name!r} not in {ABLATIONS}")
-  if name.endswith("_training"):
-    module = name[len("without_"):-len("_training")]
-    return untrained_module(inputs.final, inputs.initial, lora, module), None, True, True
-  if name in ("without_ttrl", "without_iteration"):
-    path = inputs.before_ttrl_bank if name == "without_ttrl" else inputs.one_pass_bank
-    if path is None:
-      raise ValueError(f"ablation {name!r} needs its bank snapshot (AblationInputs)")
-    return (inputs.staged if name == "without_ttrl" else inputs.final), path, True, True
-  return (inputs.final, None, name not in ("without_memories", "without_memories_and_skills"),
-          name not in ("without_skills", "without_memories_and_skills"))
-
-
-def bank_counts(bank: MemoryBank) -> dict:
-  """Memories and skill documents a bank holds (the rows' banks, in the results)."""
-  return {"memories": len(bank), "skills": sum(
-      bank.get_skill(Bucket(cat, mod)) is not None for cat in CATEGORIES for mod in MODALITIES)}
-
-
-def ablations(exp: Experiment, inputs: AblationInputs, names=ABLATIONS, *,
-              rng: jax.Array | None = None) -> dict[str, dict]:
-  """One `evaluate` per row (module docstring), all with the same key; each row also names the
-  bank it read (`bank`: memories, skills, the snapshot file or "live")."""
-  rows, opened = {}, {}
-  try:
-    for name in names:
-      experts, path, memories, skills = ablation_system(name, inputs, exp.updater.lora)
-      if path is not None and path not in opened:
-        opened[path] = MemoryBank(path, exp.bank.embedder, config=exp.bank.config)
-      bank = exp.bank if path is None else opened[path]
-      rows[name] = evaluate(exp, experts, use_memories=memories, use_skills=skills, rng=rng,
-                            bank=bank)
-      rows[name]["bank"] = {"path": path or "live", **bank_counts(bank)}
-  finally:
-    for bank in opened.values():
-      bank.close()
-  return rows
-
-
-def stages(exp: Experiment) -> list[Stage]:
-  """The stages in the paper's order (executor, distiller, planner); a module with steps 0 is
-  left out. The distiller trains on the buckets memory_build filled."""
-  out = []
-  for module in STAGE_ORDER:
-    s = exp.config.stages[module]
-    if s.steps == 0 and not s.get("epochs"):
-      continue
-    agents = agents_for(exp, s)
-    if module == "executor":
-      data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, agents,
-                                                     accuracy=judging.reward_accuracy(exp))
-    elif module == "planner":
-      data, fn = exp.train, rollouts.PlannerRollout(exp.searcher, exp.bank, agents,
-                                                    accuracy=judging.reward_accuracy(exp))
-    else:
-      data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(
-          exp.bank, agents, skill_judge=judging.skill_judge(exp))
-      if not data:
-        raise ValueError("the distiller stage has no bucket with memories: run memory_build "
-                         "first (config.memory_build.questions > 0)")
-    cfg = StageConfig(module, phase_steps(s, len(data)), s.batch_size, s.group_size,
-                      s.learning_rate, s.temperature, s.max_new_tokens)
-    out.append(Stage(cfg, data, fn))
-  return out
-
-
-def judges(exp: Experiment) -> JudgeBackends:
-  """TTRL's no-ground-truth panel and skill-alignment judge on one chat backend: the backbone
-  itself in process (bare, as the authors serve a separate judge model), or an HTTP server."""
-  _choice(exp.config.judges.kind, "judges.kind", JUDGES)
-  return judge_panel(judging.judge_chat(exp), exp.config.judges.max_tokens)
-
-
-def ttrl_config(t, n: int) -> TtrlConfig:
-  """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
-  return TtrlConfig(phase_steps(t, n), t.batch_size, t.group_size, t.learning_rate,
-                    t.temperature, t.max_new_tokens)
-
-
-def judge_panel(chat, max_tokens: int) -> JudgeBackends:
-  """The no-GT panel and the alignment judge on one chat backend, replies capped at
-  `max_tokens` (alignment: at most 16, the authors' cap)."""
-  from apex_jax.judges import AlignConfig, AlignJudge, NoGtConfig, NoGtJudge
-
-  nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
-                                    arbiter_max_tokens=max_tokens))
-  return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16))))
-
-
-def run(config) -> dict:
-  """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
-  ablation table, with the untrained system (initial experts, the built memories) as the first
-  row; everything in <workdir>/results.json, curves under <workdir>/logs and in
-  <workdir>/rewards.png, the ablations' bank snapshots in <workdir>/banks, seconds per phase in
-  results["seconds"].
-
-  Resumable: under <workdir>/checkpoints, memory building leaves a bank snapshot
-  (`resumable_memory_build`), the stages a checkpoint every `train.checkpoint_every` updates
-  (0: at each stage's end) and TTRL one every `ttrl.checkpoint_every` steps with the bank's
-  snapshot (default 1 for both). Run again with the same config and workdir after a kill, it
-  skips what was finished and repeats the unbroken run's metrics step for step; the
-  evaluations are rerun (they only read). A workdir whose checkpoints another config wrote is
-  refused (unless train.continue_other_run); remove <workdir>/checkpoints to start afresh."""
-  exp = build(config)
-  rng = jax.random.PRNGKey(config.seed)
-  k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
-  logdir = os.path.join(config.workdir, "logs")
-  seconds, clock = {}, time.time()
-
-  def lap(name):
-    nonlocal clock
-    seconds[name] = round(time.time() - clock, 1)
-    clock = time.time()
-    print(f"[apex] {name}: {seconds[name]:.0f}s", flush=True)
-
-  names, banks = ablation_names(config), os.path.join(config.workdir, "banks")
-  one_pass = os.path.join(banks, "one_pass.db") if "without_iteration" in names else None
-  checkpoints = os.path.join(config.workdir, "checkpoints")  # a restarted run resumes
-  other = bool(config.train.get("continue_other_run", False))
-  results = {"memory_build": resumable_memory_build(exp, rng=k_mem, directory=checkpoints,
-                                                    continue_other_run=other,
-                                                    snapshot=one_pass),
-             "seconds": seconds}
-  lap("memory_build")
-  untrained = evaluate(exp, exp.experts, rng=k_eval)
-  untrained["bank"] = {"path": "live", **bank_counts(exp.bank)}  # as memory building left it
-  lap("eval_untrained")
-  staged = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=k_stages,
-                      logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "stages"),
-                      checkpoint_every=config.train.get("checkpoint_every", 1),
-                      continue_other_run=other)
-  results["stages"] = staged.history
-  experts = staged.experts
-  lap("stages")
-  before_ttrl = (exp.bank.backup(os.path.join(banks, "before_ttrl.db"))
-                 if "without_ttrl" in names else None)
-  t = config.ttrl
-  if t.steps or t.get("epochs"):
-    queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
-    panel = judges(exp)
-    ttrl = run_ttrl(exp.updater, experts, queries, exp.bank, exp.generator,
-                    rollouts.TtrlEpisodes(exp.searcher, exp.bank, agents_for(exp, t),
-                                          t.summarize),
-                    panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
-                    config=ttrl_config(t, len(queries)),
-                    rng=k_ttrl, logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "ttrl"),
-                    checkpoint_every=t.get("checkpoint_every", 1), continue_other_run=other)
-    results["ttrl"] = ttrl.history
-    # replies the judges could not parse (scored by their fallbacks), then calls that failed
-    results["judge_failures"] = {"evaluator": panel.nogt.evaluator_failures.snapshot(),
-                                 "arbiter": panel.nogt.arbiter_failures.snapshot(),
-                                 "align": panel.align.failures.snapshot(),
-                                 "calls": dict(ttrl.judge_failures)}
-    experts_ttrl = ttrl.experts
-    lap("ttrl")
-  else:
-    experts_ttrl = experts
-  results["eval"] = {"untrained": untrained, **ablations(
-      exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl), names,
-      rng=k_eval)}
-  lap("eval")
-  results["distiller_errors"] = dict(exp.bank.distiller_errors)
-  results["unknown_absorbed_ids"] = exp.bank.unknown_absorbed_ids  # dropped, replies applied
-  results["bucket_overwrites"] = exp.bank.bucket_overwrites  # category / modality, replies applied
-  results["adapters"] = export_adapters(exp, experts_ttrl, os.path.join(config.workdir, "adapters"))
-  try:
-    results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"))
-  except ValueError as e:  # no stage logged a reward: nothing to draw, say so in the results
-    results["plot"] = f"not drawn: {e}"
-  with open(os.path.join(config.workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2, sort_keys=True)
-  exp.bank.close()
-  return results
-
-
-def export_adapters(exp: Experiment, experts, directory: str) -> dict[str, str]:
-  """Each module's role expert as a PEFT LoRA folder `<directory>/<module>`, which
-  `launchers.serve --lora_modules=<module>=<folder>` (or vLLM, or peft) serves."""
-  from morse_jax.lora.export import export_peft
-
-  lora, out = exp.updater.lora, {}
-  for role in lora.roles:
-    out[role] = os.path.join(directory, role)
-    export_peft(experts, lora, exp.model.config, [lora.role_index(role)], out[role],
-                base_model=exp.config.model.path)
-  return out
-
-
-def print_summary(results: dict, workdir: str) -> None:
-  """The run as a user reads it: memory building, each stage's reward (first and last updates,
-  skipped updates), TTRL, the ablation table, the plot and the time per phase."""
-  print(f"\nmemory build: {results['memory_build']}")
-  rows = results["stages"] + [{"module": "ttrl", **r} for r in results.get("ttrl", [])]
-  for module in dict.fromkeys(r["module"] for r in rows):
-    rewards = [r.get("reward_mean", float("nan")) for r in rows if r["module"] == module]
-    skipped = sum(r.get("skipped", 0) for r in rows if r["module"] == module)
-    line = f"{module:<10} {len(rewards)} updates ({skipped:.0f} skipped: flat rewards); "
-    if len(rewards) < 2:
-      print(line + f"mean reward {rewards[0]:.3f}")
-      continue
-    half = len(rewards) // 2
-    print(line + f"mean reward first half {sum(rewards[:half]) / half:.3f}, last half "
-          f"{sum(rewards[half:]) / (len(rewards) - half):.3f}")
-  if results.get("judge_failures"):
-    print(f"TTRL judge failures (counted; scored by the judges' fallbacks): "
-          f"{results['judge_failures']}")
-  print("\nablations (held-out questions; context: tokens per episode, all conversations / "
-        "the planner's memory context E(q); bank: memories / skills it held)")
-  print(ablation_table(results["eval"]))
-  print(f"\nreward curves: {results.get('plot')}\nresults: {workdir}/results.json; seconds: "
-        f"{results.get('seconds')}\ntrained experts as PEFT adapters (launchers.serve "
-        f"--lora_modules=NAME=DIR): {results.get('adapters')}")
-
-
-def ablation_table(rows: dict) -> str:
-  """The ablation rows as a text table: system, EM, F1, answered, context tokens per episode
-  (all conversations, and the planner's memory context), the bank's memories / skills."""
-  def num(row, key, fmt):
-    value = row.get(key)
-    return "-" if value is None else format(value, fmt)
-
-  lines = [f"{'system':<28} {'EM':>6} {'F1':>6} {'answered':>9} {'context':>9} {'E(q)':>7} "
-           f"{'bank':>7}"]
-  for name, row in rows.items():
-    bank = row.get("bank")
-    bank = f"{bank['memories']}/{bank['skills']}" if bank else "-"
-    lines.append(f"{name:<28} {row['em']:>6.3f} {row['f1']:>6.3f} "
-                 f"{num(row, 'answered', '.3f'):>9} {num(row, 'context_tokens', '.1f'):>9} "
-                 f"{num(row, 'memory_context_tokens', '.1f'):>7} {bank:>7}")
-  return "\n".join(lines)

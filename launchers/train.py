@@ -25,10 +25,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   if config.get("system") == "apex":  # configs/apex/*: memory, three stages, TTRL, ablations
-    from apex_jax import experiment as apex_experiment
+    from apex_jax import pipeline as apex_pipeline
 
-    results = apex_experiment.run(config)
-    apex_experiment.print_summary(results, config.workdir)
+    results = apex_pipeline.run(config)
+    apex_pipeline.print_summary(results, config.workdir)
     return
   if config.demo:  # before/after evaluation, table and plots
     pipeline.demo(config)

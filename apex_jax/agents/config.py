@@ -13,7 +13,7 @@ import dataclasses
 
 from morse_jax import llm
 
-PROMPT_STYLES = ("authors", "compact")  # see apex_jax.agents.prompts
+from apex_jax.agents.prompts import STYLES as PROMPT_STYLES, PromptStyle
 ON_FORMAT_ERROR = ("end", "feedback")
 
 
@@ -66,7 +66,8 @@ class AgentConfig:
       raise AgentConfigError(f"AgentConfig.on_format_error {self.on_format_error!r} not in "
                              f"{ON_FORMAT_ERROR}")
     if self.prompts not in PROMPT_STYLES:
-      raise AgentConfigError(f"AgentConfig.prompts {self.prompts!r} not in {PROMPT_STYLES}")
+      raise AgentConfigError(f"AgentConfig.prompts {self.prompts!r} not in "
+                             f"{tuple(PROMPT_STYLES)}")
     for name in ("enforce_word_limit", "replan_memories"):
       if not isinstance(getattr(self, name), bool):
         raise AgentConfigError(f"AgentConfig.{name} must be a bool, got "
@@ -75,6 +76,11 @@ class AgentConfig:
   @property
   def sampling(self) -> llm.SamplingConfig:
     return llm.SamplingConfig(temperature=float(self.temperature), top_p=float(self.top_p))
+
+  @property
+  def prompt_style(self) -> PromptStyle:
+    """The style `prompts` names: every prompt the three agents build (checked above)."""
+    return PROMPT_STYLES[self.prompts]
 
   def max_new_tokens(self, module: str) -> int:
     return getattr(self, f"{module}_max_new_tokens")

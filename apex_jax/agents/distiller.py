@@ -2,8 +2,9 @@
 workflow summaries stored as instance memories. Every call batches all its prompts into one
 sampler call.
 
-Prompts are the authors' Writer (J-Ding519/APEx Writer-Train/Train/writer_skill/prompt.py:
-system prompt, SKILL_OUTPUT_SCHEMA, SKILL_SYNTHESIS_PROMPT when the bucket has no skill, else
+Prompts (apex_jax.agents.prompts: `skill_messages`, `summary_messages`, in the configured style)
+are the authors' Writer (J-Ding519/APEx Writer-Train/Train/writer_skill/prompt.py: system prompt,
+SKILL_OUTPUT_SCHEMA, SKILL_SYNTHESIS_PROMPT when the bucket has no skill, else
 SKILL_EVOLUTION_PROMPT with the current skill as JSON) and Memory-Serve/memory_serve.py
 (`get_trace_prompt` for the workflow summary; an empty summary falls back to the raw trace, the
 authors' other `llm_get_trace`). Memories are listed by `apex_jax.memory.format_batch`, labelled
@@ -18,7 +19,6 @@ skill_repository.py does (`bucket_overwrites` in the stats and the bank).
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Sequence
 
 import jax
@@ -27,112 +27,9 @@ from apex_jax.agents import prompts
 from apex_jax.agents.config import AgentConfig
 from apex_jax.agents.conversation import Conversation
 from apex_jax.agents.trajectory import Trajectory
-from apex_jax.memory import DistillerResult, NewMemory, format_batch
+from apex_jax.memory import DistillerResult, NewMemory
 from apex_jax.memory.records import Memory, Skill
 from apex_jax.memory.schema import Bucket, as_bucket
-
-SYSTEM = (
-    "You are a skill synthesis and evolution expert in a memory-augmented agent system. "
-    "Your job is to analyze batches of task execution memories and distill them into "
-    "reusable, structured skill documents. Skills encode proven strategies and common "
-    "pitfalls for specific task categories. Output valid JSON only.")
-
-SCHEMA = """{
-  "operation": "synthesize | refine | create | skip",
-  "skill": {
-    "skill_name": "<category>_<modality>_strategy",
-    "category": "<category>",
-    "modality": "<modality>",
-    "description": "One-sentence description of the skill",
-    "procedure": [
-      {"step": 1, "action": "Concrete action description", "purpose": "Why this step matters"}
-    ],
-    "pitfalls": ["Common mistake to avoid"],
-    "win_rate": 0.0,
-    "version": 1,
-    "evidence_count": 0
-  },
-  "absorbed_ids": ["list of memory data_ids whose patterns are now captured in the skill"]
-}"""
-
-SYNTHESIS = """Analyze the following batch of task memories from the "{category}" category ({modality} modality) and synthesize a reusable skill document.
-
-[Memories]
-{formatted_memories}
-
-Requirements:
-1. Identify common strategies in successful (correct) memories — what search patterns, reasoning steps, or tool usage led to correct answers.
-2. Identify common failure modes in incorrect memories — what mistakes, wrong assumptions, or missing steps caused failures.
-3. Synthesize a structured skill with clear, atomic procedure steps that generalize across these memories.
-4. List specific pitfalls to avoid, grounded in observed failure cases.
-5. Compute win_rate as the ratio of correct memories to total memories.
-6. Set operation to "synthesize", version to 1, evidence_count to the number of memories.
-
-Output a JSON object with this exact structure (no extra text before or after the JSON):
-{skill_output_schema}"""
-
-EVOLUTION = """Given the current skill and a batch of new evidence memories, decide how to update the skill.
-
-[Current Skill]
-{current_skill}
-
-[New Evidence Memories]
-{formatted_memories}
-
-Choose ONE operation:
-- "refine": Failures expose a specific defect in the current procedure. Fix the defective steps and update pitfalls, but preserve steps validated by successes (conservative editing — do not break what works).
-- "create": Memories reveal an effective strategy pattern NOT covered by the current skill. Create a new skill.
-- "skip": New evidence is insufficient to justify changes. Keep the skill unchanged, only update win_rate and evidence_count.
-
-Conservative editing principles:
-- Successful memories define invariants — the procedure steps they validate must NOT be modified.
-- Failed memories define modification targets — only change steps related to the failure cause.
-- Never remove a pitfall that is still relevant.
-
-Output a JSON object with this exact structure (no extra text before or after the JSON):
-{skill_output_schema}"""
-
-SUMMARY = """
-You will be given a transcript of a multi-round agent interaction (including reasoning traces, tool calls, and tool results). Your goal is to abstractly summarize the sequence of actions the model performed across rounds.
-
-Your Output Requirements:  
-Summarize what the model was doing in each major step, focusing on **abstract action patterns** while **including the key query content** (e.g., search keywords or tool parameters) that drove each step. Format each step as:  
-**action purpose** (input → output), where *input* includes representative queries or hypotheses (e.g., “search('Palace of Lost City location')”), and *output* describes the resulting insight or state change.
-
-Output in numbered steps (1., 2., 3., …). Do not copy verbatim; provide high-level abstractions that preserve intent and critical query details.  
-
-Output only the numbered step summary—no explanations, headings, or extra text. Keep it clear, concise, and ≤{words} words.
-
-Now summarize the following multi-round interaction:
-{trace}
-"""
-SUMMARY_WORDS = 300
-_SCHEMA_FIELDS = ("skill_name", "category", "modality", "description", "procedure", "pitfalls",
-                  "win_rate", "version", "evidence_count")
-
-
-def skill_messages(bucket, batch: Sequence[Memory], current: Skill | None,
-                   style: str = "authors") -> list[dict]:
-  """The Writer's chat: synthesis without a current skill, evolution with one."""
-  bucket = as_bucket(bucket)
-  memories = format_batch(batch)
-  if prompts.check_style(style) == "compact":
-    doc = None if current is None else json.dumps(
-        {k: v for k, v in current.to_dict().items() if k in _SCHEMA_FIELDS}, ensure_ascii=False)
-    return prompts.compact_skill_messages(bucket.category, bucket.modality, memories, doc)
-  if current is None:
-    user = SYNTHESIS.format(category=bucket.category, modality=bucket.modality,
-                            formatted_memories=memories, skill_output_schema=SCHEMA)
-  else:
-    doc = {k: v for k, v in current.to_dict().items() if k in _SCHEMA_FIELDS}
-    user = EVOLUTION.format(current_skill=json.dumps(doc, ensure_ascii=False),
-                            formatted_memories=memories, skill_output_schema=SCHEMA)
-  return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
-
-
-def summary_messages(trace: str, style: str = "authors") -> list[dict]:
-  template = SUMMARY if prompts.check_style(style) == "authors" else prompts.COMPACT_SUMMARY
-  return [{"role": "user", "content": template.format(trace=trace, words=SUMMARY_WORDS)}]
 
 
 @dataclasses.dataclass
@@ -183,7 +80,8 @@ class Distiller:
         batch = bank.evolution_batch(b)
         if batch:  # nothing to distil in an empty bucket
           pending.append((b, batch, bank.get_skill(b)))
-    chats = [skill_messages(b, batch, prev, self.config.prompts) for b, batch, prev in pending]
+    chats = [prompts.skill_messages(b, batch, prev, self.config.prompt_style)
+             for b, batch, prev in pending]
     out = []
     for (b, batch, prev), (conv, gen) in zip(pending, self._generate(chats, rng)):
       result = bank.apply_distiller_reply(b, gen.text, batch=batch)
@@ -203,23 +101,24 @@ class Distiller:
     """Workflow summaries of execution traces (prompts.render_trace), one sampler call."""
     out = []
     for trace, (conv, gen) in zip(traces, self._generate(
-        [summary_messages(t, self.config.prompts) for t in traces], rng)):
+        [prompts.summary_messages(t, self.config.prompt_style) for t in traces], rng)):
       text = prompts.after_think(gen.text)
       words = len(text.split())
       fallback = not text
       stats = {"llm_calls": 1.0, "truncated": float(not gen.finished), "summary_words": words,
-               "over_limit": float(words > SUMMARY_WORDS), "empty_summary": float(fallback)}
+               "over_limit": float(words > prompts.SUMMARY_WORDS), "empty_summary": float(fallback)}
       out.append(Summary(trace if fallback else text, fallback,
                          Trajectory("distiller", conv.segments, gen.text, text or None, stats,
                                     info={"trace": trace})))
     return out
 
-  def remember(self, bank, episodes, correct: Sequence[bool], *, rng: jax.Array):
-    """Summarises each episode's execution (both runs) and stores it with its outcome in the
-    episode's bucket; returns (summaries, MemoryBank.add_many results)."""
+  def workflow_memories(self, episodes, correct: Sequence[bool], *,
+                        rng: jax.Array) -> tuple[list[Summary], list[NewMemory]]:
+    """Summarises each episode's execution (both runs); returns (summaries, the memories that
+    store each summary with its outcome in the episode's bucket)."""
     if len(correct) != len(episodes):
-      raise ValueError(f"Distiller.remember: {len(correct)} outcomes for {len(episodes)} "
-                       f"episodes")
+      raise ValueError(f"Distiller.workflow_memories: {len(correct)} outcomes for "
+                       f"{len(episodes)} episodes")
     traces = [prompts.render_trace(e.question, [t for ex in e.executor for t in ex.info["turns"]])
               for e in episodes]
     summaries = self.summarize(traces, rng=rng)
@@ -227,4 +126,9 @@ class Distiller:
                        category=None if e.bucket is None else e.bucket.category,
                        modality=None if e.bucket is None else e.bucket.modality)
              for e, s, ok in zip(episodes, summaries, correct)]
+    return summaries, items
+
+  def remember(self, bank, episodes, correct: Sequence[bool], *, rng: jax.Array):
+    """`workflow_memories` stored; returns (summaries, MemoryBank.add_many results)."""
+    summaries, items = self.workflow_memories(episodes, correct, rng=rng)
     return summaries, bank.add_many(items)

@@ -58,7 +58,7 @@ class Executor:
     plans = [None] * len(questions) if plans is None else list(plans)
     if len(plans) != len(questions):
       raise ValueError(f"Executor.run: {len(plans)} plans for {len(questions)} questions")
-    style = self.config.prompts
+    style = self.config.prompt_style
     runs = [_Run(q, Conversation.start(self.tokenizer, prompts.executor_messages(q, p, style)),
                  collections.Counter(), []) for q, p in zip(questions, plans)]
     return self._loop(runs, rng)
@@ -78,7 +78,7 @@ class Executor:
         text = messages[-1]["content"]
         messages[-1]["content"] = text[:text.find("<answer>")].strip() if "<answer>" in text \
             else text.strip()
-      messages.append(prompts.revised_plan_message(replan, self.config.prompts))
+      messages.append(prompts.revised_plan_message(replan, self.config.prompt_style))
       stats = collections.Counter({"llm_calls": traj.stats.get("llm_calls", 0)})
       runs.append(_Run(traj.info["question"], Conversation.start(self.tokenizer, messages),
                        stats, []))

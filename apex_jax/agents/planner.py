@@ -147,7 +147,7 @@ class Planner:
     for q, ctx in zip(questions, contexts):
       skill, memory = context_slots(ctx)
       messages = prompts.plan_messages(skill, memory, q, self.config.plan_word_limit,
-                                       self.config.prompts)
+                                       self.config.prompt_style)
       runs.append(PlannerRun(q, Conversation.start(self.tokenizer, messages)))
     for r, text in zip(runs, self._generate(runs, rng)):
       r.plan = self._limited(r, text, self.config.plan_word_limit, "plan")
@@ -160,7 +160,7 @@ class Planner:
       raise ValueError(f"Planner.evaluate: {len(executions)} executions for {len(runs)} runs")
     for r, ex in zip(runs, executions):
       r.conv.add_messages(self.deltas, [prompts.judge_message(r.question, ex.info["turns"],
-                                                              self.config.prompts)])
+                                                              self.config.prompt_style)])
     for r, text in zip(runs, self._generate(runs, rng)):
       r.decision = parse_decision(text)
       r.stats["decision_unparsed"] += int(not r.decision.parsed)
@@ -175,7 +175,7 @@ class Planner:
       raise ValueError(f"Planner.replan: {len(memories)} memory texts for {len(runs)} runs")
     for r, mem in zip(runs, memories):
       r.conv.add_messages(self.deltas, [prompts.replan_message(
-          r.question, mem, self.config.replan_word_limit, self.config.prompts)])
+          r.question, mem, self.config.replan_word_limit, self.config.prompt_style)])
     for r, text in zip(runs, self._generate(runs, rng)):
       r.replan = self._limited(r, text, self.config.replan_word_limit, "replan")
     return [r.replan for r in runs]

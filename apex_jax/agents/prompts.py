@@ -10,13 +10,22 @@ trace the Planner and the Distiller read.
 - Distiller: Writer-Train/Train/writer_skill/prompt.py (skill synthesis / evolution) and
   Memory-Serve/memory_serve.py (`get_trace_prompt`, the workflow summary).
 
-Two styles (AgentConfig.prompts): "authors" (the default, verbatim) and "compact": the same
-protocol, tags and reply formats in a few dozen words, for the CPU toy backbone, whose code BPE
-spends about 1,360 tokens on the authors' executor prompt alone. The builders at the end take the
-style; `apex_jax.toy.corpus` renders its training turns with the same builders.
+Two styles (AgentConfig.prompts), each one `PromptStyle` holding all its prompts, the
+Distiller's included: AUTHORS (the default, verbatim) and COMPACT: the same protocol, tags and
+reply formats in a few dozen words, for the CPU toy backbone, whose code BPE spends about 1,360
+tokens on the authors' executor prompt alone. The builders at the end take the style (or its
+name); `apex_jax.toy.corpus` renders its training turns with the same builders.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence
+
+from apex_jax.memory.records import Memory, Skill
+from apex_jax.memory.schema import as_bucket
+from apex_jax.memory.skills import format_batch
 
 # ------------------------------------------------------------------------------------ executor
 
@@ -73,11 +82,6 @@ OMITTED = "... (Omitted part of the results returned by the tool)"
 # Not the authors' (their run ends at a malformed turn); used with on_format_error="feedback".
 FORMAT_FEEDBACK = ("Your last turn was not valid ({error}). Each turn must be <think>...</think> "
                    "followed by exactly one <tool_call>...</tool_call> or <answer>...</answer>.")
-
-
-def executor_prompt(question: str, plan: str | None) -> str:
-  text = EXECUTOR_SYSTEM + EXECUTOR_USER + question
-  return text + PLAN_GUIDE.format(plan=plan) if plan is not None else text
 
 
 def tool_message(text: str) -> dict:
@@ -178,7 +182,10 @@ Your output should only contain the guideline, with no additional explanations.
 """
 
 
-def truncate_words(text: str, max_words: int = 512) -> str:
+TRACE_WORDS = 512  # words of each tool output the authors' judge prompt shows
+
+
+def truncate_words(text: str, max_words: int = TRACE_WORDS) -> str:
   """agent_serve.py `truncate_by_whitespace_words`: tool output as the judge reads it."""
   words = text.split()
   if len(words) <= max_words:
@@ -186,7 +193,7 @@ def truncate_words(text: str, max_words: int = 512) -> str:
   return " ".join(words[:max_words] + [OMITTED])
 
 
-def render_trace(question: str, turns, max_words: int = 512) -> str:
+def render_trace(question: str, turns, max_words: int = TRACE_WORDS) -> str:
   """The execution trace of agent_serve.py `/plan`: each assistant turn as a round, each tool
   response (cut to `max_words` words) after it. `turns`: dicts with 'text' and 'tool_output'
   (or None)."""
@@ -208,9 +215,88 @@ def after_think(text: str) -> str:
   return text[start:].replace("<|im_end|>", "").strip()
 
 
-# -------------------------------------------------------------------------------- prompt styles
+# ----------------------------------------------------------------------------------- distiller
 
-STYLES = ("authors", "compact")
+DISTILLER_SYSTEM = (
+    "You are a skill synthesis and evolution expert in a memory-augmented agent system. "
+    "Your job is to analyze batches of task execution memories and distill them into "
+    "reusable, structured skill documents. Skills encode proven strategies and common "
+    "pitfalls for specific task categories. Output valid JSON only.")
+
+SKILL_SCHEMA = """{
+  "operation": "synthesize | refine | create | skip",
+  "skill": {
+    "skill_name": "<category>_<modality>_strategy",
+    "category": "<category>",
+    "modality": "<modality>",
+    "description": "One-sentence description of the skill",
+    "procedure": [
+      {"step": 1, "action": "Concrete action description", "purpose": "Why this step matters"}
+    ],
+    "pitfalls": ["Common mistake to avoid"],
+    "win_rate": 0.0,
+    "version": 1,
+    "evidence_count": 0
+  },
+  "absorbed_ids": ["list of memory data_ids whose patterns are now captured in the skill"]
+}"""
+
+SKILL_SYNTHESIS = """Analyze the following batch of task memories from the "{category}" category ({modality} modality) and synthesize a reusable skill document.
+
+[Memories]
+{formatted_memories}
+
+Requirements:
+1. Identify common strategies in successful (correct) memories — what search patterns, reasoning steps, or tool usage led to correct answers.
+2. Identify common failure modes in incorrect memories — what mistakes, wrong assumptions, or missing steps caused failures.
+3. Synthesize a structured skill with clear, atomic procedure steps that generalize across these memories.
+4. List specific pitfalls to avoid, grounded in observed failure cases.
+5. Compute win_rate as the ratio of correct memories to total memories.
+6. Set operation to "synthesize", version to 1, evidence_count to the number of memories.
+
+Output a JSON object with this exact structure (no extra text before or after the JSON):
+{skill_output_schema}"""
+
+SKILL_EVOLUTION = """Given the current skill and a batch of new evidence memories, decide how to update the skill.
+
+[Current Skill]
+{current_skill}
+
+[New Evidence Memories]
+{formatted_memories}
+
+Choose ONE operation:
+- "refine": Failures expose a specific defect in the current procedure. Fix the defective steps and update pitfalls, but preserve steps validated by successes (conservative editing — do not break what works).
+- "create": Memories reveal an effective strategy pattern NOT covered by the current skill. Create a new skill.
+- "skip": New evidence is insufficient to justify changes. Keep the skill unchanged, only update win_rate and evidence_count.
+
+Conservative editing principles:
+- Successful memories define invariants — the procedure steps they validate must NOT be modified.
+- Failed memories define modification targets — only change steps related to the failure cause.
+- Never remove a pitfall that is still relevant.
+
+Output a JSON object with this exact structure (no extra text before or after the JSON):
+{skill_output_schema}"""
+
+SUMMARY = """
+You will be given a transcript of a multi-round agent interaction (including reasoning traces, tool calls, and tool results). Your goal is to abstractly summarize the sequence of actions the model performed across rounds.
+
+Your Output Requirements:  
+Summarize what the model was doing in each major step, focusing on **abstract action patterns** while **including the key query content** (e.g., search keywords or tool parameters) that drove each step. Format each step as:  
+**action purpose** (input → output), where *input* includes representative queries or hypotheses (e.g., “search('Palace of Lost City location')”), and *output* describes the resulting insight or state change.
+
+Output in numbered steps (1., 2., 3., …). Do not copy verbatim; provide high-level abstractions that preserve intent and critical query details.  
+
+Output only the numbered step summary—no explanations, headings, or extra text. Keep it clear, concise, and ≤{words} words.
+
+Now summarize the following multi-round interaction:
+{trace}
+"""
+SUMMARY_WORDS = 300
+SKILL_FIELDS = ("skill_name", "category", "modality", "description", "procedure", "pitfalls",
+                "win_rate", "version", "evidence_count")  # of a stored skill, shown as its JSON
+
+# --------------------------------------------------------------------------------------- compact
 
 COMPACT_EXECUTOR = (
     "Answer the question by searching. Each turn: <think>...</think> then either one "
@@ -234,69 +320,119 @@ COMPACT_SKILL_FIELDS = (
     '"procedure": [{"step", "action", "purpose"}], "pitfalls", "win_rate", "version", '
     '"evidence_count"}, "absorbed_ids": [...]}')
 COMPACT_SYNTHESIS = ("Memories ({category}, {modality}):\n{formatted_memories}\nSynthesize a "
-                     "skill as JSON: {fields}")
+                     "skill as JSON: {skill_output_schema}")
 COMPACT_EVOLUTION = ("Skill: {current_skill}\nNew memories:\n{formatted_memories}\nRefine, "
-                     "create or skip, as JSON: {fields}")
+                     "create or skip, as JSON: {skill_output_schema}")
+
+# -------------------------------------------------------------------------------- prompt styles
 
 
-def check_style(style: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class PromptStyle:
+  """Every prompt of one style (AgentConfig.prompts): the builders below read only this, so a
+  style is its templates, never a branch on its name."""
+  name: str
+  executor: str  # the executor's opening, the question appended
+  plan_guide: str  # {plan}: appended after the question when there is a plan
+  revised_plan: str  # {replan}: the user message resuming a run
+  planner_system: str
+  plan: str  # {skill} {memory} {question} {words}
+  no_skill: str  # the {skill} slot when the question type has none
+  judge: str  # {trace}: the evaluate turn
+  judge_trace_words: int  # words of each tool output that trace shows
+  replan: str  # {question} {memory} {words}
+  distiller_system: str
+  skill_synthesis: str  # {category} {modality} {formatted_memories} {skill_output_schema}
+  skill_evolution: str  # {current_skill} {formatted_memories} {skill_output_schema}
+  skill_schema: str
+  summary: str  # {trace} {words}: the workflow summary
+
+
+AUTHORS = PromptStyle(
+    "authors", EXECUTOR_SYSTEM + EXECUTOR_USER, PLAN_GUIDE, REVISED_PLAN, PLANNER_SYSTEM,
+    PLAN_PROMPT, NO_SKILL, JUDGE_PROMPT, TRACE_WORDS, REPLAN_PROMPT, DISTILLER_SYSTEM,
+    SKILL_SYNTHESIS, SKILL_EVOLUTION, SKILL_SCHEMA, SUMMARY)
+COMPACT = PromptStyle(
+    "compact", COMPACT_EXECUTOR, COMPACT_PLAN_GUIDE, COMPACT_REVISED_PLAN, COMPACT_PLANNER_SYSTEM,
+    COMPACT_PLAN, COMPACT_NO_SKILL, COMPACT_JUDGE, COMPACT_TRACE_WORDS, COMPACT_REPLAN,
+    COMPACT_DISTILLER_SYSTEM, COMPACT_SYNTHESIS, COMPACT_EVOLUTION, COMPACT_SKILL_FIELDS,
+    COMPACT_SUMMARY)
+STYLES = {s.name: s for s in (AUTHORS, COMPACT)}
+
+
+def prompt_style(style: str | PromptStyle) -> PromptStyle:
+  """The style named (AgentConfig.prompts), or the style itself."""
+  if isinstance(style, PromptStyle):
+    return style
   if style not in STYLES:
-    raise ValueError(f"prompt style {style!r} not in {STYLES}")
-  return style
+    raise ValueError(f"prompt style {style!r} (AgentConfig.prompts) not in {tuple(STYLES)}")
+  return STYLES[style]
 
 
-def executor_messages(question: str, plan: str | None, style: str = "authors") -> list[dict]:
+def executor_messages(question: str, plan: str | None,
+                      style: str | PromptStyle = AUTHORS) -> list[dict]:
   """The executor's opening chat: one user message (the authors' put everything there)."""
-  if check_style(style) == "authors":
-    return [{"role": "user", "content": executor_prompt(question, plan)}]
-  text = COMPACT_EXECUTOR + question
-  text += COMPACT_PLAN_GUIDE.format(plan=plan) if plan is not None else ""
+  style = prompt_style(style)
+  text = style.executor + question
+  text += style.plan_guide.format(plan=plan) if plan is not None else ""
   return [{"role": "user", "content": text}]
 
 
-def revised_plan_message(replan: str, style: str = "authors") -> dict:
-  template = REVISED_PLAN if check_style(style) == "authors" else COMPACT_REVISED_PLAN
-  return {"role": "user", "content": template.format(replan=replan)}
+def revised_plan_message(replan: str, style: str | PromptStyle = AUTHORS) -> dict:
+  return {"role": "user", "content": prompt_style(style).revised_plan.format(replan=replan)}
 
 
 def plan_messages(skill: str, memory: str, question: str, words: int,
-                  style: str = "authors") -> list[dict]:
+                  style: str | PromptStyle = AUTHORS) -> list[dict]:
   """[system, plan prompt]; skill and memory as `planner.context_slots` gives them (skill
-  NO_SKILL when the question type has none)."""
-  if check_style(style) == "authors":
-    user = PLAN_PROMPT.format(skill=skill, memory=memory, question=question, words=words)
-    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
-  user = COMPACT_PLAN.format(skill=COMPACT_NO_SKILL if skill == NO_SKILL else skill,
-                             memory=memory, question=question, words=words)
-  return [{"role": "system", "content": COMPACT_PLANNER_SYSTEM},
-          {"role": "user", "content": user}]
+  NO_SKILL when the question type has none: the style's own words for it)."""
+  style = prompt_style(style)
+  user = style.plan.format(skill=style.no_skill if skill == NO_SKILL else skill, memory=memory,
+                           question=question, words=words)
+  return [{"role": "system", "content": style.planner_system}, {"role": "user", "content": user}]
 
 
-def judge_message(question: str, turns, style: str = "authors") -> dict:
+def judge_message(question: str, turns, style: str | PromptStyle = AUTHORS) -> dict:
   """The evaluate turn's user message: the executor's trace, then the yes / no request."""
-  if check_style(style) == "authors":
-    return {"role": "user", "content": JUDGE_PROMPT.format(trace=render_trace(question, turns))}
-  trace = render_trace(question, turns, COMPACT_TRACE_WORDS)
-  return {"role": "user", "content": COMPACT_JUDGE.format(trace=trace)}
+  style = prompt_style(style)
+  trace = render_trace(question, turns, style.judge_trace_words)
+  return {"role": "user", "content": style.judge.format(trace=trace)}
 
 
-def replan_message(question: str, memory: str | None, words: int, style: str = "authors") -> dict:
+def replan_message(question: str, memory: str | None, words: int,
+                   style: str | PromptStyle = AUTHORS) -> dict:
   """memory: rendered new memories (None: none shown)."""
   block = f"\n### [Relevant Memories]\n{memory.strip()}\n" if memory else ""
-  template = REPLAN_PROMPT if check_style(style) == "authors" else COMPACT_REPLAN
-  return {"role": "user", "content": template.format(question=question, memory=block,
-                                                     words=words)}
+  return {"role": "user", "content": prompt_style(style).replan.format(
+      question=question, memory=block, words=words)}
 
 
-def compact_skill_messages(category: str, modality: str, memories: str,
-                           current_skill: str | None) -> list[dict]:
-  """The Distiller's chat in the compact style (the authors' is distiller.skill_messages):
-  synthesis without a current skill (JSON text), evolution with one."""
+def skill_chat(category: str, modality: str, memories: str, current_skill: str | None,
+               style: str | PromptStyle = AUTHORS) -> list[dict]:
+  """The Distiller's (Writer's) chat from formatted memories (format_batch): synthesis without a
+  current skill (its JSON text), evolution with one."""
+  style = prompt_style(style)
   if current_skill is None:
-    user = COMPACT_SYNTHESIS.format(category=category, modality=modality,
-                                    formatted_memories=memories, fields=COMPACT_SKILL_FIELDS)
+    user = style.skill_synthesis.format(category=category, modality=modality,
+                                        formatted_memories=memories,
+                                        skill_output_schema=style.skill_schema)
   else:
-    user = COMPACT_EVOLUTION.format(current_skill=current_skill, formatted_memories=memories,
-                                    fields=COMPACT_SKILL_FIELDS)
-  return [{"role": "system", "content": COMPACT_DISTILLER_SYSTEM},
-          {"role": "user", "content": user}]
+    user = style.skill_evolution.format(current_skill=current_skill, formatted_memories=memories,
+                                        skill_output_schema=style.skill_schema)
+  return [{"role": "system", "content": style.distiller_system}, {"role": "user", "content": user}]
+
+
+def skill_messages(bucket, batch: Sequence[Memory], current: Skill | None,
+                   style: str | PromptStyle = AUTHORS) -> list[dict]:
+  """`skill_chat` of a bucket's memories and its stored skill (shown as the JSON of its
+  SKILL_FIELDS)."""
+  bucket = as_bucket(bucket)
+  doc = None if current is None else json.dumps(
+      {k: v for k, v in current.to_dict().items() if k in SKILL_FIELDS}, ensure_ascii=False)
+  return skill_chat(bucket.category, bucket.modality, format_batch(batch), doc, style)
+
+
+def summary_messages(trace: str, style: str | PromptStyle = AUTHORS) -> list[dict]:
+  """The Distiller's workflow summary of an execution trace (render_trace)."""
+  return [{"role": "user", "content": prompt_style(style).summary.format(trace=trace,
+                                                                         words=SUMMARY_WORDS)}]

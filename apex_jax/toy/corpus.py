@@ -157,7 +157,7 @@ def conversation(role: str, opening: list[dict], replies: Sequence[str],
 
 def executor_conversation(example: QAExample, turns: list[dict], plan: str | None,
                           config: AgentConfig) -> dict:
-  opening = prompts.executor_messages(example.question, plan, config.prompts)
+  opening = prompts.executor_messages(example.question, plan, config.prompt_style)
   follow = [[prompts.tool_message(t["tool_output"])] for t in turns[:-1]]
   return conversation("apex_execute", opening, [t["text"] for t in turns], follow, example.id)
 
@@ -197,18 +197,18 @@ def planner_conversation(example: QAExample, trace: list[dict], searched: int, c
   """context: (skill text, memory text) shown in the plan prompt (None: no skill, no memory)."""
   skill, memory = context or (prompts.NO_SKILL, skills_lib.render_memories([], []).strip())
   opening = prompts.plan_messages(skill, memory, example.question, config.plan_word_limit,
-                                  config.prompts)
+                                  config.prompt_style)
   n = example.hops
   supported = "in" if correct else "not in"
   decision = (f"<think>{searched} of {n} searches done; the answer is {supported} the "
               f"results.</think>\n{'no' if correct else 'yes'}")
   replies, follow = [plan_reply(example), decision], [[prompts.judge_message(
-      example.question, trace, config.prompts)]]
+      example.question, trace, config.prompt_style)]]
   if not correct:
     remaining = plan_steps(example)[searched:]
     replies.append(f"<think>Stopped after {searched} searches.</think>\n{numbered(remaining)}")
     follow.append([prompts.replan_message(example.question, None, config.replan_word_limit,
-                                          config.prompts)])
+                                          config.prompt_style)])
   return conversation("apex_plan", opening, replies, follow, example.id, replan=not correct)
 
 
@@ -230,9 +230,8 @@ def workflow(trace: list[dict]) -> str:
 def summary_conversation(example: QAExample, trace: list[dict], config: AgentConfig) -> dict:
   """The Distiller's summary turn of a run (Distiller.summarize on prompts.render_trace), whose
   reply is the run's `workflow`: what the memories of later plan prompts show."""
-  from apex_jax.agents.distiller import summary_messages
-
-  opening = summary_messages(prompts.render_trace(example.question, trace), config.prompts)
+  opening = prompts.summary_messages(prompts.render_trace(example.question, trace),
+                                    config.prompt_style)
   return conversation("apex_distill", opening, [workflow(trace)], [], f"summary:{example.id}",
                       summary=True)
 
@@ -269,7 +268,6 @@ def distiller_conversations(category: str, batches: Sequence[Sequence[Memory]],
   """Synthesis on the first batch, refinement on each later one. Each reply is applied to a
   scratch in-memory MemoryBank (a reply it rejects is a bug here: raised), and the current
   skill the next prompt shows is the bank's, rendered as the Distiller renders it."""
-  from apex_jax.agents import distiller
   from apex_jax.memory.schema import Bucket
   from apex_jax.memory.store import MemoryBank
 
@@ -278,15 +276,9 @@ def distiller_conversations(category: str, batches: Sequence[Sequence[Memory]],
     for batch, seen in zip(batches, pitfalls):
       skill = bank.get_skill(bucket)
       doc = None if skill is None else {k: v for k, v in skill.to_dict().items()
-                                        if k in distiller._SCHEMA_FIELDS}
+                                        if k in prompts.SKILL_FIELDS}
       reply = json.dumps(skill_reply(category, batch, doc, seen), ensure_ascii=False)
-      if config.prompts == "compact":
-        memories = skills_lib.format_batch(batch)
-        opening = prompts.compact_skill_messages(
-            category, MODALITY, memories, None if doc is None else json.dumps(doc,
-                                                                             ensure_ascii=False))
-      else:
-        opening = distiller.skill_messages(bucket, batch, skill)
+      opening = prompts.skill_messages(bucket, batch, skill, config.prompt_style)
       result = bank.apply_distiller_reply(bucket, reply, batch=list(batch), strict=True)
       assert result.applied, result
       out.append(conversation("apex_distill", opening, [reply], [], f"{category}:{batch[0].id}",

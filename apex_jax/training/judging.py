@@ -10,7 +10,7 @@
   skill_quality the distiller stage's quality term: "judge" (`SkillJudge`; the paper's) or
                 "rule" (the authors' rule-based score).
   max_tokens    the judges' reply cap.
-TTRL's no-ground-truth panel and alignment judge use the same backend (experiment.judges).
+TTRL's no-ground-truth panel and alignment judge use the same backend (pipeline.judges).
 Missing keys take the paper's defaults: accuracy "judge", rule "em", skill_quality "judge".
 """
 

@@ -17,11 +17,12 @@ another run's checkpoint is an error, as in Checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,19 @@ def save(ckpt: Checkpoints, sidecar: Sidecar, state: TrainState, payload: dict, 
   saved = ckpt.maybe_save(state, force=True)
   sidecar.prune()
   return saved
+
+
+@dataclasses.dataclass
+class RunCheckpoints:
+  """`save` as `rl.loop.run_loop`'s saver: each due step's sidecar holds `payload()` (the
+  history and counts as they stand after that step) and, with a bank, its snapshot."""
+  ckpt: Checkpoints
+  sidecar: Sidecar
+  payload: Callable[[], dict]
+  bank: Any = None
+
+  def maybe_save(self, state: TrainState, *, force: bool = False) -> bool:
+    return save(self.ckpt, self.sidecar, state, self.payload(), self.bank, force=force)
 
 
 def restore_newest(ckpt: Checkpoints, sidecar: Sidecar, template: TrainState, *, bank=None,

@@ -37,7 +37,7 @@ import jax
 from apex_jax.agents import prompts
 from apex_jax.agents.config import AgentConfig
 from apex_jax.agents.conversation import Conversation
-from apex_jax.agents.distiller import Distiller, skill_messages
+from apex_jax.agents.distiller import Distiller
 from apex_jax.agents.episode import Episode, run_episode
 from apex_jax.agents.executor import Executor
 from apex_jax.agents.planner import Planner
@@ -111,16 +111,6 @@ class ExecutorRollout:
     return _groups(trajs, g), _groups(rewards, g)
 
 
-def distiller_chat(bucket, batch, current, style: str = "authors") -> list[dict]:
-  """The Distiller's synthesis / evolution chat in the configured prompt style."""
-  if style == "authors":
-    return skill_messages(bucket, batch, current)
-  bucket = as_bucket(bucket)
-  doc = None if current is None else json.dumps(
-      {k: v for k, v in current.to_dict().items() if k in _SKILL_FIELDS}, ensure_ascii=False)
-  return prompts.compact_skill_messages(bucket.category, bucket.modality, format_batch(batch), doc)
-
-
 # skill_judge(reply, bucket, batch) -> grade in [0, 1] or None (the judge failed: rule fallback);
 # or a judges.SkillJudge, asked once per rollout for every reply that holds JSON
 SkillJudge = Callable[[str, object, Sequence], "float | None"]
@@ -178,7 +168,7 @@ class DistillerRollout:
       inputs.append((as_bucket(b), memories, self.bank.get_skill(b)))
     g = stage.group_size
     tokenizer = generator.tokenizer_of("distiller")
-    convs = [Conversation.start(tokenizer, distiller_chat(b, mems, skill, cfg.prompts))
+    convs = [Conversation.start(tokenizer, prompts.skill_messages(b, mems, skill, cfg.prompt_style))
              for b, mems, skill in _repeat(inputs, g)]
     gens = generator.generate("distiller", [c.tokens() for c in convs], rng=rng,
                               max_new_tokens=cfg.distiller_max_new_tokens, sampling=cfg.sampling)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.state import TrainState
 
@@ -133,6 +134,8 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
       done, experts, opt, rng, payload = found
       history = list(payload.get("history", []))
       resumed = True
+  saver = None if ckpt is None else resume.RunCheckpoints(ckpt, sidecar,
+                                                         lambda: {"history": history})
   start = 0
   try:
     for index, stage in enumerate(stages):
@@ -152,24 +155,28 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
       writer = metrics_lib.MetricsWriter(
           None if logdir is None else os.path.join(logdir, name), total_steps=cfg.steps,
           progress=False, resume_step=done - start if resumed else None)
-      with writer:
-        for step in range(done - start, cfg.steps):
-          rng, key = jax.random.split(rng)
-          groups, rewards = stage.rollout_fn(stage.batch(step), with_experts(generator, experts),
-                                             key, cfg)
-          _check_rollout(groups, rewards, cfg, step)
-          experts, opt, metrics = stage_updater.update(experts, opt, cfg.module, groups, rewards)
-          metrics.update(getattr(stage.rollout_fn, "metrics", None) or {})  # judge counts
-          skipped += int(metrics["skipped"] != 0)
-          metrics.update(skipped_total=float(skipped), stage=float(index),
-                         learning_rate=cfg.learning_rate)
-          writer.write(step + 1, metrics)
-          history.append({"stage": index, "module": cfg.module, "step": step + 1, **metrics})
-          done = start + step + 1
-          if ckpt is not None:
-            state = TrainState(step=jnp.int32(done), experts=experts, router=None,
-                               opt_states=opt, rng=rng, cursor=jnp.int32(step + 1))
-            resume.save(ckpt, sidecar, state, {"history": history}, force=step + 1 == cfg.steps)
+
+      def step_fn(state):  # state.step counts the whole run's updates, state.cursor this stage's
+        nonlocal skipped
+        step, experts, opt, rng = int(state.cursor), state.experts, state.opt_states, state.rng
+        rng, key = jax.random.split(rng)
+        groups, rewards = stage.rollout_fn(stage.batch(step), with_experts(generator, experts),
+                                           key, cfg)
+        _check_rollout(groups, rewards, cfg, step)
+        experts, opt, metrics = stage_updater.update(experts, opt, cfg.module, groups, rewards)
+        metrics.update(getattr(stage.rollout_fn, "metrics", None) or {})  # judge counts
+        skipped += int(metrics["skipped"] != 0)
+        metrics.update(skipped_total=float(skipped), stage=float(index),
+                       learning_rate=cfg.learning_rate)
+        history.append({"stage": index, "module": cfg.module, "step": step + 1, **metrics})
+        return TrainState(step=jnp.int32(int(state.step) + 1), experts=experts, router=None,
+                          opt_states=opt, rng=rng, cursor=jnp.int32(step + 1)), metrics
+
+      state = TrainState(step=jnp.int32(done), experts=experts, router=None, opt_states=opt,
+                         rng=rng, cursor=jnp.int32(done - start))
+      state = run_loop(step_fn, state, steps=end, writer=writer, checkpoints=saver,
+                       log_offset=start)
+      done, experts, rng = end, state.experts, state.rng
       opt, start = None, end
   finally:
     if ckpt is not None:

@@ -22,8 +22,8 @@ fallback for alignment; an unjudged answer is not counted correct), never a cras
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from morse_jax.rl import metrics as metrics_lib
+from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.state import TrainState, fingerprint
 
@@ -42,6 +43,7 @@ from apex_jax.agents.trajectory import Trajectory
 from apex_jax.judges.chat import JudgeError
 from apex_jax.judges.nogt import Candidate
 from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContext, Skill
+from apex_jax.memory.consolidation import Judged, consolidate
 from apex_jax.training import resume
 from apex_jax.training import rewards as rw
 from apex_jax.training.grpo import ModuleUpdater
@@ -204,6 +206,17 @@ def _group_rewards(episodes, query: Query, skill: Skill | None, conf: float, cfg
   return out, outcomes
 
 
+def _distill_due(bank: MemoryBank, buckets: Sequence[Bucket], distill_fn: DistillFn) -> list:
+  """distill_fn's reply for each bucket due for evolution, applied: the DistillerResults."""
+  results = []
+  for bucket in dict.fromkeys(buckets):
+    if bank.due_for_evolution(bucket):
+      batch = bank.evolution_batch(bucket)
+      reply = distill_fn(bucket, batch, bank.get_skill(bucket))
+      results.append(bank.apply_distiller_reply(bucket, reply, batch=batch))
+  return results
+
+
 def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: MemoryBank,
              generator, episode_fn: EpisodeFn, judges: Judges, distill_fn: DistillFn | None, *,
              config: TtrlConfig, rng: jax.Array, logdir: str | None = None,
@@ -249,69 +262,60 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
   writer = metrics_lib.MetricsWriter(None if logdir is None else os.path.join(logdir, "ttrl"),
                                      total_steps=config.steps, progress=False,
                                      resume_step=first if ckpt is not None else None)
-  with contextlib.ExitStack() as stack:
-    stack.enter_context(writer)
-    if ckpt is not None:
-      stack.callback(ckpt.close)
-    for step in range(first, config.steps):
-      batch = [queries[(step * config.batch_size + j) % len(queries)]
-               for j in range(config.batch_size)]
-      contexts = [bank.planner_context(q.question, q.caption, category=q.category,
-                                       modality=q.modality) for q in batch]
+
+  def step_fn(state: TrainState):  # one batch: episodes, judges, update, consolidation
+    step, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
+    batch = [queries[(step * config.batch_size + j) % len(queries)]
+             for j in range(config.batch_size)]
+    contexts = [bank.planner_context(q.question, q.caption, category=q.category,
+                                     modality=q.modality) for q in batch]
+    rng, key = jax.random.split(rng)
+    groups = episode_fn(batch, contexts, with_experts(generator, experts), key, config)
+    if len(groups) != len(batch) or any(len(g) != config.group_size for g in groups):
+      raise ValueError(f"run_ttrl step {step}: episode_fn returned group sizes "
+                       f"{[len(g) for g in groups]} for {len(batch)} queries x "
+                       f"{config.group_size}")
+    stats, rewards, judged_episodes = collections.Counter(), [], []
+    for query, ctx, group in zip(batch, contexts, groups):
+      skill = bank.get_skill(ctx.bucket)
+      conf = bank.skill_confidence(ctx.bucket)
+      group_rewards, outcomes = _group_rewards(group, query, skill, conf, config, judging,
+                                               stats, bank.config.skill_evidence_n, ctx.skill)
+      rewards.append(group_rewards)
+      for ep, correct in zip(group, outcomes):
+        if correct is None:
+          continue
+        memory = NewMemory(query.question, ep.summary or ep.workflow, correct, *ctx.bucket,
+                           caption=query.caption, data_id=query.data_id)
+        shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
+        judged_episodes.append(Judged(memory, correct, shown))
+        stats["correct"] += correct
+    trajectories = [[ep.trajectory for ep in g] for g in groups]
+    experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)
+    buckets = [ctx.bucket for ctx in contexts]
+    if evolve_fn is not None:
       rng, key = jax.random.split(rng)
-      groups = episode_fn(batch, contexts, with_experts(generator, experts), key, config)
-      if len(groups) != len(batch) or any(len(g) != config.group_size for g in groups):
-        raise ValueError(f"run_ttrl step {step}: episode_fn returned group sizes "
-                         f"{[len(g) for g in groups]} for {len(batch)} queries x "
-                         f"{config.group_size}")
-      stats, rewards, memories = collections.Counter(), [], []
-      for query, ctx, group in zip(batch, contexts, groups):
-        skill = bank.get_skill(ctx.bucket)
-        conf = bank.skill_confidence(ctx.bucket)
-        group_rewards, outcomes = _group_rewards(group, query, skill, conf, config, judging,
-                                                 stats, bank.config.skill_evidence_n, ctx.skill)
-        rewards.append(group_rewards)
-        for ep, correct in zip(group, outcomes):
-          if correct is None:
-            continue
-          memories.append(NewMemory(query.question, ep.summary or ep.workflow, correct,
-                                    *ctx.bucket, caption=query.caption, data_id=query.data_id))
-          shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
-          if shown:
-            bank.record_outcome(shown, correct)
-          stats["correct"] += correct
-      trajectories = [[ep.trajectory for ep in g] for g in groups]
-      experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)
-      added = bank.add_many(memories)
-      stats["memories_stored"] += sum(r.id is not None for r in added)
-      if evolve_fn is not None:
-        rng, key = jax.random.split(rng)
-        results = evolve_fn(bank, [ctx.bucket for ctx in contexts],
-                            with_experts(generator, experts), key)
-      else:
-        results = []
-        for bucket in dict.fromkeys(ctx.bucket for ctx in contexts):
-          if bank.due_for_evolution(bucket):
-            batch_memories = bank.evolution_batch(bucket)
-            reply = distill_fn(bucket, batch_memories, bank.get_skill(bucket))
-            results.append(bank.apply_distiller_reply(bucket, reply, batch=batch_memories))
-      for result in results:
-        stats["evolutions_applied" if result.applied else "evolutions_failed"] += 1
-        if result.unknown_absorbed_ids:  # dropped from an applied reply (memory/skills.py)
-          stats["unknown_absorbed_ids"] += result.unknown_absorbed_ids
-        if result.bucket_overwrites:  # category / modality set to the bucket's (memory/skills.py)
-          stats["bucket_overwrites"] += result.bucket_overwrites
-      judged = max(stats.pop("judged", 0), 1)
-      for name in ("arbiter", "align", "lambda"):
-        metrics[f"{name}_mean"] = stats.pop(f"{name}_sum", 0.0) / judged
-      metrics.update({k: float(v) for k, v in stats.items()})
-      metrics["judge_failures"] = float(sum(judging.failures.values()))
-      writer.write(step + 1, metrics)
-      history.append({"step": step + 1, **metrics})
-      if ckpt is not None:
-        state = TrainState(step=jnp.int32(step + 1), experts=experts, router=None,
-                           opt_states=opt, rng=rng, cursor=jnp.int32(step + 1))
-        resume.save(ckpt, sidecar, state, {"history": history,
-                                           "judge_failures": dict(judging.failures)},
-                    bank=bank, force=step + 1 == config.steps)
-  return TtrlResult(experts, history, judging.failures)
+      evolve = functools.partial(evolve_fn, bank, buckets, with_experts(generator, experts), key)
+    else:
+      evolve = functools.partial(_distill_due, bank, buckets, distill_fn)
+    consolidate(bank, judged_episodes, stats, evolve=evolve)  # stored, then evolve() called
+    judged = max(stats.pop("judged", 0), 1)
+    for name in ("arbiter", "align", "lambda"):
+      metrics[f"{name}_mean"] = stats.pop(f"{name}_sum", 0.0) / judged
+    metrics.update({k: float(v) for k, v in stats.items()})
+    metrics["judge_failures"] = float(sum(judging.failures.values()))
+    history.append({"step": step + 1, **metrics})
+    return TrainState(step=jnp.int32(step + 1), experts=experts, router=None, opt_states=opt,
+                      rng=rng, cursor=jnp.int32(step + 1)), metrics
+
+  saver = None if ckpt is None else resume.RunCheckpoints(
+      ckpt, sidecar, lambda: {"history": history, "judge_failures": dict(judging.failures)},
+      bank)
+  state = TrainState(step=jnp.int32(first), experts=experts, router=None, opt_states=opt,
+                     rng=rng, cursor=jnp.int32(first))
+  try:
+    state = run_loop(step_fn, state, steps=config.steps, writer=writer, checkpoints=saver)
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+  return TtrlResult(state.experts, history, judging.failures)

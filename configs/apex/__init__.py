@@ -1,1 +1,1 @@
-"""APEx experiment configs (apex_jax.experiment.build / run)."""
+"""APEx experiment configs (apex_jax.experiment.build, apex_jax.pipeline.run)."""

@@ -25,7 +25,7 @@ def _stage(steps, lr, max_new_tokens, batch_size=4, group_size=4):
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
-  c.system = "apex"  # launchers.train dispatches on it (-> apex_jax.experiment.run)
+  c.system = "apex"  # launchers.train dispatches on it (-> apex_jax.pipeline.run)
   c.seed = 0
   c.workdir = "/tmp/apex_runs/demo_cpu"
   c.model = dict(path=arg or os.path.join(ROOT, "assets", "toy_apex"), dtype="float32")
@@ -59,6 +59,6 @@ def get_config(arg=None):
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)
   c.judges = dict(kind="inprocess", url="", model="", max_tokens=32, accuracy="rule", rule="em",
                   skill_quality="rule")
-  # ablations: the table's rows (apex_jax.experiment.ABLATIONS); () gives every row
+  # ablations: the table's rows (apex_jax.pipeline.ABLATIONS); () gives every row
   c.eval = dict(questions=16, batch_size=16, temperature=0.0, ablations=())
   return ml_collections.ConfigDict(c)

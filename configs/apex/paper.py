@@ -109,7 +109,7 @@ def get_config(arg=None):
                   # R_acc and the Writer's quality judged by the LLM (the paper's); EM scores a
                   # reply the judge could not give (counted: judge_fallbacks)
                   accuracy="judge", rule="em", skill_quality="judge")
-  # ours: all test questions, greedy; every ablation row (apex_jax.experiment.ABLATIONS), or a
+  # ours: all test questions, greedy; every ablation row (apex_jax.pipeline.ABLATIONS), or a
   # subset: --config.eval.ablations="('full','without_ttrl')"
   c.eval = dict(questions=0, batch_size=64, temperature=0.0, ablations=())
   return ml_collections.ConfigDict(c)

@@ -24,6 +24,7 @@ import numpy as np
 from morse_jax import llm
 from morse_jax.lora import router as router_lib
 from morse_jax.lora.experts import LoraConfig, init_experts
+from morse_jax.rl import loop
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import rollout as rollout_lib
 from morse_jax.rl import train_step as ts
@@ -245,15 +246,13 @@ TIMING_KEYS = ("tokens_per_s", "time_rollout_s", "time_reward_s", "time_update_s
 def fit(trainer: Trainer, state: TrainState, source: Source, *, steps: int,
         nodes_per_step: int, checkpoints: Checkpoints | None = None,
         writer: metrics_lib.MetricsWriter | None = None) -> TrainState:
-  """Runs updates until state.step == steps, checkpointing and logging after each."""
-  while int(state.step) < steps:
+  """Runs updates until state.step == steps, checkpointing and logging after each
+  (`loop.run_loop`, which closes the writer at the end)."""
+  def step_fn(state):
     cursor = int(state.cursor)
     nodes, reward_fn = source.batch(cursor, nodes_per_step)
     state, metrics, _ = trainer.step(state, nodes, reward_fn)
-    state = dataclasses.replace(state, cursor=jnp.int32(cursor + len(nodes)))
-    if writer is not None:
-      writer.write(int(state.step), metrics)
-    if checkpoints is not None:
-      checkpoints.maybe_save(state, force=int(state.step) == steps)
-  return state
+    return dataclasses.replace(state, cursor=jnp.int32(cursor + len(nodes))), metrics
+
+  return loop.run_loop(step_fn, state, steps=steps, writer=writer, checkpoints=checkpoints)
 

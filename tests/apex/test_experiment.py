@@ -1,6 +1,6 @@
-"""apex_jax.experiment: the pieces from configs/apex/demo_cpu.py, memory building, stages, the
-ablation views and evaluation with a scripted generator (fast); the whole pipeline on a tiny
-random Hugging Face model (slow)."""
+"""apex_jax.experiment and apex_jax.pipeline: the pieces from configs/apex/demo_cpu.py, memory
+building, stages, the ablation views and evaluation with a scripted generator (fast); the whole
+pipeline on a tiny random Hugging Face model (slow)."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from apex_jax import experiment
+from apex_jax import experiment, pipeline
 from apex_jax.memory import Bucket
 from apex_jax.tools import render_tool_call
 from apex_jax.training.stages import STAGE_ORDER
@@ -65,19 +65,19 @@ def test_build_memory_build_and_stages(exp):
   assert len(exp.train) == 18 and len(exp.test) == 6  # 24 questions, test fraction 0.25
   assert exp.agents.prompts == "compact" and exp.updater.lora.roles == ("planner", "executor",
                                                                         "distiller")
-  stats = experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
+  stats = pipeline.memory_build(exp, rng=jax.random.PRNGKey(0))
   assert stats["episodes"] == 4 and stats["correct"] == 0
   assert stats["memories_stored"] == len(exp.bank) == 4
   touched = {Bucket(ex.category, "text-only") for ex in exp.train[:4]}
   assert stats["evolutions_applied"] == len(touched) == stats["skills"]
-  assert set(experiment.memory_buckets(exp.bank)) == touched
+  assert set(pipeline.memory_buckets(exp.bank)) == touched
   # skills are written at memory.evolve_temperature (greedy), the episodes at the agents' 1.0
   calls = list(zip(exp.generator.calls, exp.generator.temperatures))
   assert calls[-1] == (("distiller", len(touched)), 0.0)  # the evolution, last
   assert {t for (module, _), t in calls if module != "distiller"} == {1.0}
   # executor / planner episodes with memories shown; each example's own category
   assert [c for c, _ in exp.generator.calls[:2]] == ["planner", "executor"]
-  stages = experiment.stages(exp)
+  stages = pipeline.stages(exp)
   assert [s.config.module for s in stages] == list(STAGE_ORDER)
   assert set(stages[1].data) == touched and stages[0].data is exp.train
   for s in stages:  # every real rollout returns batch_size groups of group_size
@@ -115,13 +115,13 @@ def test_memory_build_runs_once_per_run_and_a_restart_gets_its_bank_back(tiny_mo
 
   where = str(tmp_path / "checkpoints")
   first = build(small_config(tmp_path))
-  stats = experiment.resumable_memory_build(first, rng=jax.random.PRNGKey(0), directory=where)
+  stats = pipeline.resumable_memory_build(first, rng=jax.random.PRNGKey(0), directory=where)
   first.bank.export_json(str(tmp_path / "built.json"))
   first.bank.add("Who directed Musol?", "1. search", True, category="human")  # e.g. TTRL
   first.bank.close()
   again = build(small_config(tmp_path))
-  assert experiment.resumable_memory_build(again, rng=jax.random.PRNGKey(0),
-                                           directory=where) == stats
+  assert pipeline.resumable_memory_build(again, rng=jax.random.PRNGKey(0),
+                                         directory=where) == stats
   assert again.generator.calls == []  # nothing was run again
   again.bank.export_json(str(tmp_path / "restored.json"))
   with open(tmp_path / "built.json") as f, open(tmp_path / "restored.json") as g:
@@ -130,15 +130,15 @@ def test_memory_build_runs_once_per_run_and_a_restart_gets_its_bank_back(tiny_mo
   other = small_config(tmp_path)
   other.memory_build.questions = 2
   with pytest.raises(CheckpointError, match="config memory_build differ"):
-    experiment.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0), directory=where)
-  assert experiment.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0),
-                                           directory=where, continue_other_run=True) == stats
+    pipeline.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0), directory=where)
+  assert pipeline.resumable_memory_build(build(other), rng=jax.random.PRNGKey(0),
+                                         directory=where, continue_other_run=True) == stats
 
 
 def test_evolve_temperature_is_checked(exp):
   exp.config.memory.evolve_temperature = -1.0
   with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
-    experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
+    pipeline.memory_build(exp, rng=jax.random.PRNGKey(0))
 
 
 def show_skills(exp, examples):
@@ -153,7 +153,7 @@ def show_skills(exp, examples):
 
 
 def test_ablation_views_and_evaluate(exp):
-  experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
+  pipeline.memory_build(exp, rng=jax.random.PRNGKey(0))
   q = exp.train[0]
   bucket = Bucket(q.category, "text-only")
   show_skills(exp, [q])
@@ -166,13 +166,13 @@ def test_ablation_views_and_evaluate(exp):
   assert no_mem.memory_ids == () and "None found" in no_mem.text and no_mem.skill is not None
   assert no_mem.bucket == bucket and no_mem.gamma == full.gamma
   experts = {"marker": 1}
-  scores = experiment.evaluate(exp, experts, "test", use_skills=False)
+  scores = pipeline.evaluate(exp, experts, "test", use_skills=False)
   assert exp.generator.experts is None  # evaluate samples with a copy holding `experts`
   assert scores["n"] == 3 and scores["answered"] == 1.0 and scores["em"] == 0.0
   assert sum(v["n"] for v in scores["per_category"].values()) == 3
   assert scores["context_tokens"] > scores["memory_context_tokens"] > 0
   before = len(exp.bank)
-  bare = experiment.evaluate(exp, experts, "train", use_memories=False, use_skills=False)
+  bare = pipeline.evaluate(exp, experts, "train", use_memories=False, use_skills=False)
   assert len(exp.bank) == before  # evaluation stores nothing
   assert bare["memory_context_tokens"] == 0 and bare["context_tokens"] > 0
 
@@ -184,27 +184,27 @@ def test_ablation_table_rows(exp, monkeypatch, tmp_path):
   from apex_jax.training.stages import STAGE_ORDER
 
   one_pass = str(tmp_path / "banks" / "one_pass.db")
-  stats = experiment.memory_build(exp, rng=jax.random.PRNGKey(0), snapshot=one_pass)
+  stats = pipeline.memory_build(exp, rng=jax.random.PRNGKey(0), snapshot=one_pass)
   show_skills(exp, exp.test[:3])  # skills shown on the evaluated questions
   before_ttrl = exp.bank.backup(str(tmp_path / "banks" / "before_ttrl.db"))
   exp.bank.add("a question TTRL answered", "1. searched", True, category=exp.test[0].category)
   lora = exp.updater.lora
   initial = exp.experts
   staged = jax.tree.map(lambda x: x + 1.0, initial)  # every role trained by its stage
-  final = experiment.untrained_module(jax.tree.map(lambda x: x + 2.0, staged), staged, lora,
-                                      "executor")  # TTRL: the planner (and the distiller, here)
+  final = pipeline.untrained_module(jax.tree.map(lambda x: x + 2.0, staged), staged, lora,
+                                    "executor")  # TTRL: the planner (and the distiller, here)
   used = {}
-  real = experiment.evaluate
+  real = pipeline.evaluate
 
   def evaluate(exp_, experts, *a, **kw):
     used[len(used)] = experts
     return real(exp_, experts, *a, **kw)
 
-  monkeypatch.setattr(experiment, "evaluate", evaluate)
-  rows = experiment.ablations(exp, experiment.AblationInputs(initial, staged, final, one_pass,
-                                                             before_ttrl),
-                              experiment.ABLATIONS, rng=jax.random.PRNGKey(3))
-  assert list(rows) == list(experiment.ABLATIONS)
+  monkeypatch.setattr(pipeline, "evaluate", evaluate)
+  rows = pipeline.ablations(exp, pipeline.AblationInputs(initial, staged, final, one_pass,
+                                                         before_ttrl),
+                            pipeline.ABLATIONS, rng=jax.random.PRNGKey(3))
+  assert list(rows) == list(pipeline.ABLATIONS)
   for name, row in rows.items():
     assert row["n"] == 3 and all(np.isfinite(row[k]) for k in (
         "em", "f1", "answered", "context_tokens", "memory_context_tokens")), name
@@ -230,22 +230,22 @@ def test_ablation_table_rows(exp, monkeypatch, tmp_path):
   assert ctx["without_memories_and_skills"] < min(ctx["without_memories"],
                                                   ctx["without_skills"])
   assert rows["without_memories_and_skills"]["memory_context_tokens"] == 0
-  table = experiment.ablation_table(rows)
+  table = pipeline.ablation_table(rows)
   assert table.splitlines()[0].split() == ["system", "EM", "F1", "answered", "context", "E(q)",
                                            "bank"]
-  assert len(table.splitlines()) == 1 + len(experiment.ABLATIONS)
+  assert len(table.splitlines()) == 1 + len(pipeline.ABLATIONS)
   with pytest.raises(ValueError, match="needs its bank snapshot"):
-    experiment.ablations(exp, experiment.AblationInputs(initial, staged, final), ["without_ttrl"])
+    pipeline.ablations(exp, pipeline.AblationInputs(initial, staged, final), ["without_ttrl"])
   exp.config.eval.ablations = ("full", "w/o ttrl")
   with pytest.raises(ValueError, match=r"config.eval.ablations 'w/o ttrl' not in"):
-    experiment.ablation_names(exp.config)
+    pipeline.ablation_names(exp.config)
 
 
 def test_config_judges_select_the_stage_scorers_on_one_chat(exp):
   from apex_jax.training import accuracy, judging, rollouts
 
   exp.config.stages.distiller.steps = 0  # its stage needs built memories; left out
-  stages = {s.config.module: s.rollout_fn for s in experiment.stages(exp)}
+  stages = {s.config.module: s.rollout_fn for s in pipeline.stages(exp)}
   # the demo: EM and the rule-based quality (the toy cannot grade)
   assert isinstance(stages["executor"].scorer, accuracy.RuleAccuracy)
   assert stages["planner"].scorer.metric == "em" and judging.skill_judge(exp) is None
@@ -254,7 +254,7 @@ def test_config_judges_select_the_stage_scorers_on_one_chat(exp):
   assert isinstance(acc, accuracy.JudgedAccuracy) and acc.fallback == "f1"
   assert acc.judge.config.max_tokens == skill.config.max_tokens == 32
   # one backend for R_acc, the skill judge and TTRL's panel
-  assert acc.judge.backend is skill.backend is experiment.judges(exp).nogt.backend
+  assert acc.judge.backend is skill.backend is pipeline.judges(exp).nogt.backend
   assert isinstance(rollouts.DistillerRollout(exp.bank, exp.agents, skill).skill_judge,
                     type(skill))
   exp.config.judges.accuracy = "llm"
@@ -288,7 +288,7 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   c.ttrl.update(steps=1, batch_size=1, max_new_tokens=8)
   c.judges.max_tokens = 4
   c.eval.update(questions=2, batch_size=2)
-  results = experiment.run(c)
+  results = pipeline.run(c)
   with open(os.path.join(c.workdir, "results.json")) as f:
     assert json.load(f) == json.loads(json.dumps(results))
   assert [(h["module"], h["step"]) for h in results["stages"]] == [
@@ -297,7 +297,7 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   failures = results["judge_failures"]  # a random model cannot write the judges' formats
   assert set(failures) == {"evaluator", "arbiter", "align", "calls"}
   assert sum(failures["evaluator"].values()) + sum(failures["arbiter"].values()) > 0
-  assert list(results["eval"]) == ["untrained", *experiment.ABLATIONS]
+  assert list(results["eval"]) == ["untrained", *pipeline.ABLATIONS]
   assert all(0 <= r["em"] <= 1 and r["n"] == 2 and r["context_tokens"] > 0
              for r in results["eval"].values())
   assert os.path.exists(results["eval"]["without_ttrl"]["bank"]["path"])
@@ -330,9 +330,9 @@ def test_each_stage_trains_only_its_own_expert_on_real_rollouts(tmp_path):
   for m in STAGE_ORDER:
     c.stages[m].update(batch_size=1, max_new_tokens=8, learning_rate=0.05)
   exp = experiment.build(c)
-  experiment.memory_build(exp, rng=jax.random.PRNGKey(0))
+  pipeline.memory_build(exp, rng=jax.random.PRNGKey(0))
   experts = exp.experts
-  for stage in experiment.stages(exp):
+  for stage in pipeline.stages(exp):
     def rollout_fn(batch, generator, rng, cfg, real=stage.rollout_fn):
       groups, _ = real(batch, generator, rng, cfg)
       return groups, [[float(i % 2) for i in range(len(g))] for g in groups]
@@ -351,7 +351,7 @@ def test_print_summary_reads_a_results_dict(capsys):
              "ttrl": [{"reward_mean": 0.1}],
              "eval": {"untrained": {"em": 0.25, "f1": 0.5, "answered": 1.0},
                       "full": {"em": 0.5, "f1": 0.75, "answered": 1.0}}}
-  experiment.print_summary(results, "/w")
+  pipeline.print_summary(results, "/w")
   out = capsys.readouterr().out
   assert "executor   4 updates (1 skipped: flat rewards); mean reward first half 0.300, last " \
          "half 0.700" in out
@@ -374,7 +374,7 @@ class _FakeChat:
 
 
 def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
-  """experiment.run killed in the planner stage, restarted, killed in TTRL's second step,
+  """pipeline.run killed in the planner stage, restarted, killed in TTRL's second step,
   restarted: the stages' and TTRL's histories, the memory-building stats, the ablation table
   and the final bank equal an unbroken run's."""
   from apex_jax.training import judging, rollouts
@@ -386,11 +386,11 @@ def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
     gen.experts = None
     return real_build(c, model=tiny_model, generator=gen, embedder=HashEmbedder(64))
 
-  monkeypatch.setattr(experiment, "build", build)
+  monkeypatch.setattr(pipeline, "build", build)
   monkeypatch.setattr(judging, "judge_chat", lambda exp: _FakeChat())
-  monkeypatch.setattr(experiment, "export_adapters", lambda *a: {})
+  monkeypatch.setattr(pipeline, "export_adapters", lambda *a: {})
   kill = {}
-  real_stages, real_episodes = experiment.stages, rollouts.TtrlEpisodes.__call__
+  real_stages, real_episodes = pipeline.stages, rollouts.TtrlEpisodes.__call__
 
   def stages(exp):
     out = real_stages(exp)
@@ -408,7 +408,7 @@ def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
       raise _Killed("ttrl")
     return real_episodes(self, *args)
 
-  monkeypatch.setattr(experiment, "stages", stages)
+  monkeypatch.setattr(pipeline, "stages", stages)
   monkeypatch.setattr(rollouts.TtrlEpisodes, "__call__", episodes)
 
   def config(workdir):
@@ -431,17 +431,17 @@ def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
       out["bank"] = json.load(f)
     return out
 
-  unbroken = comparable(experiment.run(config(tmp_path / "a")), tmp_path / "a")
+  unbroken = comparable(pipeline.run(config(tmp_path / "a")), tmp_path / "a")
   workdir = tmp_path / "b"
   kill.update(stage="planner")
   with pytest.raises(_Killed):
-    experiment.run(config(workdir))
+    pipeline.run(config(workdir))
   kill.clear()
   kill.update(ttrl=2)
   with pytest.raises(_Killed):
-    experiment.run(config(workdir))
+    pipeline.run(config(workdir))
   kill.clear()
-  resumed = experiment.run(config(workdir))
+  resumed = pipeline.run(config(workdir))
   assert kill["ttrl_calls"] == 1  # only TTRL's second step ran again
   assert len(unbroken["stages"]) == 6 and len(unbroken["ttrl"]) == 2
   assert len(unbroken["bank"]["memories"]) > unbroken["memory_build"]["memories_stored"]

@@ -4,7 +4,7 @@ and a search index over it."""
 
 import pytest
 
-from apex_jax import experiment
+from apex_jax import experiment, pipeline
 from apex_jax.datasets import World
 from apex_jax.training.stages import STAGE_ORDER
 from configs.apex import demo_cpu, paper
@@ -52,7 +52,7 @@ def test_epochs_become_steps():
   c = paper.get_config()
   assert experiment.phase_steps(c.stages.executor, 1000) == 63  # ceil(8 * 1000 / 128)
   assert experiment.phase_steps(c.ttrl, 20) == 3  # ceil(20 / 8)
-  assert experiment.ttrl_config(c.ttrl, 20).learning_rate == 2e-7
+  assert pipeline.ttrl_config(c.ttrl, 20).learning_rate == 2e-7
   demo = demo_cpu.get_config()
   assert experiment.phase_steps(demo.stages.executor, 1000) == demo.stages.executor.steps
 
@@ -77,7 +77,7 @@ def test_builds_on_a_tiny_model(tmp_path):
   # the executor stage reads the paper's tool length, TTRL its own; the distiller stage needs
   # memories first (memory_build), so only the two question stages are built here
   c.stages.distiller.epochs = 0
-  built = experiment.stages(exp)
+  built = pipeline.stages(exp)
   assert [(s.config.module, s.config.steps, s.config.batch_size) for s in built] == [
       ("executor", 1, 128), ("planner", 2, 48)]  # ceil(8 * 12 / 128), ceil(5 * 12 / 48)
   assert [s.rollout_fn.agent_config.max_tool_tokens for s in built] == [4096, 8192]

@@ -5,7 +5,7 @@ import json
 import jax
 
 from apex_jax.agents import AgentConfig, Distiller, Executor, Planner, run_episode
-from apex_jax.agents.distiller import skill_messages
+from apex_jax.agents.prompts import skill_messages
 from apex_jax.memory import MemoryBank, MemoryConfig
 from tests.apex.agents import fakes
 from tests.apex.memory.fakes import HashEmbedder

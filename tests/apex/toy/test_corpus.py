@@ -122,7 +122,7 @@ def test_planner_context_renders_as_the_bank_shows_it(compact, world):
 
 
 def test_summary_turns_are_the_workflow_of_a_run(compact, world):
-  from apex_jax.agents.distiller import summary_messages
+  from apex_jax.agents.prompts import summary_messages
 
   summaries = [t for t in compact[0] if t.get("summary")]
   assert compact[1]["summary"] == len(summaries) > 0.1 * len(world.examples)

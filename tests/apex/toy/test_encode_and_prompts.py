@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from apex_jax.agents import AgentConfig, AgentConfigError, Executor, Planner, distiller, prompts
+from apex_jax.agents import AgentConfig, AgentConfigError, Executor, Planner, prompts
 from apex_jax.agents.generator import Generation
 from apex_jax.memory.records import Memory
 from apex_jax.toy import encode
@@ -137,8 +137,8 @@ def test_compact_prompts_shorter_with_the_same_protocol(toy_tok):
         prompts.plan_messages(prompts.NO_SKILL, memory, q, 400, style),
         [prompts.judge_message(q, [{"text": "<answer>x</answer>", "tool_output": None}], style)],
         [prompts.replan_message(q, None, 200, style)]]
-  pairs["authors"].append(distiller.skill_messages(("location", "text-only"), batch, None))
-  pairs["compact"].append(prompts.compact_skill_messages("location", "text-only", "m", None))
+  pairs["authors"].append(prompts.skill_messages(("location", "text-only"), batch, None))
+  pairs["compact"].append(prompts.skill_chat("location", "text-only", "m", None, "compact"))
   for authors_msgs, compact_msgs in zip(pairs["authors"], pairs["compact"]):
     assert _count(toy_tok, compact_msgs) < 0.4 * _count(toy_tok, authors_msgs)
   executor = pairs["compact"][0][0]["content"]
