@@ -129,13 +129,17 @@ def _attention(q, k, v, mask, config: LlmConfig):
   groups = config.num_heads // config.num_kv_heads
   if t == 1:
     return _decode_attention(q, k, v, mask, config)
+  out_dtype = v.dtype
+  if jax.default_backend() == "cpu" and q.dtype != jnp.float32:
+    # XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk")
+    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
   q = q.reshape(b, t, config.num_kv_heads, groups, config.head_dim)
   scores = jnp.einsum("btkgx,bksx->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = scores * (config.head_dim ** -0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bksx->btkgx", probs, v, preferred_element_type=jnp.float32)
-  return out.reshape(b, t, config.q_size).astype(v.dtype)
+  return out.reshape(b, t, config.q_size).astype(out_dtype)
 
 
 def _decode_attention(q, k, v, mask, config: LlmConfig):

@@ -260,3 +260,19 @@ def test_chunked_prefill_equals_one_pass(params, chunk):
                                atol=2e-5, rtol=1e-5)
   np.testing.assert_array_equal(np.asarray(parts_cache.next_pos), [45, 30, 7])
   assert int(parts_cache.length) == 48
+
+
+def test_bfloat16_weights_sample_on_cpu():
+  """bf16 weights: prefill attention runs in f32 on XLA:CPU (it has no batched bf16 x bf16 ->
+  f32 dot; sampling raised UNIMPLEMENTED before); the first greedy token is the bf16 forward's
+  argmax, and bf16 logits stay within 5% of the f32 model's range."""
+  params32 = llm.init_random(CONFIG, jax.random.key(0), scale=0.3)
+  params16 = llm.params.cast(params32, jnp.bfloat16)
+  prompts = prompts_of([5, 5])
+  out16 = llm.sample(params16, CONFIG, prompts, max_new_tokens=6, rng=jax.random.key(0),
+                     sampling=llm.GREEDY)
+  tokens = jnp.asarray(prompts)
+  logits16 = np.asarray(llm.forward(params16, CONFIG, tokens)[0], np.float32)
+  logits32 = np.asarray(llm.forward(params32, CONFIG, tokens)[0])
+  np.testing.assert_array_equal(out16.tokens[:, 0], logits16[:, -1].argmax(-1))
+  assert np.abs(logits16 - logits32).max() < 0.05 * np.abs(logits32).max()

@@ -1,5 +1,7 @@
 """Mixture kernels against a per-expert loop, inside the model, against peft, and exported."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,19 +97,44 @@ def test_kernels_agree_inside_the_model_prefill_and_decode(llama):
     out, _ = llm.forward(model.params, model.config, tokens,
                          adapter=adapter_for(experts, model, routes, kernel))
     np.testing.assert_allclose(out, dense, atol=1e-4)
-  # Cached decode with experts equals the full pass (scan path and per-layer path).
+  # Cached decode with experts equals the full pass (scan path, per-layer path, and the CPU
+  # decode loop's fused [in, out] layers).
   adapter = adapter_for(experts, model, routes, "gather")
-  for layers in (model.params.layers, llm.unstack_layers(model.params.layers)):
-    params = llm.Params(embed=model.params.embed, layers=layers,
-                        final_norm=model.params.final_norm, lm_head=model.params.lm_head)
-    cache = llm.init_cache(model.config, 4, 16)
-    first, cache = llm.forward(params, model.config, tokens[:, :6], cache=cache, adapter=adapter)
-    steps = [first]
-    for i in range(6, 9):
-      logits, cache = llm.forward(params, model.config, tokens[:, i:i + 1], cache=cache,
-                                  adapter=adapter)
-      steps.append(logits)
-    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), dense, atol=1e-4)
+  for layers in (model.params.layers, llm.unstack_layers(model.params.layers),
+                 llm.decode_layers(model.params.layers)):
+    params = dataclasses.replace(model.params, layers=layers)
+    np.testing.assert_allclose(prefill_then_decode(params, model.config, tokens, 6, adapter),
+                               dense, atol=1e-4)
+
+
+def prefill_then_decode(params, config, tokens, prefix: int, adapter):
+  """Logits of every position: the first `prefix` tokens in one cached pass, then one by one."""
+  cache = llm.init_cache(config, tokens.shape[0], tokens.shape[1] + 1)
+  first, cache = llm.forward(params, config, tokens[:, :prefix], cache=cache, adapter=adapter)
+  steps = [first]
+  for i in range(prefix, tokens.shape[1]):
+    logits, cache = llm.forward(params, config, tokens[:, i:i + 1], cache=cache, adapter=adapter)
+    steps.append(logits)
+  return jnp.concatenate(steps, axis=1)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "merged"])
+def test_fused_decode_layers_with_every_target_and_biases(hf_folders, kernel):
+  """qwen2 (q/k/v biases) with experts on all seven projections: the fused layers' one q/k/v
+  and one gate/up matmul plus each target's delta equal the stored layout, prefill and decode."""
+  folder, _ = hf_folders["qwen2"]
+  model = llm.load(folder)
+  every = lora.LoraConfig(targets=tuple(lora.TARGETS), last_n_layers=2, rank=4, alpha=8.0)
+  experts = jax.tree.map(lambda x: x + 0.05, lora.init_experts(every, model.config,
+                                                                jax.random.key(4)))
+  sets = ROUTE_SETS if kernel == "dense" else [ROUTE_SETS[0]] * len(ROUTE_SETS)
+  adapter = lora.make_adapter(experts, every, model.config, sets, kernel=kernel)
+  tokens = jnp.asarray(tiny_models.random_tokens(2, (4, 7)))
+  fused = dataclasses.replace(model.params, layers=llm.decode_layers(model.params.layers))
+  want, _ = llm.forward(model.params, model.config, tokens, adapter=adapter)
+  assert float(jnp.abs(want - llm.forward(model.params, model.config, tokens)[0]).max()) > 1e-2
+  np.testing.assert_allclose(prefill_then_decode(fused, model.config, tokens, 5, adapter), want,
+                             atol=1e-4)
 
 
 def test_merged_kernel_and_merged_weights_match(llama, tmp_path):
