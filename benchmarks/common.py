@@ -1,10 +1,23 @@
-"""What every benchmark shares: the machine description and the JSON report."""
+"""What every benchmark shares: the machine description and JSON report, a median timer, and the
+single-agent HumanEval prompts."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
+import time
+
+
+def median_seconds(fn, repeats: int) -> float:
+  """The median wall time of `repeats` calls of fn()."""
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
 
 
 def write_report(name: str, out: str | None, **fields) -> dict:

@@ -19,7 +19,6 @@ transformers call (warm-up).
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 
@@ -29,7 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from absl import app, flags
 
-from benchmarks.common import write_report
+from benchmarks.common import median_seconds, write_report
 
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this file.")
 _QUICK = flags.DEFINE_bool("quick", False, "Tiny model only, fewer repeats.")
@@ -55,15 +54,6 @@ MODELS = {
                      num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8),
 }
 MODES = {"greedy": dict(temperature=0.0, top_p=1.0), "sample_top_p": dict(temperature=1.0, top_p=0.9)}
-
-
-def _time(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 
 def run_case(name, shape, mode, repeats, dtype_name):
@@ -108,7 +98,7 @@ def run_case(name, shape, mode, repeats, dtype_name):
   ours()
   compile_s = time.perf_counter() - start
   theirs()
-  our_s, their_s = _time(ours, repeats), _time(theirs, repeats)
+  our_s, their_s = median_seconds(ours, repeats), median_seconds(theirs, repeats)
   tokens = ROWS * NEW
   return {
       "case": f"{name}/{mode}", "model": name, "mode": mode, "dtype": dtype_name,

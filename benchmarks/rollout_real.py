@@ -4,7 +4,6 @@ transformers' `generate` on the same files and prompts (see benchmarks/rollout.p
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
 ROWS, PROMPT_TOKENS, NEW = (8, 32), (64, 350), 256
@@ -26,15 +25,6 @@ def humaneval_prompts(model, rows: int, length: int) -> list[list[int]]:
   return [p[-length:] for p in long_enough[:rows]]
 
 
-def _median_seconds(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def same_tokens(ours, theirs) -> dict:
   """Rows whose greedy tokens are equal, and the first position where any row differs."""
   import numpy as np
@@ -50,6 +40,7 @@ def run_case(model, hf, rows: int, length: int, mode: str, repeats: int) -> dict
   import torch
 
   from benchmarks import decode_step
+  from benchmarks.common import median_seconds
   from morse_jax import llm
 
   prompts = humaneval_prompts(model, rows, length)
@@ -77,11 +68,11 @@ def run_case(model, hf, rows: int, length: int, mode: str, repeats: int) -> dict
   start = time.perf_counter()
   first = ours()
   compile_s = time.perf_counter() - start
-  our_s = _median_seconds(ours, repeats)  # before torch runs at all in this case
+  our_s = median_seconds(ours, repeats)  # before torch runs at all in this case
   with torch.no_grad():  # warm-up
     hf.generate(input_ids=ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]),
                 **{**gen, "max_new_tokens": 2, "min_new_tokens": 2})
-  their_s = _median_seconds(theirs, max(1, repeats - 1))  # ~1 minute per call
+  their_s = median_seconds(theirs, max(1, repeats - 1))  # ~1 minute per call
   tokens = rows * NEW
   result = {
       "case": f"smollm2/{rows}x{length}/{mode}", "model": "SmolLM2-135M-Instruct", "mode": mode,
