@@ -186,12 +186,13 @@ def _layer(x, lp: LayerParams | FusedLayer, lora, ctx, kv):
   fused = isinstance(lp, FusedLayer)
 
   def proj(target, h, w, bias=None):
-    adapted = lora is not None and target in lora
     if fused:  # w is [in, out]
       y = jnp.einsum("btd,do->bto", h, w, preferred_element_type=jnp.float32)
       y = y if bias is None else y + bias
       return _plus_delta(y, target, h, lora, adapter).astype(h.dtype)
-    return adapter.project(h, w, bias, lora[target]) if adapted else _linear(h, w, bias)
+    if lora is None or target not in lora:
+      return _linear(h, w, bias)
+    return adapter.project(h, w, bias, lora[target])
 
   b, t, _ = x.shape
   h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)

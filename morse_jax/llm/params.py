@@ -4,7 +4,7 @@ Projection weights are stored [out, in], as torch.nn.Linear and PEFT store them:
 transpose, and checkpoints, sharding rules and adapters all speak this layout. The CPU decode loop
 runs on `FusedLayer` copies instead ([in, out], q/k/v and gate/up fused), made once per generate
 call: XLA:CPU reads an [in, out] weight at batch 8 faster than an [out, in] one contracted on its
-last axis, and one fused matmul replaces three (benchmarks/rollout.py measures both).
+last axis, and one fused matmul replaces three (benchmarks/decode_step.py measures the step).
 Dimension letters used across the package: b batch, t query tokens, s key slots, d hidden,
 h query heads, k kv heads, g heads per kv head, x head_dim, f mlp, v vocab, l layers.
 """

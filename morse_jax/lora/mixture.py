@@ -136,8 +136,9 @@ def _grouped(x, a, b, routes: Routes):
 
 
 def mixture_delta(x, a, b, routes: Routes, kernel: str):
-  """The unscaled per-row mixture x -> [b, t, o] float32 by a per-row kernel ("merged", which
-  folds the delta into the frozen weight, adds it as a gather over row 0's route instead)."""
+  """The unscaled per-row mixture x -> [b, t, o] float32 by a per-row kernel. "merged" folds its
+  delta into the frozen weight, which a fused decode layer does not hold apart; its rows share
+  one route, so `gather` gives the same delta."""
   if kernel == "auto":
     kernel = pick_kernel(x.shape[1], a.shape[0], routes.idx.shape[1])
   if kernel == "merged":
