@@ -1,14 +1,17 @@
 """Per-row mixtures of LoRA experts end to end, at SmolLM2-135M shapes with the authors' layout
 (q, v, o of the last 8 layers, r 8, role + 2 of 4 subtask experts).
 
-  python -m benchmarks.mixture_e2e [--model=DIR] [--out=FILE] [--repeats=3]
+  python -m benchmarks.mixture_e2e [--model=DIR] [--out=FILE] [--repeats=3] [--cases=sampler,update]
 
 - sampler: `llm.sample` on the real weights, 8 rows of 350-token HumanEval prompts, 128 new
   tokens, greedy, EOS off: bare (no adapter) against 8 rows with 8 distinct routes (the per-row
   kernel `auto` picks) and against one route shared by every row (`merged`).
 - update: one jitted `train_step` (HGRPO, the router's update included) on 8 rows x 256 tokens
   with the same backbone: 4 routes of 2 candidates each against one route shared by every row
-  (what a trainer without per-row mixtures runs), with the kernel training picks for the former.
+  (what a trainer without per-row mixtures runs), with the kernel training picks for both, and
+  against a plain single LoRA (`single`: every row on expert 0 alone, route width 1, the
+  `gather` kernel: x A B per adapted projection, what peft trains). The router's update is in
+  every variant's step.
 
 Goals (issue 20): both per-row ratios <= 1.10. Timings are medians of interleaved repeats, so
 drift in machine load hits every variant alike; compiles are excluded.
@@ -89,25 +92,28 @@ def update_case(model, experts, lcfg, repeats: int) -> dict:
   states = ts.init_opt_states(experts, rparams, step_config)
   kernel = lora.make_adapter(experts, lcfg, config, UPDATE_ROUTES).kernel
   fns = {}
-  for name, sets in (("per_row", UPDATE_ROUTES), ("shared", SHARED)):
+  for name, sets, width, kern in (("per_row", UPDATE_ROUTES, 3, kernel),
+                                  ("shared", SHARED, 3, kernel),
+                                  ("single", [[0]] * ROWS, 1, "gather")):
     batch = ts.PolicyBatch(
         tokens=rng.integers(1, config.vocab_size, (ROWS, UPDATE_TOKENS)).astype(np.int32),
         attention_mask=np.ones((ROWS, UPDATE_TOKENS), np.int32), loss_mask=loss_mask,
         logp_old=(-8.0 * loss_mask).astype(np.float32),
         rewards=rng.random(ROWS).astype(np.float32),
         route=(np.arange(ROWS) // 2).astype(np.int32), valid=np.ones(ROWS, np.float32),
-        routes=mixture.uniform_routes(sets, 3))
+        routes=mixture.uniform_routes(sets, width))
     args = (model.params, experts, rparams, states, batch, rbatch)
     compiled = ts.train_step.lower(
         *args, config=config, router_config=rcfg, step_config=step_config,
-        layers=lcfg.adapted_layers(config), scale=lcfg.scale, kernel=kernel,
+        layers=lcfg.adapted_layers(config), scale=lcfg.scale, kernel=kern,
         routes_per_node=2, num_routes=ROWS // 2).compile()
     fns[name] = lambda c=compiled, a=args: jax.block_until_ready(c(*a))
   for fn in fns.values():
     fn()
   seconds = _interleaved(fns, repeats)
   return {"rows": ROWS, "tokens_per_row": UPDATE_TOKENS, "kernel": kernel, "seconds": seconds,
-          "per_row_over_shared": seconds["per_row"] / seconds["shared"]}
+          "per_row_over_shared": seconds["per_row"] / seconds["shared"],
+          "per_row_over_single": seconds["per_row"] / seconds["single"]}
 
 
 def main(argv):
@@ -123,12 +129,16 @@ def main(argv):
   experts = lora.init_experts(lcfg, model.config, jax.random.key(1))
   # B starts at 0; non-zero deltas, as after some training (the cost does not depend on it)
   experts = jax.tree.map(lambda x: x + jnp.asarray(1e-3, x.dtype), experts)
-  sampler = sampler_case(model, experts, lcfg, f.repeats)
-  print(f"sampler: per-row routes {sampler['per_row_over_bare']:.3f}x bare, one shared route "
-        f"{sampler['shared_over_bare']:.3f}x ({sampler['seconds']})", flush=True)
-  update = update_case(model, experts, lcfg, f.repeats)
-  print(f"update: per-row routes {update['per_row_over_shared']:.3f}x one shared route "
-        f"({update['seconds']}, kernel {update['kernel']})", flush=True)
+  sampler = update = None
+  if "sampler" in f.cases:
+    sampler = sampler_case(model, experts, lcfg, f.repeats)
+    print(f"sampler: per-row routes {sampler['per_row_over_bare']:.3f}x bare, one shared route "
+          f"{sampler['shared_over_bare']:.3f}x ({sampler['seconds']})", flush=True)
+  if "update" in f.cases:
+    update = update_case(model, experts, lcfg, f.repeats)
+    print(f"update: per-row routes {update['per_row_over_shared']:.3f}x one shared route, "
+          f"{update['per_row_over_single']:.3f}x a plain single LoRA ({update['seconds']}, "
+          f"kernel {update['kernel']})", flush=True)
   write_report("mixture_e2e", f.out or None, sampler=sampler, update=update,
                lora={"targets": lcfg.targets, "last_n_layers": lcfg.last_n_layers,
                      "rank": lcfg.rank, "experts": lcfg.num_experts})
@@ -139,4 +149,5 @@ if __name__ == "__main__":
                       "Hugging Face folder.")
   flags.DEFINE_string("out", "benchmarks/results/mixture_e2e_cpu.json", "JSON ('' for none).")
   flags.DEFINE_integer("repeats", 3, "Interleaved timed repeats (median).")
+  flags.DEFINE_list("cases", ["sampler", "update"], "Which cases to run.")
   app.run(main)
