@@ -1,7 +1,7 @@
 """Generated tokens per second: our sampler against transformers' `generate`, same weights, one run.
 
   python -m benchmarks.rollout [--models=smollm2,tiny,llama_100m] [--out FILE] [--quick]
-                               [--dtype float32|bfloat16]
+                               [--dtype float32|bfloat16] [--cases=32x350/top_p_0.9]
 
 `smollm2`: the real SmolLM2-135M-Instruct (`make real-model`'s folder), read by both sides from
 the same files. Prompts are HumanEval executor prompts as `launchers.evaluate` builds them (chat
@@ -39,6 +39,8 @@ _MODELS = flags.DEFINE_list("models", ["smollm2", "tiny", "llama_100m"],
 _REAL = flags.DEFINE_string("real_model", "~/.cache/morse_jax/models/SmolLM2-135M-Instruct",
                             "The smollm2 case's Hugging Face folder.")
 _THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
+_CASES = flags.DEFINE_list("cases", [], "Only these SmolLM2 cases, ROWSxPROMPT/MODE (e.g. "
+                           "32x350/top_p_0.9); empty: every one.")
 
 ROWS, PROMPT, NEW = 16, 64, 128
 
@@ -122,7 +124,7 @@ def main(argv):
     if name == "smollm2":
       from benchmarks import rollout_real
 
-      cases = rollout_real.run_all(_REAL.value, repeats, _DTYPE.value)
+      cases = rollout_real.run_all(_REAL.value, repeats, _DTYPE.value, _CASES.value)
     else:
       cases = (run_case(name, MODELS[name], mode, repeats, _DTYPE.value) for mode in MODES)
     for r in cases:

@@ -87,8 +87,9 @@ def run_case(model, hf, rows: int, length: int, mode: str, repeats: int) -> dict
   return result
 
 
-def run_all(folder: str, repeats: int, dtype_name: str):
-  """Yields each case's result (rows x prompt length x mode)."""
+def run_all(folder: str, repeats: int, dtype_name: str, only=()):
+  """Yields each case's result (rows x prompt length x mode); `only`: names ROWSxPROMPT/MODE to
+  run (every case when empty)."""
   import jax.numpy as jnp
   import torch
   from transformers import AutoModelForCausalLM
@@ -98,7 +99,11 @@ def run_all(folder: str, repeats: int, dtype_name: str):
   folder = os.path.expanduser(folder)
   model = llm.load(folder, dtype=getattr(jnp, dtype_name))
   hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name)).eval()
-  for rows in ROWS:
-    for length in PROMPT_TOKENS:
-      for mode in MODES:
-        yield run_case(model, hf, rows, length, mode, repeats)
+  names = [(rows, length, mode) for rows in ROWS for length in PROMPT_TOKENS for mode in MODES]
+  unknown = set(only) - {f"{r}x{n}/{m}" for r, n, m in names}
+  if unknown:
+    raise ValueError(f"--cases: unknown {sorted(unknown)}; known ROWSxPROMPT/MODE with ROWS in "
+                     f"{ROWS}, PROMPT in {PROMPT_TOKENS}, MODE in {tuple(MODES)}")
+  for rows, length, mode in names:
+    if not only or f"{rows}x{length}/{mode}" in only:
+      yield run_case(model, hf, rows, length, mode, repeats)
