@@ -155,14 +155,15 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
 
 
 def train(config) -> dict:
-  """Runs until config.train.steps updates (one per wave); returns the last wave's metrics."""
+  """Runs until config.train.steps updates (one per wave; a batch of tasks per call of
+  `rl.loop.run_loop`'s step) or config.train.max_minutes; returns the last wave's metrics."""
   import dataclasses
 
   import jax
   import jax.numpy as jnp
 
   from morse_jax.mas import experiment, runner
-  from morse_jax.rl import distributed, metrics
+  from morse_jax.rl import distributed, loop, metrics
   from morse_jax.rl.state import Checkpoints
 
   use_compilation_cache(config)
@@ -193,35 +194,41 @@ def train(config) -> dict:
   print(f"{len(problems)} training problems; {config.train.steps} updates; "
         f"B={config.train.routes_per_node} M={config.train.group_size} algo={config.algo}")
   banner("train")
-  last, saved = {}, int(state.step)
-  with metrics.MetricsWriter(workdir, total_steps=config.train.steps,
-                             resume_step=resume) as writer:
-    start = time.perf_counter()
-    while int(state.step) < config.train.steps:
-      if config.train.max_minutes and time.perf_counter() - start > 60 * config.train.max_minutes:
-        print(f"time budget of {config.train.max_minutes} min reached at step {int(state.step)}")
-        break
-      cursor, n = int(state.cursor), config.train.tasks_per_step
-      batch = [problems[(cursor + i) % len(problems)] for i in range(n)]
-      state, outcomes, history = runner.train(trainer, state, exp.agents, exp.family, batch,
-                                              exp.graphs(batch),
-                                              merge_mode=config.router.merge_experts,
-                                              seed=config.seed + cursor,
-                                              skip_blocked=config.train.skip_blocked,
-                                              train_merges=config.train.train_merges)
-      state = dataclasses.replace(state, cursor=jnp.int32(cursor + n))
-      first = int(state.step) - len(history) + 1
-      for step, m in enumerate(history, first):
-        m["problem_pass"] = sum(bool(t.score.passed) for t in outcomes) / len(outcomes)
-        writer.write(step, m)
-        last = m
-      # Checkpoints fall between batches, so a resumed run restarts at a batch boundary.
-      if int(state.step) - saved >= config.train.checkpoint_every:
-        ckpt.maybe_save(state, force=True)
-        saved = int(state.step)
-    if int(state.step) > saved:  # the last batch (steps reached or time budget spent)
-      ckpt.maybe_save(state, force=True)
-  ckpt.close()
+  last = {}
+
+  def step_fn(state):  # one batch of tasks: one update per DAG wave, metrics per wave
+    nonlocal last
+    cursor, n = int(state.cursor), config.train.tasks_per_step
+    batch = [problems[(cursor + i) % len(problems)] for i in range(n)]
+    state, outcomes, history = runner.train(trainer, state, exp.agents, exp.family, batch,
+                                            exp.graphs(batch),
+                                            merge_mode=config.router.merge_experts,
+                                            seed=config.seed + cursor,
+                                            skip_blocked=config.train.skip_blocked,
+                                            train_merges=config.train.train_merges)
+    problem_pass = sum(bool(t.score.passed) for t in outcomes) / len(outcomes)
+    for m in history:
+      m["problem_pass"] = problem_pass
+    last = history[-1] if history else last
+    return dataclasses.replace(state, cursor=jnp.int32(cursor + n)), history
+
+  writer = metrics.MetricsWriter(workdir, total_steps=config.train.steps, resume_step=resume)
+  start, budget = time.perf_counter(), 60 * config.train.max_minutes
+
+  def out_of_time(state) -> bool:
+    if budget and time.perf_counter() - start > budget:
+      print(f"time budget of {config.train.max_minutes} min reached at step {int(state.step)}")
+      return True
+    return False
+
+  # Saves fall between batches (a resumed run restarts at a batch boundary), once at least
+  # checkpoint_every updates passed: a batch's waves can step over a multiple of it.
+  saver = loop.SinceLastSave(ckpt, every=config.train.checkpoint_every, start=int(state.step))
+  try:
+    loop.run_loop(step_fn, state, steps=config.train.steps, writer=writer, checkpoints=saver,
+                  should_stop=out_of_time)
+  finally:
+    ckpt.close()
   return last
 
 

@@ -12,7 +12,7 @@ _EXPORTS = {
     "advantages": ("HgrpoAdvantages", "RowAdvantages", "grpo", "hgrpo", "row_advantages"),
     "losses": ("aggregate", "k3_kl", "policy_loss", "router_loss"),
     "batch": ("PolicyBatch", "RouterBatch", "Segment", "pack", "update_batch"),
-    "loop": ("run_loop",),
+    "loop": ("SinceLastSave", "run_loop"),
     "rollout": ("GroupRollout", "NodeRequest"),
     "state": ("CheckpointError", "Checkpoints", "TrainState"),
     "train_step": ("StepConfig",),

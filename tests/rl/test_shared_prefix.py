@@ -3,6 +3,7 @@ equals the step on the rows."""
 
 import dataclasses
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -93,8 +94,7 @@ def test_step_on_shared_prefixes_equals_step_on_rows(setup):  # noqa: F811
   for epoch in (0, 1):
     for key in ("expert_loss", "expert_grad_norm", "clip_frac", "kl", "entropy", "router_loss"):
       np.testing.assert_allclose(got[3][epoch][key], ref[3][epoch][key], rtol=1e-5, atol=1e-7)
-  for a, b in zip(jax.tree.leaves(got[:3]), jax.tree.leaves(ref[:3])):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(got[:3], ref[:3], rtol=1e-4, atol=1e-6)
   with pytest.raises(ValueError, match="micro_batches=2 with PolicyBatch.shared"):
     run_steps(backbone, experts, shared, rb, 1, dataclasses.replace(BASE, micro_batches=2))
 

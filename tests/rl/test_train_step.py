@@ -3,6 +3,7 @@ micro-batches and meshes."""
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,8 +102,7 @@ def test_rollout_pads_to_the_longest_row_and_padding_changes_nothing(setup):
       "tokens", "attention_mask", "loss_mask", "logp_old", "logp_ref")})
   ref, got = (run_steps(backbone, experts, b, rb, 1, BASE) for b in (batch, padded))
   np.testing.assert_allclose(got[3][0]["expert_loss"], ref[3][0]["expert_loss"], atol=1e-7)
-  for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(ref[0])):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  chex.assert_trees_all_close(got[0], ref[0], rtol=1e-7, atol=1e-6)
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", pytest.param(
@@ -121,8 +121,7 @@ def test_leaving_out_a_flat_node_changes_nothing(setup, aggregation):
   assert float(small.token_count) == float(np.sum(batch.loss_mask))
   rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
   ref, got = (run_steps(backbone, experts, b, rb, 2, step) for b in (batch, small))
-  for a, b in zip(jax.tree.leaves(got[:3]), jax.tree.leaves(ref[:3])):  # Adam: float noise
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  chex.assert_trees_all_close(got[:3], ref[:3], rtol=1e-4, atol=1e-5)  # Adam: float noise
   # Adam hides a gradient's scale, so the loss and gradient norm check the denominators.
   for epoch in (0, 1):
     for key in ("expert_loss", "expert_grad_norm", "clip_frac", "router_loss", "skipped"):
@@ -188,9 +187,7 @@ def test_flat_rewards_skip_the_update(setup):
                                                        rparams=rparams)
   assert history[0]["skipped"] == 1 and history[0]["skipped_nodes"] == 2
   init = ts.init_opt_states(experts, rparams, STEP)
-  for got, ref in zip(jax.tree.leaves((got_experts, got_router, states)),
-                      jax.tree.leaves((experts, rparams, init))):
-    np.testing.assert_array_equal(got, ref)
+  chex.assert_trees_all_equal((got_experts, got_router, states), (experts, rparams, init))
 
 
 def test_micro_batches_equal_one_pass(setup):
@@ -201,8 +198,7 @@ def test_micro_batches_equal_one_pass(setup):
   got = run_steps(backbone, experts, batch, rb, 2, dataclasses.replace(BASE, micro_batches=2))
   for key in ("expert_loss", "expert_grad_norm", "clip_frac", "kl", "entropy"):
     np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-7)
-  for a, b in zip(jax.tree.leaves(got[:2]), jax.tree.leaves(ref[:2])):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-6)
 
 
 def test_later_epochs_move_the_experts_and_not_the_router(setup):
@@ -217,11 +213,8 @@ def test_later_epochs_move_the_experts_and_not_the_router(setup):
       backbone, once[0], once[1], once[2], batch, rb, config=CONFIG, router_config=RCFG,
       step_config=STEP, layers=LORA.adapted_layers(CONFIG), scale=LORA.scale, kernel="gather",
       routes_per_node=2, num_routes=4, update_router=jnp.asarray(False))
-  for a, b in zip(jax.tree.leaves(got_experts), jax.tree.leaves(twice[0])):
-    np.testing.assert_allclose(a, b, atol=1e-6)
-  for a, b in zip(jax.tree.leaves((got_router, got_states[1])),
-                  jax.tree.leaves((once[1], once[2][1]))):
-    np.testing.assert_array_equal(a, b)
+  chex.assert_trees_all_close(got_experts, twice[0], rtol=1e-7, atol=1e-6)
+  chex.assert_trees_all_equal((got_router, got_states[1]), (once[1], once[2][1]))
   assert float(metrics["clip_frac"]) == pytest.approx(float(twice[3][1]["clip_frac"]), abs=1e-6)
   with pytest.raises(ValueError, match="StepConfig.epochs must be an int >= 1, got 0"):
     ts.StepConfig(epochs=0)
@@ -247,5 +240,4 @@ def test_sharded_step_equals_one_device(setup, data, model, eight_devices):
   got = run_steps(sharding.shard_params(backbone, mesh), experts, sharded_batch, rb, 2, step)
   for key in ("expert_loss", "router_loss", "expert_grad_norm", "kl"):
     np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-6)
-  for a, b in zip(jax.tree.leaves(got[:2]), jax.tree.leaves(ref[:2])):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-5)

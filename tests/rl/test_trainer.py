@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import os
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -57,9 +58,8 @@ def test_killed_and_resumed_run_equals_unbroken_run(trainer, tmp_path):
   got_state, got = run(trainer, tmp_path / "killed", 4, resume=True)
   assert [r["step"] for r in got] == [1, 2, 3, 4]  # step 3 of the killed run was dropped, redone
   assert strip(got) == strip(ref)
-  for a, b in zip(jax.tree.leaves(dataclasses.replace(got_state, rng=None)),
-                  jax.tree.leaves(dataclasses.replace(ref_state, rng=None))):
-    np.testing.assert_array_equal(a, b)
+  chex.assert_trees_all_equal(dataclasses.replace(got_state, rng=None),
+                              dataclasses.replace(ref_state, rng=None))
   row = ref[-1]
   for key in ("reward_mean", "reward_std", "frac_reward_zero_std", "skipped", "clip_frac",
               "entropy", "expert_grad_norm", "router_grad_norm", "route_entropy",
@@ -98,8 +98,7 @@ def test_ppo_epochs_move_experts_further_and_the_router_once(trainer):
   s1, m1, out1 = trainer.step(trainer.init_state(jax.random.key(7)), nodes, reward_fn)
   s2, m2, out2 = two.step(two.init_state(jax.random.key(7)), nodes, reward_fn)
   np.testing.assert_array_equal(out1.packed.tokens, out2.packed.tokens)
-  for a, b in zip(jax.tree.leaves(s1.router), jax.tree.leaves(s2.router)):
-    np.testing.assert_array_equal(a, b)
+  chex.assert_trees_all_equal(s1.router, s2.router)
   moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
            for a, b in zip(jax.tree.leaves(s1.experts), jax.tree.leaves(s2.experts))]
   assert m1["skipped"] == 0 and max(moved) > 1e-4
