@@ -43,6 +43,7 @@ from apex_jax.experiment import JUDGES, Experiment, agents_for, build, choice, p
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank
 from apex_jax.memory.consolidation import Judged, consolidate, count_evolutions
 from apex_jax.training import judging, rollouts
+from apex_jax.training.accuracy import AccuracyItem
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
 
@@ -53,25 +54,37 @@ def _batches(items, size: int):
 
 def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None) -> dict:
   """Runs the untrained system on `memory_build.questions` training questions, stores each
-  episode's summarised workflow with its outcome (EM of y2, as the authors' memory server
-  records a judged outcome), updates the shown memories' win rates, and lets the Distiller
-  evolve every bucket that is due (all touched ones when `memory_build.force_evolve`), at
-  `memory.evolve_temperature`. snapshot: a file to back the bank up to after the episodes and
-  before the evolution (the ablations' one-pass bank)."""
+  episode's summarised workflow with its outcome, updates the shown memories' win rates, and
+  lets the Distiller evolve every bucket that is due (all touched ones when
+  `memory_build.force_evolve`), at `memory.evolve_temperature`. snapshot: a file to back the
+  bank up to after the episodes and before the evolution (the ablations' one-pass bank).
+
+  The outcome is judged as the authors' memory server records it: y2 scored by the stages'
+  R_acc scorer (`judging.reward_accuracy`: config.judges.accuracy "judge", an LlmJudge on the
+  experiment's judge backend with the rule metric for what it could not judge, or "rule", EM /
+  F1 alone), and stored as a binary win: an episode is correct when its score is 1.0 (the
+  judge's "correct", or the rule metric's full match; a partial F1 is not a win, as the paper's
+  win rates count wins). stats: judge_calls / judge_fallbacks (answers sent to the judge, and of
+  those scored by the rule; both 0 under "rule")."""
   c = exp.config.memory_build
   planner, executor = Planner(exp.generator, exp.agents), exp.executor()
   distiller = Distiller(exp.generator, exp.agents)
   evolver = Distiller(exp.generator, exp.evolving_agents())
+  scorer = judging.reward_accuracy(exp)
   stats = dict(episodes=0, correct=0, memories_stored=0, evolutions_applied=0,
-               evolutions_failed=0, unknown_absorbed_ids=0, bucket_overwrites=0)
+               evolutions_failed=0, unknown_absorbed_ids=0, bucket_overwrites=0, judge_calls=0,
+               judge_fallbacks=0)
   touched = []
   rng, k_evolve = jax.random.split(rng)
   for i, batch in enumerate(_batches(exp.train[:c.questions], c.batch_size)):
     k_episode, k_remember = jax.random.split(jax.random.fold_in(rng, i))
     episodes = run_episode(planner, executor, [ex.question for ex in batch], rng=k_episode,
                            bank=exp.bank, categories=[ex.category for ex in batch])
-    correct = [rollouts.answer_accuracy(ep.y2, ex.answers) == 1.0
-               for ep, ex in zip(episodes, batch)]
+    scores = scorer.score_many([AccuracyItem(ex.question, ep.y2, tuple(ex.answers))
+                                for ep, ex in zip(episodes, batch)])
+    correct = [score >= 1.0 for score in scores]
+    for key in ("judge_calls", "judge_fallbacks"):
+      stats[key] += int(scorer.metrics.get(key, 0))
     _, memories = distiller.workflow_memories(episodes, correct, rng=k_remember)
     consolidate(exp.bank, [Judged(m, ok, ep.memory_ids)
                            for m, ok, ep in zip(memories, correct, episodes)], stats)
@@ -98,7 +111,23 @@ def memory_build_identity(c) -> dict:
   parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
   out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
   out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
+  scorer = outcome_scorer_identity(c)
+  if scorer is not None:  # absent for EM, the scorer of the snapshots before it was a choice
+    out["outcome_scorer"] = scorer
   return json.loads(json.dumps(out, sort_keys=True, default=str))
+
+
+def outcome_scorer_identity(c) -> dict | None:
+  """The settings memory building's outcome scorer reads (config.judges: accuracy, rule and,
+  with the judge, its backend and reply cap), or None for the rule "em": the outcome every
+  snapshot written before the scorer was configurable was scored by, so theirs stay valid."""
+  j = c.get("judges") or {}
+  j = j.to_dict() if hasattr(j, "to_dict") else dict(j)
+  accuracy, metric = j.get("accuracy", "judge"), j.get("rule", "em")
+  if accuracy == "rule":
+    return None if metric == "em" else {"accuracy": "rule", "rule": metric}
+  keys = ("kind", "path", "dtype", "url", "model", "max_tokens")
+  return {"accuracy": accuracy, "rule": metric, **{k: j[k] for k in keys if k in j}}
 
 
 def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str,
@@ -325,7 +354,8 @@ def judge_panel(chat, max_tokens: int) -> JudgeBackends:
 def run(config) -> dict:
   """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
   ablation table, with the untrained system (initial experts, the built memories) as the first
-  row; everything in <workdir>/results.json, curves under <workdir>/logs and in
+  row (unless config.eval.untrained is False); stages with steps 0 and TTRL with steps 0 are
+  left out (none at all: the experts stay the initial ones); everything in <workdir>/results.json, curves under <workdir>/logs and in
   <workdir>/rewards.png, the ablations' bank snapshots in <workdir>/banks, seconds per phase in
   results["seconds"].
 
@@ -357,16 +387,21 @@ def run(config) -> dict:
                                                     snapshot=one_pass),
              "seconds": seconds}
   lap("memory_build")
-  untrained = evaluate(exp, exp.experts, rng=k_eval)
-  untrained["bank"] = {"path": "live", **bank_counts(exp.bank)}  # as memory building left it
-  lap("eval_untrained")
-  staged = run_stages(exp.updater, exp.experts, stages(exp), exp.generator, rng=k_stages,
-                      logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "stages"),
-                      checkpoint_every=config.train.get("checkpoint_every", 1),
-                      continue_other_run=other)
-  results["stages"] = staged.history
-  experts = staged.experts
-  lap("stages")
+  untrained = None
+  if config.eval.get("untrained", True):  # False: no such row (e.g. no stage, no TTRL: = full)
+    untrained = evaluate(exp, exp.experts, rng=k_eval)
+    untrained["bank"] = {"path": "live", **bank_counts(exp.bank)}  # as memory building left it
+    lap("eval_untrained")
+  stage_list = stages(exp)
+  if stage_list:
+    staged = run_stages(exp.updater, exp.experts, stage_list, exp.generator, rng=k_stages,
+                        logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "stages"),
+                        checkpoint_every=config.train.get("checkpoint_every", 1),
+                        continue_other_run=other)
+    results["stages"], experts = staged.history, staged.experts
+    lap("stages")
+  else:  # every stage has steps 0: the experts stay the initial ones
+    results["stages"], experts = [], exp.experts
   before_ttrl = (exp.bank.backup(os.path.join(banks, "before_ttrl.db"))
                  if "without_ttrl" in names else None)
   t = config.ttrl
@@ -390,7 +425,7 @@ def run(config) -> dict:
     lap("ttrl")
   else:
     experts_ttrl = experts
-  results["eval"] = {"untrained": untrained, **ablations(
+  results["eval"] = {**({} if untrained is None else {"untrained": untrained}), **ablations(
       exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl), names,
       rng=k_eval)}
   lap("eval")

@@ -5,7 +5,7 @@ and of its MoRSE executor turns (did the APEx training make it forget them?).
 
 APEx: a fresh world (names no training world has), the toy's WordSearch (--search=ngram: its
 NgramSearch) as the tool, the bare backbone for every module (SeparateGenerator without
-experts), AgentConfig(prompts="compact").
+experts), AgentConfig(prompts=--prompts: "compact", the toy's, or "authors").
   executor alone: format_valid = turns that parse_turn accepts / turns; search_then_answer =
     runs with >= 1 search and an answer / runs; EM / F1 (datasets.metrics.evaluate)
   planner -> executor (with the plan) -> planner evaluate: plan non-empty rate, decision parse
@@ -47,6 +47,11 @@ _SEARCH = flags.DEFINE_enum("search", "word", ["word", "ngram"], "The executor's
                             "with WordSearch either way).")
 _TOPK = flags.DEFINE_integer("topk", 3, "Passages per search (as in the training corpus).")
 _OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here as JSON.")
+_PROMPTS = flags.DEFINE_enum("prompts", "compact", ["compact", "authors"], "The agents' prompt "
+                             "style (AgentConfig.prompts): the toy was taught the compact ones; "
+                             "a real instruct backbone may follow the authors' text better.")
+_DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
+                                       "cap (0: skip the distiller check).")
 
 
 def executor_metrics(trajectories, examples) -> dict:
@@ -67,7 +72,8 @@ def executor_metrics(trajectories, examples) -> dict:
           "ends": dict(ends)}
 
 
-def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str = "word") -> dict:
+def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str = "word",
+                 prompts: str = "compact") -> dict:
   import jax
 
   from apex_jax.agents import AgentConfig, Executor, Planner, SeparateGenerator
@@ -76,7 +82,7 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str 
 
   world = World.generate(world_seed, 120, questions)
   examples = world.examples[:questions]
-  config = AgentConfig(prompts="compact", temperature=0.0, topk=topk, max_turns=5,
+  config = AgentConfig(prompts=prompts, temperature=0.0, topk=topk, max_turns=5,
                        max_llm_calls=10, executor_max_new_tokens=96, planner_max_new_tokens=96,
                        max_context_tokens=model.config.max_position_embeddings)
   generator = SeparateGenerator({m: (model, None, None) for m in ("planner", "executor")})
@@ -100,7 +106,7 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str 
 
 
 def distiller_metrics(model, world_seed: int, questions: int, topk: int,
-                      max_new_tokens: int = 400) -> dict:
+                      max_new_tokens: int = 400, prompts: str = "compact") -> dict:
   import jax
 
   from apex_jax.agents import AgentConfig
@@ -110,7 +116,7 @@ def distiller_metrics(model, world_seed: int, questions: int, topk: int,
   from apex_jax.toy import build
   from morse_jax import llm
 
-  config = AgentConfig(prompts="compact", topk=topk)
+  config = AgentConfig(prompts=prompts, topk=topk)
   turns, _ = build.world_turns(World.generate(world_seed, 120, questions), config)
   turns = [t for t in turns if t["role"] == "apex_distill" and "memory_ids" in t]
   if not turns:
@@ -175,13 +181,16 @@ def main(argv):
 
   start = time.time()
   model = llm.load(_MODEL.value)
-  result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value, "search": _SEARCH.value}
+  result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value, "search": _SEARCH.value,
+            "prompts": _PROMPTS.value}
   result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
-                                _SEARCH.value)
+                                _SEARCH.value, _PROMPTS.value)
   print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)
-  result["distiller"] = distiller_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
-                                          _TOPK.value)
-  print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}), flush=True)
+  if _DISTILL_TOKENS.value:
+    result["distiller"] = distiller_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
+                                            _TOPK.value, _DISTILL_TOKENS.value, _PROMPTS.value)
+    print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}),
+          flush=True)
   if _JUDGE_RUNS.value:
     from apex_jax.toy.judging import judge_metrics
 

@@ -135,6 +135,45 @@ def test_memory_build_runs_once_per_run_and_a_restart_gets_its_bank_back(tiny_mo
                                          directory=where, continue_other_run=True) == stats
 
 
+def test_memory_build_scores_outcomes_with_the_stages_judge(exp, monkeypatch):
+  """Worked by hand: every episode answers "w7", which matches no gold (EM 0 for all four).
+  The judge says A (correct) to question 0 and 3, B to question 1, and something unreadable
+  to question 2, which the rule (EM) scores instead: 0, counted as a fallback. So 2 of 4
+  episodes are wins, 4 judge calls, 1 fallback; the bank stores those outcomes."""
+  from apex_jax.training import judging
+  from tests.apex.judges.fakes import ScriptedChat
+
+  questions = [ex.question for ex in exp.train[:4]]
+  assert all(ex.answers != ["w7"] for ex in exp.train[:4])
+  verdicts = dict(zip(questions, ["A", "B", "I cannot say", "A"]))
+  chat = ScriptedChat(lambda prompt: next(v for q, v in verdicts.items() if q in prompt))
+  monkeypatch.setattr(judging, "judge_chat", lambda exp: chat)
+  exp.config.judges.update(accuracy="judge", rule="em")
+  stats = pipeline.memory_build(exp, rng=jax.random.PRNGKey(0))
+  assert stats["episodes"] == 4 and stats["correct"] == 2
+  assert stats["judge_calls"] == 4 and stats["judge_fallbacks"] == 1
+  assert [rows for rows, _, _ in chat.calls] == [2, 2]  # one batched call per episode batch
+  outcomes = {m.question: m.outcome for b in pipeline.memory_buckets(exp.bank)
+              for m in exp.bank.memories(b)}
+  assert outcomes == dict(zip(questions, ["correct", "incorrect", "incorrect", "correct"]))
+  # the rule scorer (the demo's): EM, no judge call, both counts 0
+  exp.config.judges.accuracy = "rule"
+  stats = pipeline.memory_build(exp, rng=jax.random.PRNGKey(0))
+  assert stats["correct"] == 0 and stats["judge_calls"] == stats["judge_fallbacks"] == 0
+  assert len(chat.calls) == 2
+
+
+def test_the_outcome_scorer_is_part_of_the_memory_build_identity(tmp_path):
+  c = small_config(tmp_path)  # rule "em": no key, so earlier snapshots keep their fingerprint
+  assert pipeline.outcome_scorer_identity(c) is None
+  c.judges.rule = "f1"
+  assert pipeline.outcome_scorer_identity(c) == {"accuracy": "rule", "rule": "f1"}
+  c.judges.update(accuracy="judge", rule="em")
+  assert pipeline.outcome_scorer_identity(c) == {
+      "accuracy": "judge", "rule": "em", "kind": "inprocess", "url": "", "model": "",
+      "max_tokens": 32}
+
+
 def test_evolve_temperature_is_checked(exp):
   exp.config.memory.evolve_temperature = -1.0
   with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
@@ -460,3 +499,35 @@ class _Forward:
   @property
   def metrics(self):
     return getattr(self.real, "metrics", None)
+
+
+def test_a_run_without_stages_ttrl_or_untrained_row(tiny_model, tmp_path, monkeypatch):
+  """configs/apex/demo_smollm2.py's shape: every stage and TTRL at steps 0, no untrained row.
+  The experts stay the initial ones; the table has only the rows asked for."""
+  def build(c, **_):
+    gen = fakes.ScriptedGenerator(reply)
+    gen.experts = None
+    return experiment.build(c, model=tiny_model, generator=gen, embedder=HashEmbedder(64))
+
+  monkeypatch.setattr(pipeline, "build", build)
+  monkeypatch.setattr(pipeline, "export_adapters", lambda *a: {})
+  c = small_config(tmp_path, untrained=False, ablations=("full", "without_memories"))
+  for m in STAGE_ORDER:
+    c.stages[m].steps = 0
+  c.ttrl.steps = 0
+  results = pipeline.run(c)
+  assert results["stages"] == [] and "ttrl" not in results
+  assert list(results["eval"]) == ["full", "without_memories"]
+  assert set(results["seconds"]) == {"memory_build", "eval"}
+  assert results["memory_build"]["episodes"] == 4 and results["plot"].startswith("not drawn")
+
+
+def test_the_smollm2_demo_config():
+  from configs.apex import demo_smollm2
+
+  c = demo_smollm2.get_config("/m/SmolLM2")
+  assert c.model.path == "/m/SmolLM2" and c.agents.prompts == "compact"
+  assert all(c.stages[m].steps == 0 for m in STAGE_ORDER) and c.ttrl.steps == 0
+  assert not c.eval.untrained and c.eval.temperature == 0.0
+  assert pipeline.ablation_names(c) == ("full", "without_memories", "without_skills")
+  assert pipeline.outcome_scorer_identity(c) is None  # the rule (EM), as the toy's demo
