@@ -355,9 +355,9 @@ def run(config) -> dict:
   """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
   ablation table, with the untrained system (initial experts, the built memories) as the first
   row (unless config.eval.untrained is False); stages with steps 0 and TTRL with steps 0 are
-  left out (none at all: the experts stay the initial ones); everything in <workdir>/results.json, curves under <workdir>/logs and in
-  <workdir>/rewards.png, the ablations' bank snapshots in <workdir>/banks, seconds per phase in
-  results["seconds"].
+  left out (none at all: the experts stay the initial ones); everything in
+  <workdir>/results.json, curves under <workdir>/logs and in <workdir>/rewards.png, the
+  ablations' bank snapshots in <workdir>/banks, seconds per phase in results["seconds"].
 
   Resumable: under <workdir>/checkpoints, memory building leaves a bank snapshot
   (`resumable_memory_build`), the stages a checkpoint every `train.checkpoint_every` updates

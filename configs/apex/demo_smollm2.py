@@ -8,9 +8,10 @@ questions, trigram search with 2 passages).
 
 The model folder defaults to the `make real-model` one (~/.cache/morse_jax/models/
 SmolLM2-135M-Instruct). SmolLM2 is ~64x the toy's parameters, so the chain is shrunk toward
-20 minutes (it measured 45 min on a shared 2-core CPU, ~34 CPU minutes): no GRPO stage and no TTRL (steps 0: the ablation compares the untrained
-system's use of its memories and skills), no separate untrained row (it would equal "full"),
-shorter turns, greedy held-out evaluation (deterministic). Memory building scores outcomes with
+20 minutes (seed 0 took 34 CPU-minutes, 45 min of wall time beside other jobs): no GRPO stage
+and no TTRL (steps 0: the ablation compares the untrained system's use of its memories and
+skills), no separate untrained row (it would equal "full"), shorter turns, greedy held-out
+evaluation (deterministic). Memory building scores outcomes with
 the rule (EM): SmolLM2-135M as its own judge would be a coin, and the paper's judge is a 32B
 model (`--config.judges.accuracy=judge --config.judges.kind=http --config.judges.url=...`).
 README, "The APEx demo": what it measured (untrained SmolLM2-135M writes no valid executor turn,
