@@ -123,7 +123,7 @@ def outcome_scorer_identity(c) -> dict | None:
   snapshot written before the scorer was configurable was scored by, so theirs stay valid."""
   j = c.get("judges") or {}
   j = j.to_dict() if hasattr(j, "to_dict") else dict(j)
-  accuracy, metric = j.get("accuracy", "judge"), j.get("rule", "em")
+  accuracy, metric = judging.accuracy_choice(j)
   if accuracy == "rule":
     return None if metric == "em" else {"accuracy": "rule", "rule": metric}
   keys = ("kind", "path", "dtype", "url", "model", "max_tokens")

@@ -54,13 +54,18 @@ def judge_chat(exp) -> Any:
   return chat
 
 
+def accuracy_choice(c) -> tuple[str, str]:
+  """(accuracy, rule) of config.judges, checked, with the paper's defaults ("judge", "em")."""
+  return _choice(c, "accuracy", "judge", CHOICES), _choice(c, "rule", "em", RULES)
+
+
 def reward_accuracy(exp):
   """R_acc's scorer for the executor and planner stages (see the module docstring)."""
   from apex_jax.judges import LlmJudge, LlmJudgeConfig
 
   c = exp.config.judges
-  rule = _choice(c, "rule", "em", RULES)
-  if _choice(c, "accuracy", "judge", CHOICES) == "rule":
+  accuracy, rule = accuracy_choice(c)
+  if accuracy == "rule":
     return RuleAccuracy(rule)
   return JudgedAccuracy(LlmJudge(judge_chat(exp), LlmJudgeConfig(max_tokens=c.max_tokens)),
                         fallback=rule)
