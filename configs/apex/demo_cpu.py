@@ -60,5 +60,7 @@ def get_config(arg=None):
   c.judges = dict(kind="inprocess", url="", model="", max_tokens=32, accuracy="rule", rule="em",
                   skill_quality="rule")
   # ablations: the table's rows (apex_jax.pipeline.ABLATIONS); () gives every row
-  c.eval = dict(questions=16, batch_size=16, temperature=0.0, ablations=())
+  # untrained: the untrained system's row (initial experts, built memories) before the table
+  c.eval = dict(questions=16, batch_size=16, temperature=0.0, ablations=(),
+                untrained=True)
   return ml_collections.ConfigDict(c)

@@ -111,5 +111,6 @@ def get_config(arg=None):
                   accuracy="judge", rule="em", skill_quality="judge")
   # ours: all test questions, greedy; every ablation row (apex_jax.pipeline.ABLATIONS), or a
   # subset: --config.eval.ablations="('full','without_ttrl')"
-  c.eval = dict(questions=0, batch_size=64, temperature=0.0, ablations=())
+  c.eval = dict(questions=0, batch_size=64, temperature=0.0, ablations=(),
+                untrained=True)
   return ml_collections.ConfigDict(c)
