@@ -14,7 +14,7 @@ skills), no separate untrained row (it would equal "full"), shorter turns, greed
 evaluation (deterministic). Memory building scores outcomes with
 the rule (EM): SmolLM2-135M as its own judge would be a coin, and the paper's judge is a 32B
 model (`--config.judges.accuracy=judge --config.judges.kind=http --config.judges.url=...`).
-README, "The APEx demo": what it measured (untrained SmolLM2-135M writes no valid executor turn,
+docs/RESULTS.md, "The APEx demo": what it measured (untrained SmolLM2-135M writes no valid executor turn,
 so every row is 0 EM / 0 F1; `make demo-apex` stays on the toy).
 """
 

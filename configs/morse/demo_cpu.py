@@ -2,7 +2,7 @@
 laptop-class CPU: evaluate held-out tasks, train for at most 10 minutes, evaluate again, plot.
 
 The toy backbone solves five of the six categories and has had only a small dose of the sixth,
-`string_analysis` (README: how it was made). The demo trains and evaluates on problems that
+`string_analysis` (docs/RESULTS.md: how it was made). The demo trains and evaluates on problems that
 contain a `string_analysis` subtask: RL on one set, evaluation on 24 others it never trains on.
 
   python -m launchers.train --config=configs/morse/demo_cpu.py
