@@ -30,6 +30,11 @@ def main(argv):
     results = apex_pipeline.run(config)
     apex_pipeline.print_summary(results, config.workdir)
     return
+  if config.get("table2") is not None:  # configs/morse/table2_cpu.py: five systems, seeds
+    from morse_jax.mas import table2
+
+    table2.run(config)
+    return
   if config.demo:  # before/after evaluation, table and plots
     pipeline.demo(config)
     return

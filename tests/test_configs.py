@@ -33,7 +33,7 @@ def test_there_are_configs():
 def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices):
   module = importlib.import_module(f"configs.morse.{name}")
   args = [None] if name in ("humaneval_canonical", "scicode_canonical", "demo_cpu",
-                            "smollm2_cpu") else [
+                            "smollm2_cpu", "table2_cpu") else [
       f"{v},{b},{h}" for v in common.VARIANTS for b in common.BACKBONES for h in common.HARDWARE]
   built = set()
   for arg in args:

@@ -1,0 +1,177 @@
+"""MoRSE's Table 2 on one suite: the paper's five systems, trained variants over several seeds
+with the same number of updates, one shared measurement of each untrained system, and a paired
+test per comparison.
+
+`run(config)` reads `config.table2` (`variants`, `seeds`, `steps`, `comparisons`) and writes
+`<workdir>/table2.json`; each run's workdir is `<workdir>/<variant>/seed<k>` (the untrained
+systems: `<workdir>/<variant>`), holding its metrics, checkpoints and per-node records.
+
+The paired tests are over held-out nodes and over held-out problems: for each node (problem), a
+system's score is its pass rate over the seeds (0 or 1 for an untrained system, which is greedy
+and so seed-free); the statistic is the mean of the per-node differences and the p-value is the
+two-sided sign-flip permutation test of that mean (exact when at most 16 differ, else 20,000
+random flips with a fixed seed). Units pair because every system runs the same held-out
+problems; MoRSE's systems also share the gold graphs, so their nodes pair too (`single` makes
+one call per problem, so only its problems pair). A node whose parent failed counts as failed,
+as the step pass metric counts it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+UNTRAINED = ("single", "morse_base")
+TRAINED = ("fixed_grpo", "mole_grpo", "mole_hgrpo")
+_EXACT_UP_TO = 16
+_RANDOM_FLIPS = 20_000
+
+
+def sign_flip_test(differences: Sequence[float], seed: int = 0) -> float:
+  """Two-sided p-value of mean(differences) under random sign flips (the paired permutation
+  test). Zeros carry no sign and are left out of the flips but kept in the mean."""
+  d = np.asarray(differences, np.float64)
+  nonzero = d[d != 0]
+  if nonzero.size == 0:
+    return 1.0
+  observed = abs(d.sum())
+  if nonzero.size <= _EXACT_UP_TO:
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=nonzero.size)))
+  else:
+    signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(_RANDOM_FLIPS, nonzero.size))
+  sums = np.abs(signs @ nonzero)
+  return float(np.mean(sums >= observed - 1e-12))
+
+
+def passes(records_path: str) -> dict[str, dict[str, float]]:
+  """{"nodes": {problem/node: 1.0 or 0.0}, "problems": {problem: 1.0 or 0.0}} from an
+  evaluation's records (records.write)."""
+  out = {"nodes": {}, "problems": {}}
+  with open(records_path) as f:
+    for line in f:
+      row = json.loads(line)
+      if row.get("kind") == "node":
+        out["nodes"][f"{row['problem_id']}/{row['node_id']}"] = float(bool(row["passed"]))
+      elif row.get("kind") == "problem":
+        out["problems"][row["problem_id"]] = float(bool(row["passed"]))
+  if not out["problems"]:
+    raise ValueError(f"table2: no problem records in {records_path}")
+  return out
+
+
+def _variant_config(config, variant: str, seed: int, workdir: str):
+  from configs.morse import common
+
+  c = copy.deepcopy(config)
+  with c.unlocked():
+    v = common.VARIANTS[variant]
+    c.system, c.mixture, c.algo = v["system"], v["mixture"], v["algo"]
+    c.seed, c.workdir, c.demo = seed, workdir, False
+    c.train.steps = int(config.table2.steps) if variant in TRAINED else 0
+    c.train.max_minutes = 0.0
+  return c
+
+
+def _one_run(config, variant: str, seed: int | None, root: str) -> dict:
+  from morse_jax.mas import pipeline
+  from morse_jax.rl import metrics
+
+  workdir = os.path.join(root, variant) if seed is None else os.path.join(root, variant,
+                                                                            f"seed{seed}")
+  c = _variant_config(config, variant, config.seed if seed is None else seed, workdir)
+  updates = 0
+  if seed is not None:
+    pipeline.banner(f"{variant}, seed {seed}: train {c.train.steps} updates")
+    pipeline.train(c)
+    updates = len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
+  pipeline.banner(f"{variant}" + ("" if seed is None else f", seed {seed}") + ": evaluate")
+  checkpoint = os.path.join(workdir, "ckpt") if seed is not None else None
+  summary = pipeline.evaluate(c, checkpoint, "test", name="eval_test")
+  return {"variant": variant, "seed": seed, "updates": updates, "workdir": workdir,
+          "summary": {k: summary[k] for k in ("step_pass", "mean_step_pass", "problem_pass",
+                                              "step_reward") if k in summary},
+          **passes(summary["records"])}
+
+
+def summarize(runs: Sequence[dict], comparisons: Sequence[Sequence[str]]) -> dict:
+  """Mean and spread (sample std over seeds, 0 for one run) of held-out step and problem pass
+  per variant, and the paired node-level test of each (a, b) comparison: a - b."""
+  by_variant: dict[str, list[dict]] = {}
+  for r in runs:
+    by_variant.setdefault(r["variant"], []).append(r)
+  rows = {}
+  for variant, rs in by_variant.items():
+    row = {"seeds": [r["seed"] for r in rs], "updates": [r["updates"] for r in rs]}
+    for k in ("step_pass", "problem_pass"):
+      values = np.array([r["summary"][k] for r in rs], np.float64)
+      row[k] = {"mean": float(values.mean()),
+                "std": float(values.std(ddof=1)) if values.size > 1 else 0.0,
+                "runs": values.tolist()}
+    rows[variant] = row
+  means = {(v, unit): _seed_means(rs, unit) for v, rs in by_variant.items()
+           for unit in ("nodes", "problems")}
+  tests = []
+  for a, b in comparisons:
+    if a not in by_variant or b not in by_variant:
+      continue
+    for unit in ("nodes", "problems"):
+      (ka, ma), (kb, mb) = means[a, unit], means[b, unit]
+      if ka != kb:  # `single` runs one node per problem: only its problems pair with MoRSE's
+        continue
+      d = ma - mb
+      tests.append({"a": a, "b": b, "unit": unit, "paired": len(d),
+                    "mean_difference": float(d.mean()), "a_better": int((d > 0).sum()),
+                    "b_better": int((d < 0).sum()), "p_value": sign_flip_test(d)})
+  return {"rows": rows, "tests": tests}
+
+
+def _seed_means(runs: Sequence[dict], unit: str) -> tuple[list[str], np.ndarray]:
+  """The keys (nodes or problems) and each one's pass rate over the runs' seeds."""
+  keys = sorted(runs[0][unit])
+  for r in runs[1:]:
+    if sorted(r[unit]) != keys:
+      raise ValueError(f"table2: {r['variant']} seed {r['seed']} evaluated other {unit}")
+  return keys, np.mean([[r[unit][k] for k in keys] for r in runs], axis=0)
+
+
+def run(config) -> dict:
+  t = config.table2
+  root = os.path.abspath(config.workdir)
+  os.makedirs(root, exist_ok=True)
+  runs = []
+  for variant in t.variants:
+    if variant in UNTRAINED:
+      runs.append(_one_run(config, variant, None, root))
+    elif variant in TRAINED:
+      runs += [_one_run(config, variant, int(s), root) for s in t.seeds]
+    else:
+      raise ValueError(f"config.table2.variants: {variant!r} is not one of "
+                       f"{UNTRAINED + TRAINED}")
+  result = {"config": {"variants": list(t.variants), "seeds": list(t.seeds),
+                       "steps": int(t.steps)},
+            **summarize(runs, [tuple(c) for c in t.comparisons]),
+            "runs": [{k: v for k, v in r.items() if k not in ("nodes", "problems")}
+                     for r in runs]}
+  with open(os.path.join(root, "table2.json"), "w") as f:
+    json.dump(result, f, indent=2)
+  print_table(result)
+  return result
+
+
+def print_table(result: dict) -> None:
+  print("\n==== Table 2: held-out step pass / problem pass, mean +- std over seeds")
+  print(f"{'system':<12} {'seeds':>5} {'updates':>9} {'step pass':>17} {'problem pass':>17}")
+  for variant, row in result["rows"].items():
+    sp, pp = row["step_pass"], row["problem_pass"]
+    updates = "-" if not any(row["updates"]) else "/".join(str(u) for u in row["updates"])
+    print(f"{variant:<12} {len(row['seeds']):>5} {updates:>9} "
+          f"{sp['mean']:>8.3f} +- {sp['std']:.3f} {pp['mean']:>8.3f} +- {pp['std']:.3f}")
+  for test in result["tests"]:
+    print(f"{test['a']} - {test['b']} over {test['paired']} {test['unit']}: "
+          f"{test['mean_difference']:+.3f} ({test['a_better']} better, {test['b_better']} "
+          f"worse), paired sign-flip p = {test['p_value']:.3f}")

@@ -1,0 +1,98 @@
+"""Table 2's statistics by hand, and the whole command on a tiny model (slow)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from morse_jax.mas import table2
+
+
+def test_sign_flip_test_by_hand():
+  # Five nodes all better by 1: of the 32 sign patterns only all-plus and all-minus reach |5|.
+  assert table2.sign_flip_test([1, 1, 1, 1, 1]) == pytest.approx(2 / 32)
+  # Zeros carry no sign: the same five and three ties give the same p-value.
+  assert table2.sign_flip_test([1, 1, 1, 1, 1, 0, 0, 0]) == pytest.approx(2 / 32)
+  # [1, 1, -1]: |sum| = 1; the patterns reaching |sum| >= 1 are all 8 (sums are odd).
+  assert table2.sign_flip_test([1, 1, -1]) == pytest.approx(1.0)
+  # [2, 1]: sums 3, 1, -1, -3; |sum| >= 3 for 2 of 4.
+  assert table2.sign_flip_test([2, 1]) == pytest.approx(0.5)
+  assert table2.sign_flip_test([0, 0]) == 1.0
+  # More than 16 non-zero differences: random flips, close to the exact two-sided value.
+  p = table2.sign_flip_test([1.0] * 10 + [-1.0] * 2 + [0.5] * 8)
+  assert 0.0 < p < 0.05
+
+
+def _run(variant, seed, nodes, problems):
+  return {"variant": variant, "seed": seed, "updates": 0 if seed is None else 10,
+          "summary": {"step_pass": float(np.mean(list(nodes.values()))),
+                      "problem_pass": float(np.mean(list(problems.values())))},
+          "nodes": nodes, "problems": problems}
+
+
+def test_summarize_means_spreads_and_paired_tests():
+  base = _run("morse_base", None, {"p1/a": 0.0, "p1/b": 0.0, "p2/a": 1.0}, {"p1": 0, "p2": 1})
+  single = _run("single", None, {"p1/whole": 0.0, "p2/whole": 0.0}, {"p1": 0, "p2": 0})
+  seeds = [_run("mole_hgrpo", 0, {"p1/a": 1.0, "p1/b": 0.0, "p2/a": 1.0}, {"p1": 0, "p2": 1}),
+           _run("mole_hgrpo", 1, {"p1/a": 1.0, "p1/b": 1.0, "p2/a": 1.0}, {"p1": 1, "p2": 1})]
+  out = table2.summarize([base, single] + seeds,
+                         [("mole_hgrpo", "morse_base"), ("morse_base", "single")])
+  row = out["rows"]["mole_hgrpo"]
+  assert row["step_pass"]["mean"] == pytest.approx((2 / 3 + 1) / 2)
+  assert row["step_pass"]["std"] == pytest.approx(np.std([2 / 3, 1.0], ddof=1))
+  assert row["problem_pass"]["runs"] == [0.5, 1.0]
+  assert out["rows"]["morse_base"]["step_pass"]["std"] == 0.0
+  tests = {(t["a"], t["b"], t["unit"]): t for t in out["tests"]}
+  nodes = tests[("mole_hgrpo", "morse_base", "nodes")]
+  # per-node seed means minus base: p1/a 1 - 0, p1/b 0.5 - 0, p2/a 1 - 1
+  assert nodes["mean_difference"] == pytest.approx(1.5 / 3)
+  assert (nodes["a_better"], nodes["b_better"], nodes["paired"]) == (2, 0, 3)
+  assert nodes["p_value"] == pytest.approx(table2.sign_flip_test([1.0, 0.5, 0.0]))
+  # single's nodes are whole problems: only its problems pair with MoRSE's
+  assert ("morse_base", "single", "nodes") not in tests
+  assert tests[("morse_base", "single", "problems")]["mean_difference"] == pytest.approx(0.5)
+
+
+def test_summarize_refuses_runs_on_other_problems():
+  a = _run("mole_grpo", 0, {"p1/a": 1.0}, {"p1": 1})
+  b = _run("mole_grpo", 1, {"p9/a": 1.0}, {"p9": 1})
+  with pytest.raises(ValueError, match="evaluated other"):
+    table2.summarize([a, b], [])
+
+
+def test_passes_reads_the_evaluation_records(tmp_path):
+  path = tmp_path / "eval_test.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in [
+      {"kind": "node", "problem_id": "t1", "node_id": "n1", "passed": True},
+      {"kind": "node", "problem_id": "t1", "node_id": "n2", "passed": False},
+      {"kind": "problem", "problem_id": "t1", "passed": False}]) + "\n")
+  assert table2.passes(str(path)) == {"nodes": {"t1/n1": 1.0, "t1/n2": 0.0},
+                                      "problems": {"t1": 0.0}}
+  (tmp_path / "empty.jsonl").write_text("")
+  with pytest.raises(ValueError, match="no problem records"):
+    table2.passes(str(tmp_path / "empty.jsonl"))
+
+
+@pytest.mark.slow  # ~3 min: five systems, two seeds, one update each, on a tiny random model
+def test_table2_end_to_end_on_a_tiny_model(tmp_path):
+  from configs.morse import table2_cpu
+  from tests import tiny_models
+
+  folder = tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))[0]
+  config = table2_cpu.get_config()
+  config.model.path, config.workdir = folder, str(tmp_path / "t2")
+  config.task.update(num_problems=60, test_problems=2)
+  config.train.update(max_new_tokens=8, checkpoint_every=1)
+  config.eval.max_new_tokens = 8
+  config.planner_max_new_tokens = 8
+  config.table2.update(seeds=(0, 1), steps=1)
+  result = table2.run(config)
+  assert set(result["rows"]) == set(config.table2.variants)
+  for variant in table2.TRAINED:
+    assert len(result["rows"][variant]["seeds"]) == 2
+    assert all(u >= 1 for u in result["rows"][variant]["updates"])
+  assert {(t["a"], t["b"]) for t in result["tests"]} == {tuple(c) for c in
+                                                          config.table2.comparisons}
+  assert os.path.exists(os.path.join(config.workdir, "table2.json"))
+  assert os.path.exists(os.path.join(config.workdir, "mole_hgrpo", "seed1", "eval_test.jsonl"))
