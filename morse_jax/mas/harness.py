@@ -1,10 +1,13 @@
 """The trusted side of the verifier: runs the test source, which the tested program never sees.
 
-`verifier.run_tests` starts this file as a plain subprocess (`python -I harness.py`, its own
-session, a private temp dir as cwd, a cleared environment) and writes the job to its stdin: the
-trusted prelude (e.g. HumanEval's prompt, SciCode's import lines), the test snippets, and the
-pipe fds to each sandboxed `harness_server` that holds model-written code. It answers on its own
-stdout, which only the verifier reads: no marker, nothing the program can write to.
+`verifier.run_tests` starts this file's text as a plain subprocess (`python -I -S -B -c <text>`,
+the text read once by the verifier, so a program that writes the checkout cannot change it; its own session, a
+private temp dir as cwd that is not on sys.path, a cleared environment) and writes the job to
+its stdin: the trusted prelude (e.g. HumanEval's prompt, SciCode's import lines), the test
+snippets, the support modules' source (imported from memory), and the pipe fds to each
+sandboxed `harness_server` that holds model-written code. It answers on its own stdout, which
+only the verifier reads: no marker, nothing the program can write to. Its first byte says it
+made itself non-dumpable; under reduced isolation the programs start only after it.
 
 The tests run here, in this process. A name a test uses that the prelude does not bind and the
 program defines (or the names given as `remote`) is bound to a proxy; calling it asks the
@@ -14,6 +17,10 @@ arrays / scalars and scipy sparse matrices rebuilt from raw bytes. Every compari
 makes is therefore made here on values the program could only choose, never program code: an
 object whose `__eq__` is always True (any class the program defines, a float subclass) reaches
 us as an opaque proxy, and comparing, hashing, truth-testing or converting a proxy raises.
+
+Nothing the program sends chooses what we import or call: a name the program bound to a module
+gets the module we pick for that name (`_module_for`), and the global random states go to the
+program only after a test seeded them and never come back (`_rng_state`).
 
 Self-contained (stdlib; numpy and scipy imported only when a value needs them), so it runs with
 -I and without the project on sys.path.
