@@ -1,13 +1,13 @@
 """The trusted side of the verifier: runs the test source, which the tested program never sees.
 
 `verifier.run_tests` starts this file's text as a plain subprocess (`python -I -S -B -c <text>`,
-the text read once by the verifier, so a program that writes the checkout cannot change it; its own session, a
-private temp dir as cwd that is not on sys.path, a cleared environment) and writes the job to
-its stdin: the trusted prelude (e.g. HumanEval's prompt, SciCode's import lines), the test
-snippets, the support modules' source (imported from memory), and the pipe fds to each
-sandboxed `harness_server` that holds model-written code. It answers on its own stdout, which
-only the verifier reads: no marker, nothing the program can write to. Its first byte says it
-made itself non-dumpable; under reduced isolation the programs start only after it.
+the text read once by the verifier, so a program that writes the checkout cannot change it; its
+own session, a private temp dir as cwd that is not on sys.path, a cleared environment) and
+writes the job to its stdin: the trusted prelude (e.g. HumanEval's prompt, SciCode's import
+lines), the test snippets, the support modules' source (imported from memory), and the pipe fds
+to each sandboxed `harness_server` that holds model-written code. It answers on its own stdout,
+which only the verifier reads: no marker, nothing the program can write to. Its first byte
+there says it made itself non-dumpable; the verifier starts the programs only after it.
 
 The tests run here, in this process. A name a test uses that the prelude does not bind and the
 program defines (or the names given as `remote`) is bound to a proxy; calling it asks the
