@@ -475,7 +475,7 @@ def main():
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
   except (OSError, AttributeError):
     pass
-  os.write(1, b"+")  # non-dumpable now: the verifier may start the programs (reduced isolation)
+  os.write(1, b"+")  # non-dumpable now: the verifier may start the programs
   job = json.loads(sys.stdin.buffer.read())
   start = time.monotonic()
   deadline = start + float(job["timeout"])

@@ -338,11 +338,10 @@ def _not_dumpable(needed: bool):
   ptrace access check; no ptrace call is needed for those, so the seccomp filter does not
   cover them). Also no core dumps, and a debugger of our uid cannot attach, until the last
   run ends; then dumpable again, as we found it. Children we exec are dumpable as usual."""
-  global _UNDUMPABLE_RUNS
+  global _UNDUMPABLE_RUNS, _DUMPABLE_BEFORE
   if not needed:
     yield
     return
-  global _DUMPABLE_BEFORE
   libc = ctypes.CDLL(None, use_errno=True)
   with _DUMPABLE_LOCK:
     if _UNDUMPABLE_RUNS == 0:
