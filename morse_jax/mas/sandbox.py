@@ -20,8 +20,9 @@ Reduced isolation is rlimits, a temp dir, a cleared environment, its own session
 filter (signals only to its own group, no ptrace, no setsid); it never runs the code as root (as
 root it drops to a fresh unprivileged uid, and refuses when that uid cannot run the
 interpreter), and at the end it kills the run's process group, every process of its session
-and, as root, every process of its uid, so nothing of it outlives the run. It has no network,
-filesystem or PID isolation. See docs/SECURITY.md.
+and, as root, every process of its uid, so nothing of it outlives the run. While such a run is
+in flight this process is non-dumpable, so code of our uid cannot open its memory. It has no
+network, filesystem or PID isolation. See docs/SECURITY.md.
 """
 
 from __future__ import annotations
