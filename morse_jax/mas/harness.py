@@ -1,10 +1,13 @@
 """The trusted side of the verifier: runs the test source, which the tested program never sees.
 
-`verifier.run_tests` starts this file as a plain subprocess (`python -I harness.py`, its own
-session, a private temp dir as cwd, a cleared environment) and writes the job to its stdin: the
-trusted prelude (e.g. HumanEval's prompt, SciCode's import lines), the test snippets, and the
-pipe fds to each sandboxed `harness_server` that holds model-written code. It answers on its own
-stdout, which only the verifier reads: no marker, nothing the program can write to.
+`verifier.run_tests` starts this file's text as a plain subprocess (`python -I -S -B -c <text>`,
+the text read once by the verifier, so a program that writes the checkout cannot change it; its
+own session, a private temp dir as cwd that is not on sys.path, a cleared environment) and
+writes the job to its stdin: the trusted prelude (e.g. HumanEval's prompt, SciCode's import
+lines), the test snippets, the support modules' source (imported from memory), and the pipe fds
+to each sandboxed `harness_server` that holds model-written code. It answers on its own stdout,
+which only the verifier reads: no marker, nothing the program can write to. Its first byte
+there says it made itself non-dumpable; the verifier starts the programs only after it.
 
 The tests run here, in this process. A name a test uses that the prelude does not bind and the
 program defines (or the names given as `remote`) is bound to a proxy; calling it asks the
@@ -15,6 +18,10 @@ makes is therefore made here on values the program could only choose, never prog
 object whose `__eq__` is always True (any class the program defines, a float subclass) reaches
 us as an opaque proxy, and comparing, hashing, truth-testing or converting a proxy raises.
 
+Nothing the program sends chooses what we import or call: a name the program bound to a module
+gets the module we pick for that name (`_module_for`), and the global random states go to the
+program only after a test seeded them and never come back (`_rng_state`).
+
 Self-contained (stdlib; numpy and scipy imported only when a value needs them), so it runs with
 -I and without the project on sys.path.
 """
@@ -23,6 +30,7 @@ import ast
 import base64
 import builtins
 import importlib
+import importlib.util
 import json
 import os
 import resource
@@ -112,6 +120,7 @@ class Server:
     self.call_deadline = None  # the current test's end, set by the test loop
     self.names = {}
     self.program_error = None
+    self.seeds_sent = {}  # generator -> the seeding (see _SeedWatch) last sent to this program
 
   def close(self, why):
     if self.dead is None:
@@ -178,8 +187,6 @@ class Server:
       raise RemoteGone(f"the channel to the tested program broke: {_describe(e)}") from None
     if not isinstance(reply, dict):
       raise RemoteGone("garbled answer")
-    if "rng" in reply:
-      _set_rng_state(self, reply["rng"])
     if "error" in reply:
       raise _exception(reply["error"])
     try:
@@ -296,35 +303,101 @@ class Server:
 
 
 def _rng_state(server):
-  """The global random states a test may have seeded (numpy's, Python's), which the program's
-  calls should draw from as they would in one process (SciCode 47.4 seeds, then calls MC)."""
+  """The global random states (numpy's, Python's) a test seeded since this program's last call,
+  which the call draws from as it would in one process (SciCode 47.4 seeds, then calls MC).
+  Nothing else: an unseeded state is the harness's own (from os.urandom) and stays secret, and a
+  state a test did not reseed is left to the program, which goes on from its own last draw. The
+  state never comes back: the program cannot choose the test's next random inputs."""
   state = {}
-  np = sys.modules.get("numpy")
-  if np is not None:
-    state["np"] = server.encode(np.random.get_state())
-  rnd = sys.modules.get("random")
-  if rnd is not None:
-    state["py"] = server.encode(rnd.getstate())
+  for key, seeding in _SeedWatch.seedings.items():
+    if server.seeds_sent.get(key) != seeding:
+      server.seeds_sent[key] = seeding
+      state[key] = server.encode(_SeedWatch.get_state[key]())
   return state
 
 
-def _set_rng_state(server, wire):
-  """Takes back the states the call left (plain data: at worst a different valid state)."""
-  if type(wire) is not dict:
-    return
-  try:
-    np = sys.modules.get("numpy")
-    if np is not None and "np" in wire:
-      state = server.decode(wire["np"])
-      if (type(state) is tuple and len(state) == 5 and state[0] == "MT19937"
-          and type(state[1]) is np.ndarray and state[1].dtype == np.uint32
-          and state[1].shape == (624,)):
-        np.random.set_state(state)
-    rnd = sys.modules.get("random")
-    if rnd is not None and "py" in wire:
-      rnd.setstate(server.decode(wire["py"]))
-  except (TypeError, ValueError, RecursionError):
-    pass
+class _SeedWatch:
+  """Counts the seedings of the global generators: `random.seed` / `random.setstate`, and
+  `numpy.random.seed` / `numpy.random.set_state` (wrapped when numpy.random is imported)."""
+
+  seedings = {}
+  get_state = {}
+
+  @classmethod
+  def watch(cls, key, module, setters, getter):
+    cls.get_state[key] = getattr(module, getter)
+    for name in setters:
+      original = getattr(module, name)
+      def seeding(*args, _original=original, **kwargs):
+        result = _original(*args, **kwargs)
+        cls.seedings[key] = cls.seedings.get(key, 0) + 1
+        return result
+      setattr(module, name, seeding)
+
+  @classmethod
+  def install(cls):
+    import random  # pylint: disable=import-outside-toplevel
+    cls.watch("py", random, ("seed", "setstate"), "getstate")
+    sys.meta_path.insert(0, _AfterImport("numpy.random", lambda module: cls.watch(
+        "np", module, ("seed", "set_state"), "get_state")))
+
+
+class _AfterImport:
+  """A meta path finder that runs `then(module)` once module `name` has been executed."""
+
+  def __init__(self, name, then):
+    self.name, self.then = name, then
+
+  def find_spec(self, name, path=None, target=None):
+    if name != self.name:
+      return None
+    for finder in sys.meta_path:
+      if finder is self or not hasattr(finder, "find_spec"):
+        continue
+      spec = finder.find_spec(name, path, target)
+      if spec is not None:
+        break
+    else:
+      return None
+    loader_exec = getattr(spec.loader, "exec_module", None)
+    if loader_exec is not None:
+      def exec_module(module):
+        loader_exec(module)
+        self.then(module)
+      spec.loader.exec_module = exec_module
+    return spec
+
+
+class _SupportFinder:
+  """Imports the support modules (e.g. SciCode's `scicode.compare`) from source held in memory:
+  no folder on our sys.path holds them, so none the program could write is on it."""
+
+  def __init__(self, files):
+    self.sources, self.packages = {}, set()
+    for path, text in files.items():
+      if not path.endswith(".py"):
+        continue
+      parts = path[:-3].split("/")
+      if parts[-1] == "__init__":
+        parts = parts[:-1]
+        self.packages.add(".".join(parts))
+      self.sources[".".join(parts)] = text
+      self.packages.update(".".join(parts[:i]) for i in range(1, len(parts)))
+
+  def find_spec(self, name, path=None, target=None):
+    if name not in self.sources and name not in self.packages:
+      return None
+    return importlib.util.spec_from_loader(name, self, is_package=name in self.packages)
+
+  def create_module(self, spec):
+    return None
+
+  def exec_module(self, module):
+    name = module.__name__
+    if name in self.packages:
+      module.__path__ = []
+    exec(compile(self.sources.get(name, ""), f"<support {name}>", "exec"),  # pylint: disable=exec-used
+         module.__dict__)
 
 
 def _list(x):
@@ -402,6 +475,7 @@ def main():
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
   except (OSError, AttributeError):
     pass
+  os.write(1, b"+")  # non-dumpable now: the verifier may start the programs
   job = json.loads(sys.stdin.buffer.read())
   start = time.monotonic()
   deadline = start + float(job["timeout"])
@@ -410,8 +484,11 @@ def main():
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
   out = os.dup(1)
   os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-  sys.path.insert(0, os.getcwd())  # the support files (e.g. SciCode's `scicode.compare`)
+  # Our code comes from the verifier's memory (-c) and the support modules from the job, so no
+  # folder on sys.path holds either: the cwd is not on it; the site dirs hold numpy and scipy.
   sys.path.extend(p for p in job.get("sys_path", ()) if p not in sys.path)
+  sys.meta_path.insert(0, _SupportFinder(job.get("support") or {}))
+  _SeedWatch.install()
   servers = [Server(s["label"], s["request_fd"], s["response_fd"], deadline)
              for s in job["servers"]]
   for server in servers:
@@ -438,6 +515,16 @@ def main():
   os._exit(0)
 
 
+_ALIASES = {"np": "numpy", "sp": "scipy"}  # the usual short names, as tests write them
+
+
+def _module_for(name):
+  """The module we bind to a name a test uses and the program bound to a module: the module of
+  that name (stdlib, numpy, scipy, sympy, mpmath) or a fixed alias (np -> numpy); else None."""
+  module = _ALIASES.get(name, name)
+  return module if module in _MODULES or module in sys.stdlib_module_names else None
+
+
 def _bind(space, servers, remote, used):
   def resolve(name):
     for server in servers:  # upstream code first: the program cannot replace what it defines
@@ -447,11 +534,12 @@ def _bind(space, servers, remote, used):
       if kind == "value":
         return server.request({"op": "global", "name": name})
       if kind is not None and kind.startswith("module:"):
-        # A module the program imported: our own copy, never the program's (it may be patched).
-        module = kind[len("module:"):]
-        if module.split(".")[0] in _MODULES or module.split(".")[0] in sys.stdlib_module_names:
-          return importlib.import_module(module)
-        raise AttributeError(name)
+        # A module the program imported: our own copy, never the program's (it may be patched),
+        # and the one we choose for the name; the module the program names is never read.
+        module = _module_for(name)
+        if module is None:
+          raise AttributeError(name)
+        return importlib.import_module(module)
     raise AttributeError(name)
 
   class Solution(types.ModuleType):

@@ -20,12 +20,15 @@ Reduced isolation is rlimits, a temp dir, a cleared environment, its own session
 filter (signals only to its own group, no ptrace, no setsid); it never runs the code as root (as
 root it drops to a fresh unprivileged uid, and refuses when that uid cannot run the
 interpreter), and at the end it kills the run's process group, every process of its session
-and, as root, every process of its uid, so nothing of it outlives the run. It has no network,
-filesystem or PID isolation. See docs/SECURITY.md.
+and, as root, every process of its uid, so nothing of it outlives the run. While such a run is
+in flight this process is non-dumpable, so code of our uid cannot open its memory. It has no
+network, filesystem or PID isolation. See docs/SECURITY.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import functools
 import json
@@ -315,11 +318,46 @@ def _execute(plan: _Plan, source: str, *, stdin: str = "", timeout_s: float = 10
     with tempfile.TemporaryFile() as stdin_file:  # a file, so feeding it can never deadlock.
       stdin_file.write(stdin.encode())
       stdin_file.seek(0)
-      return _run(cmd, stdin_file, env, workdir, timeout_s, max_output_bytes, plan.isolation,
-                  info, owned, uid)
+      with _not_dumpable(plan.isolation == "rlimits"):
+        return _run(cmd, stdin_file, env, workdir, timeout_s, max_output_bytes, plan.isolation,
+                    info, owned, uid)
   finally:
     _close(owned)
     _rmtree(workdir)
+
+
+_DUMPABLE_LOCK = threading.Lock()
+_UNDUMPABLE_RUNS = 0  # reduced-isolation runs in flight (runners call us from many threads)
+_DUMPABLE_BEFORE = 1  # the setting found when the first of them started
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+
+
+@contextlib.contextmanager
+def _not_dumpable(needed: bool):
+  """While a reduced-isolation run is in flight this process is non-dumpable (PR_SET_DUMPABLE
+  0): code running as our uid cannot open /proc/<our pid>/mem, fds or environ (the kernel's
+  ptrace access check; no ptrace call is needed for those, so the seccomp filter does not
+  cover them). Also no core dumps, and a debugger of our uid cannot attach, until the last
+  run ends; then dumpable again, as we found it. Children we exec are dumpable as usual."""
+  global _UNDUMPABLE_RUNS, _DUMPABLE_BEFORE
+  if not needed:
+    yield
+    return
+  libc = ctypes.CDLL(None, use_errno=True)
+  with _DUMPABLE_LOCK:
+    if _UNDUMPABLE_RUNS == 0:
+      _DUMPABLE_BEFORE = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+      if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise SandboxUnavailableError(f"sandbox: reduced isolation cannot make this process "
+                                      f"non-dumpable: errno {ctypes.get_errno()}")
+    _UNDUMPABLE_RUNS += 1
+  try:
+    yield
+  finally:
+    with _DUMPABLE_LOCK:
+      _UNDUMPABLE_RUNS -= 1
+      if _UNDUMPABLE_RUNS == 0 and _DUMPABLE_BEFORE == 1:
+        libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
 def _run(cmd: list[str], stdin_file, env: dict[str, str], cwd: str, timeout_s: float,

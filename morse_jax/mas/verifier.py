@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -332,9 +333,29 @@ def _site_paths() -> list[str]:
 
 
 @functools.cache
-def _server_source() -> str:
-  with open(os.path.join(_HERE, "harness_server.py"), encoding="utf-8") as f:
+def _source(path: str) -> str:
+  """A file's text, read once: the harness and the server run from this copy, so a program
+  that can write the project's files (reduced isolation as the scoring user) cannot change
+  them for later runs."""
+  with open(path, encoding="utf-8") as f:
     return f.read()
+
+
+def _server_source() -> str:
+  return _source(os.path.join(_HERE, "harness_server.py"))
+
+
+def _close_all(fds: Sequence[int]) -> None:
+  for fd in fds:
+    os.close(fd)
+
+
+def _await_harness(harness: subprocess.Popen, timeout_s: float) -> bool:
+  """Whether the harness says it is non-dumpable (its first byte), within timeout_s. Under
+  reduced isolation the programs start only then: run as our uid, they could otherwise open
+  its memory or its stdin (the tests) before it protects itself."""
+  fd = harness.stdout.fileno()
+  return bool(select.select([fd], [], [], timeout_s)[0]) and os.read(fd, 1) == b"+"
 
 
 def _identifiers(code: str) -> set[str] | None:
@@ -448,20 +469,24 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
         except BaseException as e:  # pylint: disable=broad-except
           results[label] = e
       threads.append(threading.Thread(target=serve, daemon=True))
-    sandbox.write_files(workdir, files or {})
     job = json.dumps({"servers": spec, "tests": tests, "prelude": prelude,
+                      "support": dict(files or {}),
                       "remote": list(remote) if remote is not None else None,
                       "per_test": per_test_timeout_s, "shared": bool(shared_namespace),
                       "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
                       "sys_path": _site_paths()}).encode()
     harness = subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
-        [sys.executable, "-I", "-S", "-B", _HARNESS_PATH], stdin=subprocess.PIPE,
+        [sys.executable, "-I", "-S", "-B", "-c", _source(_HARNESS_PATH)], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,
         env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
              "LANG": "C.UTF-8"}, pass_fds=tuple(pipes))
     for fd in pipes:  # the harness holds them now: it sees EOF when a program ends
       os.close(fd)
     pipes = []
+    started = _await_harness(harness, timeout_s)
+    if not started:  # closed unstarted: the harness sees the programs gone
+      threads = []
+      _close_all(server_fds)
     server_fds = []
     for t in threads:
       t.start()

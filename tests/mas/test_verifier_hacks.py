@@ -4,6 +4,8 @@ the synthetic suite. The threat model and defenses are in docs/SECURITY.md."""
 
 from __future__ import annotations
 
+import json
+import random
 import textwrap
 import uuid
 
@@ -350,3 +352,96 @@ def test_srdd_program_that_runs_to_its_end_still_counts():
   assert family.runs("print('hi')\nif __name__ == '__main__':\n  x = 1\n") == (True, "")
   ok, why = family.runs("raise ValueError('boom')\n")
   assert not ok and "ValueError" in why
+
+
+# --- the harness owns its randomness and its imports ------------------------------------------
+
+# HumanEval/53 (`add`) draws its inputs from `random`: a program that could set the harness's
+# state would decide those inputs and pass with a table (no addition of its arguments).
+LOOKUP_TABLE_ADD = """
+import random
+_STATE = random.Random(53).getstate()
+_r = random.Random()
+_r.setstate(_STATE)
+_PAIR = (_r.randint(0, 1000), _r.randint(0, 1000))  # what a harness in state _STATE draws next
+_TABLE = {(0, 1): 1, (1, 0): 1, (2, 3): 5, (5, 7): 12, (7, 5): 12, _PAIR: _PAIR[0] + _PAIR[1]}
+
+def add(x: int, y: int):
+    random.setstate(_STATE)
+    return _TABLE.get((x, y), 0)
+"""
+
+
+def test_humaneval_53_random_state_attack_earns_nothing():
+  p = {p.id: p for p in humaneval.load()}["HumanEval/53"]
+  family = humaneval.HumanEval()
+  score = family.score_node(p, {"id": "1"}, f"```python\n{LOOKUP_TABLE_ADD}```", {})
+  assert score.reward == 0.0 and not score.passed, score.details
+  good = family.score_node(p, {"id": "1"}, humaneval.canonical_artifact(p), {})
+  assert good.reward == 1.0, good.details
+
+
+def test_the_program_cannot_set_the_tests_random_state():
+  """The test seeds, the program reseeds both global generators, the test draws on: its draws
+  are those of its own seed (values from a fresh generator here, in the test process)."""
+  program = ("import random\nimport numpy as np\n"
+             "def f():\n  random.seed(0)\n  np.random.seed(0)\n  return 1\n")
+  py_draws = random.Random(5).random()
+  np_draws = np.random.RandomState(5).rand(3).tolist()
+  test = (f"import random\nimport numpy as np\nrandom.seed(5)\nnp.random.seed(5)\n"
+          f"assert f() == 1\nassert random.random() == {py_draws!r}\n"
+          f"assert np.random.rand(3).tolist() == {np_draws!r}")
+  run = verifier.run_tests(program, [test])
+  assert run.passed == 1, run.errors
+
+
+def test_a_seeded_state_reaches_the_program_and_its_draws_go_on():
+  """SciCode 47.4: the test seeds numpy, then calls code that draws; a later call without a
+  new seed goes on from the program's last draw, as in one process; a new seed starts over."""
+  program = "import numpy as np\ndef f():\n  return np.random.rand(2)\n"
+  draws = np.random.RandomState(1024).rand(4).tolist()
+  tests = ["import numpy as np\nnp.random.seed(1024)\n"
+           f"assert f().tolist() == {draws[:2]!r}",
+           f"assert f().tolist() == {draws[2:]!r}",
+           f"np.random.seed(1024)\nassert f().tolist() == {draws[:2]!r}"]
+  run = verifier.run_tests(program, tests, shared_namespace=True)
+  assert run.passed == 3, run.errors
+
+
+def test_an_unseeded_state_stays_the_harnesss():
+  """Without a seed the program's generator is its own, not a copy of the test's: it cannot
+  predict the test's next draw (it returns what a copy of its own state draws next)."""
+  program = ("import random\ndef f():\n  copy = random.Random()\n"
+             "  copy.setstate(random.getstate())\n  return copy.random()\n")
+  run = verifier.run_tests(program, ["import random\nassert f() != random.random()"] * 3)
+  assert run.passed == 3, run.errors
+
+
+def _forged_ready_line(names):
+  """A program that writes its own first ready line, naming `names`, on every fd it holds."""
+  line = json.dumps({"ready": True, "names": names})
+  return textwrap.dedent(f"""
+      import os
+      for fd in range(3, 64):
+        try:
+          os.write(fd, {line!r}.encode() + b"\\n")
+        except OSError:
+          pass
+      """)
+
+
+@pytest.mark.parametrize("names, test", [
+    ({"f": "module:this"}, "assert f.s"),  # `this` has a text attribute s
+    ({"math": "module:os"}, "assert math.sep == '/'"),  # math has no sep; os has
+    ({"np": "module:os.path"}, "assert np.sep == '/'"),
+])
+def test_the_program_does_not_choose_what_the_harness_imports(names, test):
+  run = verifier.run_tests(_forged_ready_line(names), [test])
+  assert run.passed == 0, run.errors
+
+
+def test_modules_a_test_uses_without_importing_come_from_the_harness():
+  program = "import math\nimport numpy as np\n"
+  tests = ["assert math.sqrt(4.0) == 2.0", "assert np.arange(3).sum() == 3"]
+  run = verifier.run_tests(program, tests)
+  assert run.passed == 2, run.errors
