@@ -337,6 +337,13 @@ def _server_source() -> str:
     return f.read()
 
 
+@functools.cache
+def _strict_source() -> str:
+  """strict.py, run inside the harness for the tests' comparisons (it has no project path)."""
+  with open(os.path.join(_HERE, "strict.py"), encoding="utf-8") as f:
+    return f.read()
+
+
 def _identifiers(code: str) -> set[str] | None:
   """Every identifier and string constant in code (None: it does not parse)."""
   try:
@@ -453,7 +460,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
                       "remote": list(remote) if remote is not None else None,
                       "per_test": per_test_timeout_s, "shared": bool(shared_namespace),
                       "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
-                      "sys_path": _site_paths()}).encode()
+                      "sys_path": _site_paths(), "strict": _strict_source()}).encode()
     harness = subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
         [sys.executable, "-I", "-S", "-B", _HARNESS_PATH], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,

@@ -446,7 +446,9 @@ class SciCode:
 
   def _tests(self, problem: Problem, step: Mapping[str, Any]) -> list[str]:
     values = self._required(problem, step)
-    return [f"target = {target_source(values[i])}\n{test}" if _uses_target(test) else test
+    # strict_target (the harness's): the value's arrays refuse comparisons of another shape.
+    return [f"target = strict_target({target_source(values[i])})\n{test}"
+            if _uses_target(test) else test
             for i, test in enumerate(step["test_cases"])]
 
   def check_targets(self, problems: Sequence[Problem]) -> None:
