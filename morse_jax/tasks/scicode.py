@@ -6,7 +6,10 @@ step_background, function_header, test_cases, return_line, and in the dev proble
 ground_truth_code}) and `general_tests`. The gold graph is the chain of sub-steps (step k depends
 on step k-1). A step's code runs after the required imports and the code of the upstream steps;
 its test cases then run in order in one namespace, as the official harness runs them (a later
-test may use names an earlier one bound); its reward is the fraction of its test cases passed.
+test may use names an earlier one bound); its reward is the share of its test cases passed beyond
+those one constant answer passes (the largest group of tests with equal targets:
+`base.reward_above_null`; e.g. 19.2's n-tangle is 1, 1, 0, 0 on its four states, so a
+constant passes two and earns 0).
 A step without test cases (13.6, 62.1, 76.3 in the official files; `untested_steps`) earns
 reward 0 and is left out of the step counts; it still flows downstream when its code runs, and
 the later steps that call it check it.
@@ -60,7 +63,8 @@ from morse_jax.mas import verifier
 from morse_jax.tasks import scicode_data
 from morse_jax.tasks import scicode_gold
 from morse_jax.tasks import scicode_targets
-from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
+from morse_jax.tasks.base import NodeScore, Problem, ProblemScore, null_baseline
+from morse_jax.tasks.base import reward_above_null
 
 FAMILY = "scicode"
 log = logging.getLogger(__name__)
@@ -321,6 +325,20 @@ def target_source(value: Any) -> str:
   raise TypeError(f"target_source: cannot write a {type(value).__name__} as source")
 
 
+def _same_target(a: Any, b: Any) -> bool:
+  """Whether one answer can match both targets: equal shapes and, for numbers, allclose (NaN
+  matching NaN); otherwise ==."""
+  try:
+    x, y = np.asarray(a), np.asarray(b)
+    if x.shape != y.shape:
+      return False
+    if x.dtype.kind in "biufc" and y.dtype.kind in "biufc":
+      return bool(np.allclose(x, y, equal_nan=True))
+    return bool(np.all(x == y)) if x.dtype == y.dtype else False
+  except (ValueError, TypeError):
+    return False
+
+
 def step_id(problem_id: str, step_number: str) -> str:
   """The official step id ("13.6"): released step numbers already carry the problem id, bare
   ones ("6") get it prepended."""
@@ -546,7 +564,18 @@ class SciCode:
     if run.total == 0:  # no tests: no reward of its own; flows on when its program runs
       details["untested"] = True
       return NodeScore(0.0, self._step_passed(run), details)
-    return NodeScore(run.fraction, run.passed == run.total, details)
+    baseline = self._null_baseline(problem, step)
+    details["null_baseline"] = baseline
+    return NodeScore(reward_above_null(run.passed, run.total, baseline),
+                     run.passed == run.total, details)
+
+  def _null_baseline(self, problem: Problem, step: Mapping[str, Any]) -> int:
+    """How many of the step's tests one constant answer passes: the largest group of tests that
+    compare against equal targets (`base.null_baseline`)."""
+    values = self._required(problem, step) or ()
+    expected = [values[i] for i, t in enumerate(step["test_cases"])
+                if i < len(values) and _uses_target(t)]
+    return null_baseline(expected, same=_same_target)
 
   def _score_whole(self, problem: Problem, program: str) -> NodeScore:
     """A whole-problem node: reward = the share of steps passed (see the module docstring)."""

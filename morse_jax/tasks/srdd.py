@@ -163,8 +163,9 @@ def _inert(node: ast.AST, defined: set[str]) -> bool:
     return all(_inert(e, defined) for e in node.elts)
   if isinstance(node, ast.Dict):
     return all(_inert(e, defined) for e in [*node.values, *(k for k in node.keys if k)])
-  if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
-    return True
+  if isinstance(node, (ast.UnaryOp, ast.BinOp)):  # constant arithmetic: 10 ** 6, -1
+    return all(isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp, ast.operator, ast.unaryop))
+               for n in ast.walk(node))
   if isinstance(node, ast.Subscript):
     return isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant)
   if isinstance(node, ast.IfExp):

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from morse_jax.mas import verifier
 from morse_jax.tasks import synthetic_gen
+from morse_jax.tasks import base
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = synthetic_gen.FAMILY
@@ -168,28 +169,16 @@ def _cases(tests: Sequence[str]) -> list[tuple[list[Any], Any]]:
 
 
 def null_baseline(tests: Sequence[str]) -> int:
-  """The most unit tests one answer that computes nothing passes: a constant (the largest group
-  of tests whose expected values are equal) or the first input returned unchanged."""
+  """The most unit tests one answer that computes nothing passes (`base.null_baseline`): a
+  constant, or the first input returned unchanged."""
   cases = _cases(tests)
-  expected = [y for _, y in cases]
-  constant = max((sum(1 for z in expected if z == y) for y in expected), default=0)
-  identity = sum(1 for args, y in cases if args and args[0] == y)
-  return max(constant, identity)
-
-
-def reward_above_null(passed: int, total: int, baseline: int) -> float:
-  """The share of the unit tests beyond `baseline` (what an answer that computes nothing can
-  pass) that the program passed: (passed - baseline) / (total - baseline), at least 0; 0 when
-  the tests cannot tell a solution from such an answer (baseline == total)."""
-  if total <= baseline:
-    return 0.0
-  return max(0.0, (passed - baseline) / (total - baseline))
+  return base.null_baseline([y for _, y in cases], [a[0] if a else None for a, _ in cases])
 
 
 @dataclasses.dataclass
 class Synthetic:
   """The synthetic task family. A node's reward is the share of its unit tests passed beyond
-  what the best answer that computes nothing passes (`reward_above_null`: a constant or the
+  what the best answer that computes nothing passes (`base.reward_above_null`: a constant or the
   input unchanged passes the edge cases, e.g. `f([]) == []`), run on its code after the code of
   its passed ancestors; it passes when all pass."""
 
@@ -238,7 +227,7 @@ class Synthetic:
                                "isolation": run.isolation}
     if run.errors:
       details["reason"] = "; ".join(run.errors)[:1000]
-    reward = reward_above_null(run.passed, run.total, baseline)
+    reward = base.reward_above_null(run.passed, run.total, baseline)
     return NodeScore(reward, run.total > 0 and run.passed == run.total, details)
 
   def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:

@@ -10,7 +10,7 @@ import pytest
 
 from morse_jax.mas import verifier
 from morse_jax.mas.graph import SubtaskGraph
-from morse_jax.tasks import synthetic, synthetic_gen
+from morse_jax.tasks import base, synthetic, synthetic_gen
 from morse_jax.tasks.synthetic_ops import EMPTY, random_value
 
 SEED = 7
@@ -193,9 +193,10 @@ def test_null_baseline_by_hand():
   assert synthetic.null_baseline(["assert f(1) == 1", "assert f(2) == 2", "assert f(3) == 0",
                                   "assert f(4) == 0", "assert f(5) == 0"]) == 3
   assert synthetic.null_baseline(["assert f(1) == 7", "not an assert"]) == 1
-  assert synthetic.reward_above_null(5, 6, 2) == pytest.approx(3 / 4)
-  assert synthetic.reward_above_null(2, 6, 2) == synthetic.reward_above_null(1, 6, 2) == 0.0
-  assert synthetic.reward_above_null(6, 6, 6) == 0.0  # the tests cannot tell a solution apart
+  assert base.reward_above_null(5, 6, 2) == pytest.approx(3 / 4)
+  assert base.reward_above_null(2, 6, 2) == base.reward_above_null(1, 6, 2) == 0.0
+  assert base.reward_above_null(6, 6, 6) == 0.0  # the tests cannot tell a solution apart
+  assert base.reward_above_null(1, 1, 1) == 1.0 and base.reward_above_null(0, 1, 0) == 0.0
 
 
 def test_blocked_upstream_fails_the_dependent_node(problems, family):
