@@ -9,12 +9,14 @@ family, closes those holes:
 
 - `answer(value)`: the arrays in a decoded answer (inside lists, tuples, dicts too) become
   `Answer` arrays, whose ufuncs (`==`, `-`, `<`, ...) refuse an operand of another shape unless
-  it is a scalar;
+  it is a scalar (and the array is not empty);
 - `target(value)`: the same for a test's expected value, as `Target` arrays, which also refuse a
   scalar against a non-scalar target in `==` / `!=`;
 - `patch_numpy()`: numpy's comparison functions (allclose, isclose, array_equal, array_equiv,
   the numpy.testing asserts) in strict versions: shapes equal and dtype kinds of one class (bool,
-  number, text, other) before any tolerance; NaN equals only NaN at the same place;
+  number, text, other) before any tolerance (allclose / isclose: or a scalar against a non-empty
+  array that is no Target, as in a test's `np.isclose(x, 0)`); NaN equals only NaN at the same
+  place;
 - `test_builtins()`: the builtins the tests run with, with a `zip` that refuses unequal lengths.
 
 Refusals raise StrictComparisonError (a ValueError); the strict functions return False where
@@ -62,7 +64,7 @@ def _refuse_mismatch(np, ufunc, inputs):
         continue
       scalar = other == ()
       if scalar and not (isinstance(inputs[i], _state["target"]) and ufunc.__name__ in _EQUALITY
-                         and mine != ()):
+                         and mine != ()) and 0 not in mine:
         continue
       raise StrictComparisonError(
           f"{ufunc.__name__}: operand of shape {other} against an answer or target of shape "
@@ -127,11 +129,16 @@ def target(value):
   return _mark(value, _state["target"])
 
 
-def _structure_error(np, a, b):
-  """Why a cannot equal b by structure, or None."""
+def _structure_error(np, a, b, scalar_ok=False):
+  """Why a cannot equal b by structure, or None. `scalar_ok`: a scalar against a non-empty array
+  that is no Target is fine (a test's `np.isclose(x, 0)`)."""
   sa, sb = _shape(np, a), _shape(np, b)
   if sa is None or sb is None:
     return None
+  target = _state["target"]
+  if scalar_ok and ((sa == () and 0 not in sb and not isinstance(b, target))
+                    or (sb == () and 0 not in sa and not isinstance(a, target))):
+    sa = sb
   if sa != sb:
     return f"shape {sa} against shape {sb}"
   ka, kb = _kind(np, a), _kind(np, b)
@@ -142,14 +149,14 @@ def _structure_error(np, a, b):
 
 def _strict_functions(np, original):
   def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=True):
-    why = _structure_error(np, a, b)
+    why = _structure_error(np, a, b, scalar_ok=True)
     if why:
       raise StrictComparisonError(f"isclose: {why}")
     return original["isclose"](np.asarray(a), np.asarray(b), rtol=rtol, atol=atol,
                                equal_nan=equal_nan)
 
   def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=True):
-    if _structure_error(np, a, b):
+    if _structure_error(np, a, b, scalar_ok=True):
       return False
     return bool(original["allclose"](np.asarray(a), np.asarray(b), rtol=rtol, atol=atol,
                                      equal_nan=equal_nan))

@@ -48,7 +48,10 @@ CASES = [
      False),
     (CMP + "assert cmp_tuple_or_list(two_empties(), strict_target([1.0, 2.0]))", False),
     (CMP + "assert are_dicts_close(nested(), {'a': [np.ones(2)]})", False),
+    ("assert (empty() == 5.0).all()", False),  # an empty answer against a scalar
+    ("assert np.isclose(empty(), 0).all()", False),
     # Right answers still pass.
+    ("assert np.allclose(zeros3(), 0) and np.isclose(zeros3(), 0.0).all()", True),
     ("assert np.allclose(zeros3(), strict_target(np.zeros(3)))", True),
     ("assert (ints() == [1, 2, 3]).all() and ints().sum() == 6", True),
     ("assert np.allclose(ints(), np.array([1.0, 2.0, 3.0]))", True),  # int and float: numbers
