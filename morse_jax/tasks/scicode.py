@@ -214,10 +214,9 @@ def load(path: str | None = None,
   untested = untested_steps(problems)
   if untested:
     log.info("scicode: %d of %d steps (in %d of %d problems) have no test cases: %s; they "
-                 "earn no reward of their own", len(untested),
-                 sum(len(p.data["sub_steps"]) for p in problems),
-                 len({u.rsplit(".", 1)[0] for u in untested}), len(problems),
-                 ", ".join(untested))
+             "earn no reward of their own", len(untested),
+             sum(len(p.data["sub_steps"]) for p in problems),
+             len({u.rsplit(".", 1)[0] for u in untested}), len(problems), ", ".join(untested))
   return problems
 
 
