@@ -190,7 +190,7 @@ class Server:
     if "error" in reply:
       raise _exception(reply["error"])
     try:
-      return self.decode(reply.get("value"))
+      return _answer(self.decode(reply.get("value")))
     except RecursionError:
       raise RemoteGone("the tested program's answer is nested too deeply") from None
 
@@ -499,7 +499,7 @@ def main():
   tests, per_test = job["tests"], job.get("per_test")
   summary = {"passed": [False] * len(tests), "errors": [None] * len(tests),
              "program_error": load_error, "harness_error": None}
-  space = {"__name__": "__test__", "__builtins__": builtins}
+  space = _test_space(job)
   try:
     exec(compile(job.get("prelude", ""), "prelude", "exec"), space)  # pylint: disable=exec-used
   except BaseException as e:  # pylint: disable=broad-except
@@ -523,6 +523,33 @@ def _module_for(name):
   that name (stdlib, numpy, scipy, sympy, mpmath) or a fixed alias (np -> numpy); else None."""
   module = _ALIASES.get(name, name)
   return module if module in _MODULES or module in sys.stdlib_module_names else None
+
+
+_STRICT = None  # the strict comparisons (strict.py, shipped as source in the job)
+
+
+def _load_strict(source):
+  module = types.ModuleType("_morse_strict")
+  exec(compile(source, "strict.py", "exec"), vars(module))  # pylint: disable=exec-used
+  sys.modules[module.__name__] = module
+  return module
+
+
+def _answer(value):
+  """A decoded answer with its arrays as strict.Answer (comparisons that refuse mismatches)."""
+  return _STRICT.answer(value) if _STRICT is not None else value
+
+
+def _test_space(job):
+  """The tests' namespace: strict builtins (zip), numpy's comparisons made strict when the
+  tests use numpy, and `strict_target` for the expected values a task writes into its tests."""
+  global _STRICT  # pylint: disable=global-statement
+  _STRICT = _load_strict(job["strict"])
+  if any("numpy" in text for text in [job.get("prelude", ""), *job["tests"]]):
+    importlib.import_module("numpy")
+    _STRICT.patch_numpy()
+  return {"__name__": "__test__", "__builtins__": _STRICT.test_builtins(),
+          "strict_target": _STRICT.target}
 
 
 def _bind(space, servers, remote, used):

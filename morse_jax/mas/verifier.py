@@ -358,6 +358,11 @@ def _await_harness(harness: subprocess.Popen, timeout_s: float) -> bool:
   return bool(select.select([fd], [], [], timeout_s)[0]) and os.read(fd, 1) == b"+"
 
 
+def _strict_source() -> str:
+  """strict.py, run inside the harness for the tests' comparisons (it has no project path)."""
+  return _source(os.path.join(_HERE, "strict.py"))
+
+
 def _identifiers(code: str) -> set[str] | None:
   """Every identifier and string constant in code (None: it does not parse)."""
   try:
@@ -474,7 +479,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
                       "remote": list(remote) if remote is not None else None,
                       "per_test": per_test_timeout_s, "shared": bool(shared_namespace),
                       "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
-                      "sys_path": _site_paths()}).encode()
+                      "sys_path": _site_paths(), "strict": _strict_source()}).encode()
     harness = subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
         [sys.executable, "-I", "-S", "-B", "-c", _source(_HARNESS_PATH)], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,

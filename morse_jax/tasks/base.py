@@ -10,7 +10,7 @@ finished task from the artifacts of its nodes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,3 +52,26 @@ class TaskFamily(Protocol):
 
   def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
     """Score the finished task; blocked nodes have artifact None."""
+
+
+def null_baseline(expected: Sequence[Any], inputs: Sequence[Any] | None = None,
+                  same: Callable[[Any, Any], bool] = lambda a, b: bool(a == b)) -> int:
+  """The most tests one answer that ignores its input passes: a constant (the largest group of
+  tests whose expected values are `same`) or, with `inputs` (one per expected value, None where
+  unknown), the input returned unchanged."""
+  constant = max((sum(1 for z in expected if same(z, y)) for y in expected), default=0)
+  identity = sum(1 for x, y in zip(inputs or (), expected, strict=False)
+                 if x is not None and same(x, y))
+  return max(constant, identity)
+
+
+def reward_above_null(passed: int, total: int, baseline: int) -> float:
+  """A step reward from unit tests that an answer computing nothing cannot earn: the share of
+  the tests beyond `baseline` (what such an answer passes) that the program passed,
+  (passed - baseline) / (total - baseline), at least 0; 0 when the tests cannot tell a solution
+  from such an answer (baseline >= total). A single test is all or nothing (baseline 0)."""
+  if total <= 1:
+    return float(total == 1 and passed == 1)
+  if total <= baseline:
+    return 0.0
+  return max(0.0, (passed - baseline) / (total - baseline))

@@ -6,7 +6,13 @@ step_background, function_header, test_cases, return_line, and in the dev proble
 ground_truth_code}) and `general_tests`. The gold graph is the chain of sub-steps (step k depends
 on step k-1). A step's code runs after the required imports and the code of the upstream steps;
 its test cases then run in order in one namespace, as the official harness runs them (a later
-test may use names an earlier one bound); its reward is the fraction of its test cases passed.
+test may use names an earlier one bound); its reward is the share of its test cases passed beyond
+those one constant answer passes (the largest group of tests with equal targets:
+`base.reward_above_null`; e.g. 19.2's n-tangle is 1, 1, 0, 0 on its four states, so a
+constant passes two and earns 0).
+A step without test cases (13.6, 62.1, 76.3 in the official files; `untested_steps`) earns
+reward 0 and is left out of the step counts; it still flows downstream when its code runs, and
+the later steps that call it check it.
 The test cases run in the verifier's trusted harness after the required imports, calling the
 step's functions in the sandbox (and the upstream steps' functions in a sandbox of their own):
 see `verifier.run_tests` and docs/SECURITY.md.
@@ -45,6 +51,7 @@ import base64
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import math
 import re
 import threading
@@ -56,9 +63,11 @@ from morse_jax.mas import verifier
 from morse_jax.tasks import scicode_data
 from morse_jax.tasks import scicode_gold
 from morse_jax.tasks import scicode_targets
-from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
+from morse_jax.tasks.base import NodeScore, Problem, ProblemScore, null_baseline
+from morse_jax.tasks.base import reward_above_null
 
 FAMILY = "scicode"
+log = logging.getLogger(__name__)
 _LOCK = threading.Lock()  # the families' lazily opened target stores
 TRAIN_CATEGORIES = ("physics", "math", "material science")
 TEST_CATEGORIES = ("chemistry", "biology")
@@ -202,7 +211,25 @@ def load(path: str | None = None,
         raise ValueError(f"{where}: field 'problem_id' {problem.id!r} is repeated")
       seen.add(problem.id)
       problems.append(problem)
+  untested = untested_steps(problems)
+  if untested:
+    log.info("scicode: %d of %d steps (in %d of %d problems) have no test cases: %s; they "
+             "earn no reward of their own", len(untested),
+             sum(len(p.data["sub_steps"]) for p in problems),
+             len({u.rsplit(".", 1)[0] for u in untested}), len(problems), ", ".join(untested))
   return problems
+
+
+def untested_steps(problems: Sequence[Problem]) -> list[str]:
+  """The official ids ("13.6") of the steps of `problems` that have no test cases (in the
+  official files: 13.6, 62.1, 76.3). Such a step earns no reward of its own and is left out of
+  the step counts; its code is checked by the later steps that call it."""
+  return [step_id(p.id, s["step_number"]) for p in problems for s in p.data["sub_steps"]
+          if not s["test_cases"]]
+
+
+def _tested(problem: Problem) -> list[Mapping[str, Any]]:
+  return [s for s in problem.data["sub_steps"] if s["test_cases"]]
 
 
 def _step(problem: Problem, node_id: str) -> Mapping[str, Any] | None:
@@ -295,6 +322,20 @@ def target_source(value: Any) -> str:
     return "{" + ", ".join(f"{target_source(k)}: {target_source(v)}"
                            for k, v in value.items()) + "}"
   raise TypeError(f"target_source: cannot write a {type(value).__name__} as source")
+
+
+def _same_target(a: Any, b: Any) -> bool:
+  """Whether one answer can match both targets: equal shapes and, for numbers, allclose (NaN
+  matching NaN); otherwise ==."""
+  try:
+    x, y = np.asarray(a), np.asarray(b)
+    if x.shape != y.shape:
+      return False
+    if x.dtype.kind in "biufc" and y.dtype.kind in "biufc":
+      return bool(np.allclose(x, y, equal_nan=True))
+    return bool(np.all(x == y)) if x.dtype == y.dtype else False
+  except (ValueError, TypeError):
+    return False
 
 
 def step_id(problem_id: str, step_number: str) -> str:
@@ -446,7 +487,9 @@ class SciCode:
 
   def _tests(self, problem: Problem, step: Mapping[str, Any]) -> list[str]:
     values = self._required(problem, step)
-    return [f"target = {target_source(values[i])}\n{test}" if _uses_target(test) else test
+    # strict_target (the harness's): the value's arrays refuse comparisons of another shape.
+    return [f"target = strict_target({target_source(values[i])})\n{test}"
+            if _uses_target(test) else test
             for i, test in enumerate(step["test_cases"])]
 
   def check_targets(self, problems: Sequence[Problem]) -> None:
@@ -487,7 +530,8 @@ class SciCode:
     return [verifier.extract_code(upstream[i]) or upstream[i] for i in ids]
 
   def _every_step(self, problem: Problem, program: str) -> list[verifier.TestRun]:
-    steps = problem.data["sub_steps"]
+    """The runs of every step that has tests (the others earn nothing of their own)."""
+    steps = _tested(problem)
     for step in steps:  # missing targets raise here, before any sandbox call
       self._required(problem, step)
     workers = max(1, min(self.workers, len(steps)))
@@ -516,10 +560,21 @@ class SciCode:
                                "isolation": run.isolation}
     if run.errors:
       details["reason"] = "; ".join(run.errors)[:1000]
-    if run.total == 0:  # a step without tests: it passes when its program runs
-      ok = self._step_passed(run)
-      return NodeScore(float(ok), ok, details)
-    return NodeScore(run.fraction, run.passed == run.total, details)
+    if run.total == 0:  # no tests: no reward of its own; flows on when its program runs
+      details["untested"] = True
+      return NodeScore(0.0, self._step_passed(run), details)
+    baseline = self._null_baseline(problem, step)
+    details["null_baseline"] = baseline
+    return NodeScore(reward_above_null(run.passed, run.total, baseline),
+                     run.passed == run.total, details)
+
+  def _null_baseline(self, problem: Problem, step: Mapping[str, Any]) -> int:
+    """How many of the step's tests one constant answer passes: the largest group of tests that
+    compare against equal targets (`base.null_baseline`)."""
+    values = self._required(problem, step) or ()
+    expected = [values[i] for i, t in enumerate(step["test_cases"])
+                if i < len(values) and _uses_target(t)]
+    return null_baseline(expected, same=_same_target)
 
   def _score_whole(self, problem: Problem, program: str) -> NodeScore:
     """A whole-problem node: reward = the share of steps passed (see the module docstring)."""
@@ -528,10 +583,10 @@ class SciCode:
     details: dict[str, Any] = {"steps_passed": sum(flags), "steps": len(flags),
                                "isolation": runs[0].isolation if runs else ""}
     failed = [f"step {s['step_number']}: {'; '.join(r.errors) or 'failed'}"
-              for s, r, ok in zip(problem.data["sub_steps"], runs, flags) if not ok]
+              for s, r, ok in zip(_tested(problem), runs, flags) if not ok]
     if failed:
       details["reason"] = " | ".join(failed)[:1000]
-    return NodeScore(sum(flags) / len(flags), True, details)
+    return NodeScore(sum(flags) / len(flags) if flags else 0.0, True, details)
 
   def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
     """Each step re-scored in order, with the steps that passed before it as its upstream; for
@@ -539,23 +594,26 @@ class SciCode:
     code joined in the order given."""
     if artifacts and all(_step(problem, k) is None for k in artifacts):
       codes = [c for c in map(_usable_code, artifacts.values()) if c is not None]
-      flags = [False] * len(problem.data["sub_steps"])
+      flags = [False] * len(_tested(problem))
       if codes:
         program = "\n\n".join([problem.data["required_dependencies"], *codes])
         flags = [self._step_passed(r) for r in self._every_step(problem, program)]
       return self._problem_score(flags)
     passed: dict[str, str] = {}
     flags = []
+    untested = {s["step_number"] for s in problem.data["sub_steps"] if not s["test_cases"]}
     for node in problem.gold_graph:
       artifact = artifacts.get(node["id"])
       ok = artifact is not None and self.score_node(problem, node, artifact, passed).passed
       if ok:
         passed[node["id"]] = artifact
-      flags.append(ok)
+      if node["id"] not in untested:  # counted through the steps that call it
+        flags.append(ok)
     return self._problem_score(flags)
 
   @staticmethod
   def _problem_score(flags: Sequence[bool]) -> ProblemScore:
     k, n = sum(flags), len(flags)
-    return ProblemScore(k == n, {"steps_passed": float(k), "steps": float(n),
-                                 "step_pass": k / n, "problem_pass": float(k == n)})
+    done = n > 0 and k == n
+    return ProblemScore(done, {"steps_passed": float(k), "steps": float(n),
+                               "step_pass": k / n if n else 0.0, "problem_pass": float(done)})

@@ -11,7 +11,10 @@ Step reward of a node (the authors' rule), on the node's code run after its upst
   SentenceEmbedder) of the requirement text and the code, clipped to [0, 1]. Comments and
   docstrings are removed from the code first, so pasting the requirement into a comment earns
   nothing.
-A node passes (may flow downstream) when smoke and complete are both 1.
+A node passes (may flow downstream) when smoke and complete are both 1. Unlike the authors'
+rule, a node earns u = 0 when its code does not run (smoke 0) or computes nothing
+(`computes_nothing`: only constants, names, returns, raises, sleeps, exits, empty arrays); such
+replies would otherwise keep the complete and cos terms, and a policy settles for them.
 
 Evaluation of a finished program (all nodes' code joined in graph order), after ChatDev:
 - exec: 1 when the joined program compiles and runs (`runs`), else 0; an empty program is 0.
@@ -21,7 +24,8 @@ Evaluation of a finished program (all nodes' code joined in graph order), after 
 - consistency: cos(requirement, program code) as above.
 - eci_mean = mean and eci_product = product of (completeness, executability, consistency);
   the product is ChatDev's "quality".
-- reward = eci_mean when exec is 1, else 0. `passed` = exec and completeness.
+- reward = eci_mean when exec is 1, else 0 (also 0 when the program computes nothing).
+  `passed` = exec and completeness.
 "Runs" follows ChatDev's check: the program exits with code 0 within the timeout, or is still
 running at the timeout (a GUI loop or server) with no traceback on stderr (`timeout_ok`).
 Exiting with code 0 counts only when the program ran to its end: it runs under a small runner
@@ -145,6 +149,84 @@ def early_exit(code: str) -> str | None:
   return None
 
 
+# Calls that compute nothing: waiting, leaving, an empty allocation, importing.
+_INERT_CALLS = ("sleep", "exit", "quit", "_exit", "empty", "__import__")
+
+
+def _inert(node: ast.AST, defined: set[str]) -> bool:
+  """An expression that computes nothing: constants, names, containers of them, an input's item
+  by a constant index, a choice between such, a call of an inert callable or of a function the
+  code defines (each of which is checked itself)."""
+  if isinstance(node, (ast.Constant, ast.Name)):
+    return True
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return all(_inert(e, defined) for e in node.elts)
+  if isinstance(node, ast.Dict):
+    return all(_inert(e, defined) for e in [*node.values, *(k for k in node.keys if k)])
+  if isinstance(node, (ast.UnaryOp, ast.BinOp)):  # constant arithmetic: 10 ** 6, -1
+    return all(isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp, ast.operator, ast.unaryop))
+               for n in ast.walk(node))
+  if isinstance(node, ast.Subscript):
+    return isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant)
+  if isinstance(node, ast.IfExp):
+    return all(_inert(e, defined) for e in (node.test, node.body, node.orelse))
+  if isinstance(node, ast.Attribute):
+    return _inert(node.value, defined)
+  if isinstance(node, ast.Call):
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    if name not in _INERT_CALLS and name not in defined:
+      return False
+    if isinstance(f, ast.Attribute) and not _inert(f.value, defined):
+      return False
+    return all(_inert(a, defined) for a in [*node.args, *(k.value for k in node.keywords)])
+  return False
+
+
+def _inert_body(body: list[ast.stmt], defined: set[str]) -> bool:
+  for stmt in body:
+    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass, ast.Global, ast.Nonlocal)):
+      continue
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      if not _inert_body(stmt.body, defined):
+        return False
+    elif isinstance(stmt, (ast.Return, ast.Expr)):
+      if stmt.value is not None and not _inert(stmt.value, defined):
+        return False
+    elif isinstance(stmt, ast.Raise):
+      continue
+    elif isinstance(stmt, ast.Assign):
+      if not _inert(stmt.value, defined) or not all(isinstance(t, ast.Name)
+                                                     for t in stmt.targets):
+        return False
+    elif isinstance(stmt, ast.If) and _main_guard(stmt.test):
+      if not _inert_body(stmt.body, defined) or not _inert_body(stmt.orelse, defined):
+        return False
+    else:
+      return False
+  return True
+
+
+def _main_guard(test: ast.expr) -> bool:
+  return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+          and test.left.id == "__name__")
+
+
+def computes_nothing(code: str) -> bool:
+  """Whether the code does no work at all: every statement (module level and in every function
+  and class) only imports, binds or returns constants, names, an input's item or containers of
+  them, raises, or calls a function of the code or one that waits, exits or allocates an empty
+  array; no operator, loop, branch (besides the `__main__` guard) or other call. Such a program
+  earns no reward however long it "runs" (a sleep past the limit counts as running)."""
+  try:
+    tree = verifier.parse(code)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return False
+  defined = {n.name for n in ast.walk(tree)
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+  return _inert_body(tree.body, defined)
+
+
 def _complete(code: str) -> bool:
   if verifier.syntax_error(code):  # no AST: fall back to the text
     return not re.search(r"(?m)^\s*pass\s*(#.*)?$|\bTODO\b", code)
@@ -225,14 +307,19 @@ class SRDD:
     task_c, sub_c = self.consistency(
         [problem.statement, f"{node.get('title', '')}: {node.get('description', '')}"], code)
     raw = 0.5 * smoke + 0.5 * complete + 0.7 * task_c + 0.3 * sub_c
+    nothing = computes_nothing(code)
     details = {"smoke": float(smoke), "complete": float(complete), "task_consistency": task_c,
-               "subtask_consistency": sub_c}
+               "subtask_consistency": sub_c, "computes_nothing": float(nothing)}
     reason = why or (verifier.placeholder(code) if not complete else None)
+    if nothing:
+      reason = "; ".join(filter(None, ["the code computes nothing", reason]))
     if reason:
       details["reason"] = reason
     if why.startswith("flagged "):
       details["flagged"] = why.split()[1]
-    return NodeScore(raw / 2.0, smoke and complete, details)
+    # No reward for code that does not run or computes nothing (a policy would settle for it).
+    reward = raw / 2.0 if smoke and not nothing else 0.0
+    return NodeScore(reward, smoke and complete and not nothing, details)
 
   def program(self, problem: Problem, artifacts: Mapping[str, str | None]) -> tuple[str, int]:
     """(main.py: the nodes' code joined in graph order, how many nodes were blocked)."""
@@ -252,6 +339,7 @@ class SRDD:
     metrics = {"exec": exec_, "completeness": completeness, "executability": exec_,
                "consistency": consistency, "eci_mean": float(np.mean(eci)),
                "eci_product": float(np.prod(eci))}
-    metrics["reward"] = metrics["eci_mean"] if executes else 0.0
+    metrics["computes_nothing"] = float(bool(program.strip()) and computes_nothing(program))
+    metrics["reward"] = metrics["eci_mean"] if executes and not metrics["computes_nothing"] else 0.0
     metrics["flagged"] = float(early_exit(program) is not None)
     return ProblemScore(bool(executes and completeness), metrics)

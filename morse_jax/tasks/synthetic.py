@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from morse_jax.mas import verifier
 from morse_jax.tasks import synthetic_gen
+from morse_jax.tasks import base
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = synthetic_gen.FAMILY
@@ -154,10 +155,32 @@ def _codes(problem: Problem, artifacts: Mapping[str, str | None]) -> list[str]:
   return out
 
 
+def _cases(tests: Sequence[str]) -> list[tuple[list[Any], Any]]:
+  """(arguments, expected value) of each `assert f(args) == expected` unit test."""
+  out = []
+  for test in tests:
+    try:
+      check = verifier.parse(test).body[0].test
+      out.append(([ast.literal_eval(a) for a in check.left.args],
+                  ast.literal_eval(check.comparators[0])))
+    except (SyntaxError, ValueError, TypeError, AttributeError, IndexError, RecursionError):
+      continue  # not of that form: no answer that ignores its input is known to pass it
+  return out
+
+
+def null_baseline(tests: Sequence[str]) -> int:
+  """The most unit tests one answer that computes nothing passes (`base.null_baseline`): a
+  constant, or the first input returned unchanged."""
+  cases = _cases(tests)
+  return base.null_baseline([y for _, y in cases], [a[0] if a else None for a, _ in cases])
+
+
 @dataclasses.dataclass
 class Synthetic:
-  """The synthetic task family. A node's reward is the fraction of its unit tests passed, run on
-  its code after the code of its passed ancestors; it passes when all pass."""
+  """The synthetic task family. A node's reward is the share of its unit tests passed beyond
+  what the best answer that computes nothing passes (`base.reward_above_null`: a constant or the
+  input unchanged passes the edge cases, e.g. `f([]) == []`), run on its code after the code of
+  its passed ancestors; it passes when all pass."""
 
   timeout_s: float = 10.0
   per_test_timeout_s: float | None = 2.0
@@ -198,11 +221,14 @@ class Synthetic:
     _, spec = found
     program = "\n\n".join(_codes(problem, upstream) + [checked.code])
     run = self._run(program, spec["tests"])
+    baseline = null_baseline(spec["tests"])
     details: dict[str, Any] = {"function": spec["function"], "tests_passed": run.passed,
-                               "tests": run.total, "isolation": run.isolation}
+                               "tests": run.total, "null_baseline": baseline,
+                               "isolation": run.isolation}
     if run.errors:
       details["reason"] = "; ".join(run.errors)[:1000]
-    return NodeScore(run.fraction, run.total > 0 and run.passed == run.total, details)
+    reward = base.reward_above_null(run.passed, run.total, baseline)
+    return NodeScore(reward, run.total > 0 and run.passed == run.total, details)
 
   def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
     """Joins the code of all non-None artifacts (gold order) into one program and runs, each in

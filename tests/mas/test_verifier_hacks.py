@@ -445,3 +445,83 @@ def test_modules_a_test_uses_without_importing_come_from_the_harness():
   tests = ["assert math.sqrt(4.0) == 2.0", "assert np.arange(3).sum() == 3"]
   run = verifier.run_tests(program, tests)
   assert run.passed == 2, run.errors
+
+
+# --- replies that compute nothing (the second probe) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scicode_official():
+  return {p.id: p for p in scicode.load()}
+
+
+def test_scicode_empty_answers_earn_nothing(scicode_official):
+  """Step 1.1 (conjugate gradient, three tests against gold targets): empty arrays, `[]` and a
+  tuple of empty arrays earned 1.0 by broadcasting; the gold code still earns 1.0."""
+  p = scicode_official["1"]
+  family = scicode.SciCode(timeout_s=60.0, per_test_timeout_s=20.0)
+  node = p.gold_graph[0]
+  for body in ("np.empty((0, 1, 1, 1))", "np.empty((0, 1, 1, 1, 1, 1, 1))", "[]",
+               "(np.empty((0, 1)), np.empty((0, 1)))", "0.0"):
+    score = family.score_node(p, node, f"```python\ndef cg(A, b, x, tol):\n    return {body}\n```",
+                              {})
+    assert score.reward == 0.0 and not score.passed, (body, score.details)
+  assert family.score_node(p, node, scicode.gold_artifact(p, "1.1"), {}).reward == 1.0
+
+
+def test_scicode_constants_right_on_some_inputs_earn_nothing(scicode_official):
+  """19.2's n-tangle is 1, 1, 0, 0 on its four states: `return 0` passes two tests, as any
+  constant can; the reward counts only tests beyond those."""
+  p = scicode_official["19"]
+  family = scicode.SciCode(timeout_s=60.0, per_test_timeout_s=20.0)
+  upstream = {"19.1": scicode.gold_artifact(p, "19.1")}
+  node = p.gold_graph[1]
+  score = family.score_node(p, node, "```python\ndef n_tangle(psi):\n    return 0\n```", upstream)
+  assert (score.reward, score.details["tests_passed"], score.details["null_baseline"]) == (
+      0.0, 2, 2)
+  assert family.score_node(p, node, scicode.gold_artifact(p, "19.2"), upstream).reward == 1.0
+
+
+def test_scicode_untested_steps_earn_nothing(scicode_official):
+  problems = list(scicode_official.values())
+  assert sorted(scicode.untested_steps(problems)) == ["13.6", "62.1", "76.3"]
+  family = scicode.SciCode(timeout_s=30.0)
+  for pid, number in (("13", "13.6"), ("62", "62.1"), ("76", "76.3")):
+    p = scicode_official[pid]
+    node = next(n for n in p.gold_graph if n["id"] == number)
+    score = family.score_node(p, node, "```python\ndef unrelated():\n    return 0\n```", {})
+    # No reward of its own; it flows on (runs), and the steps that call it check it.
+    assert (score.reward, score.passed, score.details["untested"]) == (0.0, True, True)
+  # Left out of the step counts; checked by the step that calls it.
+  raw = {"problem_id": "U", "problem_description_main": "helper, then use it",
+         "sub_steps": [
+             {"step_number": "U.1", "step_description_prompt": "helper",
+              "function_header": "def h(x):", "test_cases": []},
+             {"step_number": "U.2", "step_description_prompt": "use h",
+              "function_header": "def f(x):", "test_cases": ["assert f(2) == 5"]}]}
+  p = scicode._parse_problem(raw, "test", {})
+  use = "```python\ndef f(x):\n    return h(x) + 1\n```"
+  right = family.score_problem(p, {"U.1": "```python\ndef h(x):\n    return 2 * x\n```",
+                                   "U.2": use})
+  assert right.passed and right.metrics["steps"] == 1.0
+  wrong = family.score_problem(p, {"U.1": "```python\ndef h(x):\n    return 0\n```", "U.2": use})
+  assert not wrong.passed and (wrong.metrics["steps_passed"], wrong.metrics["steps"]) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("program", [
+    "def main():\n  return 0\n\nif __name__ == '__main__':\n  main()\n",
+    "import time\ntime.sleep(10 ** 6)\n",
+    "import numpy as np\nRESULT = np.empty((0, 1))\n",
+    "def main(*args):\n  return args[0] if args else None\nmain()\n",
+    "raise ValueError('nothing')\n",
+])
+def test_srdd_null_programs_earn_nothing(program):
+  family = srdd.SRDD(embedder=lambda texts: np.ones((len(texts), 2)), timeout_s=1.0)
+  p = srdd.Problem(id="x", family="srdd", category="c", statement="a todo list app")
+  score = family.score_node(p, {"id": "1", "title": "t", "description": "d"},
+                            f"```python\n{program}```", {})
+  assert score.reward == 0.0 and not score.passed, score.details
+  assert srdd.computes_nothing(program)
+  assert family.score_problem(p, {"1": f"```python\n{program}```"}).metrics["reward"] == 0.0
+  worker = "def main():\n  items = []\n  for i in range(3):\n    items.append(i)\n  return items\n"
+  assert not srdd.computes_nothing(worker)

@@ -221,7 +221,8 @@ def test_scoring_with_targets_h5(h5, tmp_path):
   good = family.score_node(p, step1, CLEAN, {})
   assert (good.passed, good.details["tests"]) == (True, 2), good.details
   bad = family.score_node(p, step1, WRONG_CLEAN, {})
-  assert (bad.reward, bad.passed) == (0.5, False)
+  # One of two tests passed, no more than one constant (the target) can pass: reward 0.
+  assert (bad.reward, bad.passed, bad.details["tests_passed"]) == (0.0, False, 1)
   assert family.score_node(p, step3, PATTERN, {}).passed
   assert not family.score_node(p, step3, WRONG_PATTERN, {}).passed
   # Explicit targets win for the steps they name; a step the file lacks is a MissingTargetsError.

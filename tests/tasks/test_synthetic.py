@@ -10,7 +10,7 @@ import pytest
 
 from morse_jax.mas import verifier
 from morse_jax.mas.graph import SubtaskGraph
-from morse_jax.tasks import synthetic, synthetic_gen
+from morse_jax.tasks import base, synthetic, synthetic_gen
 from morse_jax.tasks.synthetic_ops import EMPTY, random_value
 
 SEED = 7
@@ -168,8 +168,9 @@ def test_wrong_placeholder_and_unfenced_fail(problems, family):
   assert not s.passed and "no fenced code block" in s.details["reason"]
 
 
-def test_reward_is_the_fraction_of_tests_passed(problems, family):
-  """Wrong only on the empty input (the first of six unit tests): reward 5/6, blocked."""
+def test_reward_is_the_share_of_tests_passed_beyond_a_null_answer(problems, family):
+  """Wrong only on the empty input (the first of six unit tests): 5 of 6 passed, blocked; the
+  reward counts the tests beyond what an answer that computes nothing passes."""
   p = _pick(problems, "chain", "str")
   node = p.gold_graph[0]
   spec = p.data["nodes"][node["id"]]
@@ -178,8 +179,24 @@ def test_reward_is_the_fraction_of_tests_passed(problems, family):
              + f"\n{spec['signature']}\n    if not {arg}:\n        return 12345\n"
              f"    return _reference({arg})\n")
   s = family.score_node(p, node, f"```python\n{wrapped}```", {})
-  assert s.reward == pytest.approx(5 / 6) and not s.passed
+  b = synthetic.null_baseline(spec["tests"])
+  assert s.reward == pytest.approx((5 - b) / (6 - b)) and not s.passed
   assert s.details["tests_passed"] == 5 and s.details["tests"] == 6
+  assert s.details["null_baseline"] == b >= 1
+
+
+def test_null_baseline_by_hand():
+  tests = ["assert f([]) == []", "assert f([1, 2]) == [1, 2]", "assert f([3]) == []",
+           "assert f([2, 1]) == [1, 2]", "assert f('x') == 0"]
+  # [] twice, [1, 2] twice, 0 once; the input comes back unchanged in tests 0 and 1: 2.
+  assert synthetic.null_baseline(tests) == 2
+  assert synthetic.null_baseline(["assert f(1) == 1", "assert f(2) == 2", "assert f(3) == 0",
+                                  "assert f(4) == 0", "assert f(5) == 0"]) == 3
+  assert synthetic.null_baseline(["assert f(1) == 7", "not an assert"]) == 1
+  assert base.reward_above_null(5, 6, 2) == pytest.approx(3 / 4)
+  assert base.reward_above_null(2, 6, 2) == base.reward_above_null(1, 6, 2) == 0.0
+  assert base.reward_above_null(6, 6, 6) == 0.0  # the tests cannot tell a solution apart
+  assert base.reward_above_null(1, 1, 1) == 1.0 and base.reward_above_null(0, 1, 0) == 0.0
 
 
 def test_blocked_upstream_fails_the_dependent_node(problems, family):
