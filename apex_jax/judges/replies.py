@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 # Backend failure kinds, shared by every judge; each judge adds its own parse failure kinds.
 BACKEND_FAILURES = ("unavailable", "rejected", "bad_response")
 _NUMBER = r"[-+]?\d+(?:\.\d+)?"
+# The patterns below read runs of blanks and markdown stars possessively (`\s*+`, `\**+`):
+# backtracking into `\s*\**\s*` tries every split of a run, quadratic on a long one, and
+# never finds another match, as what follows each run (a digit or sign, ':', '/') cannot be a
+# blank or a star. (find_reason's `(.+)` could take one, but only when nothing else follows:
+# the reason is then '' either way.)
 
 
 def strip_think(text: str) -> str:
@@ -69,12 +74,12 @@ def find_number(text: str, label: str = "score") -> tuple[float | None, str]:
       number = finite_number(value)
       if number is not None:
         return number, "json"
-    if isinstance(value, str) and re.fullmatch(rf"\s*{_NUMBER}\s*(?:/\s*10)?\s*", value):
+    if isinstance(value, str) and re.fullmatch(rf"\s*+{_NUMBER}\s*+(?:/\s*+10)?\s*+", value):
       number = finite_number(re.match(rf"\s*({_NUMBER})", value).group(1))
       if number is not None:
         return number, "json"
   for how, match in (
-      ("label", lambda: re.search(rf"{label}\**\s*[:=]\s*\**\s*({_NUMBER})", text, re.I)),
+      ("label", lambda: re.search(rf"{label}\**+\s*+[:=]\s*+\**+\s*+({_NUMBER})", text, re.I)),
       ("ratio", lambda: re.search(rf"(?<![\w.])({_NUMBER})\s*/\s*10\b", text)),
       ("bare", lambda: re.fullmatch(rf"[\s*`\"']*({_NUMBER})[\s*`\"'.]*", text))):
     found = match()
@@ -99,7 +104,7 @@ def find_reason(text: str) -> str:
   obj = find_json_object(text)
   if obj is not None and isinstance(obj.get("reason"), str):
     return obj["reason"].strip()
-  match = re.search(r"reason\**\s*:\s*\**\s*(.+)", text, re.IGNORECASE | re.DOTALL)
+  match = re.search(r"reason\**+\s*+:\s*+\**+\s*+(.+)", text, re.IGNORECASE | re.DOTALL)
   return match.group(1).strip() if match else ""
 
 

@@ -38,7 +38,10 @@ def parse(code: str) -> ast.Module:
     return ast.parse(code)
 
 
-_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})[ \t]*(?P<lang>[^`\s]*)[^`]*$")
+# An opening fence line: indent, three or more backticks, a language word, then anything without
+# a backtick. The rest of the line is checked with `in`, not by the pattern: `[^`\s]*[^`]*$`
+# backtracks over every split of a long line that holds a backtick late (quadratic).
+_OPEN = re.compile(r"(?P<indent>[ \t]*)(?P<fence>`{3,})[ \t]*(?P<lang>[^`\s]*)")
 _PYTHON = ("python", "py", "python3", "py3")
 _TOP_LEVEL = re.compile(r"^(?:async\s+def|def|class|import|from)\s|^@")
 _TODO = re.compile(r"\bTODO\b")
@@ -46,6 +49,11 @@ _TODO_NOTE = re.compile(r"\bTODO\s*[:(\-]")  # "TODO: ...", "TODO(me)", "TODO - 
 # Decorators and bases whose methods are stubs by design, not by laziness.
 _ABSTRACT_DECORATORS = ("abstractmethod", "overload", "abstractproperty")
 _ABSTRACT_BASES = ("ABC", "Protocol")
+
+
+def _open_fence(line: str) -> re.Match | None:
+  match = _OPEN.match(line)
+  return match if match and "`" not in line[match.end():] else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +69,7 @@ def _blocks(text: str) -> list[_Block]:
   lines = text.splitlines()
   i = 0
   while i < len(lines):
-    match = _OPEN.match(lines[i])
+    match = _open_fence(lines[i])
     if not match:
       i += 1
       continue
@@ -76,7 +84,7 @@ def _blocks(text: str) -> list[_Block]:
         body.append(line[len(indent):] if line.startswith(indent) else line)
       i += 1
     after, j = [], i
-    while closed and j < len(lines) and not _OPEN.match(lines[j]) and (
+    while closed and j < len(lines) and not _open_fence(lines[j]) and (
         not lines[j].strip() or lines[j][:1].isspace()):
       after.append(lines[j])
       j += 1
