@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import tokenize
+import unicodedata
 from typing import Sequence
 
 from morse_jax.mas import sandbox
@@ -151,12 +152,17 @@ def extract_code(text: str, entry_point: str | None = None) -> str | None:
   return None
 
 
+MAX_DROPPED = 16  # trailing top-level statements unfenced_code may drop from a run of code
+
+
 def unfenced_code(text: str, entry_point: str) -> str | None:
   """For replies whose code is not (or not only) in fences: the last run of code-like lines that
   `implements` entry_point. A run starts at a line that opens a top-level def, class, import or
   decorator and goes on over indented, blank and further such lines; prose at column 0 ends it.
   Trailing top-level statements that keep it from implementing the name (a body-less repeat of
-  the signature, a repeat cut off at the token limit) are dropped."""
+  the signature, a repeat cut off at the token limit) are dropped, up to MAX_DROPPED of them:
+  each try compiles the run again, so trying them all was quadratic in a run of many short
+  statements. Ends before the first line that names entry_point are not tried."""
   lines = text.splitlines()
   found, i = None, 0
   while i < len(lines):
@@ -167,8 +173,12 @@ def unfenced_code(text: str, entry_point: str) -> str | None:
     while j < len(lines) and (not lines[j].strip() or lines[j][:1].isspace()
                               or _TOP_LEVEL.match(lines[j]) or lines[j][:1] in "#)]}"):
       j += 1
-    starts = [k for k in range(i + 1, j) if _TOP_LEVEL.match(lines[k])]
-    for end in reversed(starts + [j]):  # the whole run, then without its last statements
+    # (NFKC: Python reads identifiers so, `def ａdd` defines add)
+    named = next((k for k in range(i, j)
+                  if entry_point in unicodedata.normalize("NFKC", lines[k])), j)
+    starts = [k for k in range(named + 1, j) if _TOP_LEVEL.match(lines[k])]
+    ends = [j] + starts[::-1][:MAX_DROPPED] if named < j else []
+    for end in ends:  # the whole run, then without its last statements
       code = "\n".join(lines[i:end]).rstrip() + "\n"
       if implements(code, entry_point):
         found = code
