@@ -175,17 +175,18 @@ def test_distiller_reply_applied_or_rejected(tmp_path):
 
 
 def _seconds(f, xs, repeat: int = 5) -> list[float]:
-  """The best of `repeat` timings of f on each of xs, measured in turns (a busy machine slows
-  both sizes alike), with the garbage collector off (its passes are not the parser's)."""
+  """The best of `repeat` timings of f on each of xs, measured in turns, in CPU seconds of this
+  process (wall time on a busy machine also counts the waits for a CPU, which grow with the
+  call's length), with the garbage collector off (its passes are not the parser's)."""
   best = [math.inf] * len(xs)
   gc.collect()
   gc.disable()
   try:
     for _ in range(repeat):
       for i, x in enumerate(xs):
-        t = time.perf_counter()
+        t = time.process_time()
         f(x)
-        best[i] = min(best[i], time.perf_counter() - t)
+        best[i] = min(best[i], time.process_time() - t)
   finally:
     gc.enable()
   return best
