@@ -2,14 +2,15 @@
 
   python -m benchmarks.parser_fuzz [--parsers=plan,skills --candidates=120 --screen=8000
                                     --sizes=10000,100000 --keep=2 --seed=0
-                                    --out=benchmarks/results/parser_fuzz.json]
+                                    --out=benchmarks/results/parser_fuzz_cpu.json]
 
 An input is `prefix + unit * k + suffix`, k chosen for the size wanted: the runs that make a
 backtracking regex or a restarting scan quadratic (fences, backticks, spaces, newlines, braces,
 quotes, `<tags>`, brackets, digits, labels such as `score:`). Per parser: `--candidates` random
 (prefix, unit, suffix) triples, each timed once at `--screen` characters; the `--keep` slowest
-are then timed at each of `--sizes` (best of three, CPU time) and reported in seconds per KB. Linear time
-shows as about the same s/KB at both sizes; quadratic as ten times more at ten times the size.
+are then timed at each of `--sizes` (best of three, CPU time) and reported in seconds per KB.
+Linear time shows as about the same s/KB at both sizes; quadratic as ten times more at ten times
+the size.
 The probe's input (three backticks, then spaces) is measured for every parser too.
 
 `PARSERS` (name -> a call on one text that swallows the parser's documented errors) is the list

@@ -133,13 +133,13 @@ def _check_all(name: str, n: int):
 def _check_each(name, check, xs):
   slowest = (0.0, 0.0, -1)
   for i, x in enumerate(xs):
-    t = time.perf_counter()
+    t = time.process_time()  # CPU seconds: see _seconds
     try:
       check(x)
     except Exception as e:  # noqa: BLE001 - the test reports which input failed how
       raise AssertionError(f"{name} input {i} ({str(x)[:80]!r}...): {type(e).__name__}: "
                            f"{str(e)[:200]}") from e
-    took = time.perf_counter() - t
+    took = time.process_time() - t
     # a cap linear in the input's size: 1 s, plus 10 us per character (a 100 KB reply read
     # nine times by the judges takes ~0.3 s on a quiet machine)
     slowest = max(slowest, (took / (CAP_S + 1e-5 * len(str(x))), took, i))
