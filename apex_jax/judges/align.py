@@ -87,6 +87,25 @@ def format_pitfalls(pitfalls) -> str:
   return "\n".join(f"- {p}" for p in pitfalls)
 
 
+_WORD = re.compile(r"[\w.]+")
+_DECIMAL = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _standalone_numbers(text: str) -> list[str]:
+  """`re.findall(r"(?<![\\w.])\\d+(?:\\.\\d+)?(?![\\w.]*\\d)", text)` in linear time: per word
+  of [\\w.] characters, its start up to its last digit when that is a decimal number (`7`,
+  `0.8` in `0.8.`, `3` in `3rd`; nothing in `v2`, `1.2.3` or `2x4`). The lookahead ran to the
+  word's end again for every shorter number tried: quadratic on a long run of digits."""
+  out = []
+  for word in _WORD.findall(text):
+    last = len(word) - 1
+    while last >= 0 and not word[last].isdecimal():
+      last -= 1
+    if last >= 0 and _DECIMAL.fullmatch(word, 0, last + 1):
+      out.append(word[:last + 1])
+  return out
+
+
 class AlignJudge:
   """R_align over any ChatBackend; `failures.snapshot()` counts failures by kind."""
 
@@ -126,7 +145,7 @@ class AlignJudge:
     if how == "ratio":  # "7/10"
       score /= 10.0
     if score is None:
-      numbers = re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\d)", body)
+      numbers = _standalone_numbers(body)
       score = replies.finite_number(numbers[0]) if len(numbers) == 1 else None  # None for 1e400
     if score is None:
       self.failures.add("no_score", body[:120])

@@ -26,6 +26,19 @@ log = logging.getLogger(__name__)
 # Backend failure kinds, shared by every judge; each judge adds its own parse failure kinds.
 BACKEND_FAILURES = ("unavailable", "rejected", "bad_response")
 _NUMBER = r"[-+]?\d+(?:\.\d+)?"
+# The patterns below read runs of blanks and markdown stars possessively (`\s*+`, `\**+`):
+# backtracking into `\s*\**\s*` tries every split of a run, quadratic on a long one, and
+# never finds another match, as what follows each run (a digit or sign, ':', '/') cannot be a
+# blank or a star (find_reason reads what follows its runs itself).
+_JSON_NUMBER = re.compile(rf"\s*+{_NUMBER}\s*+(?:/\s*+10)?\s*+")  # a JSON field "7 / 10"
+_REASON = re.compile(r"reason\**+\s*+:", re.IGNORECASE)
+_REASON_LEAD = re.compile(r"\s*+\**+\s*+")
+
+
+@functools.lru_cache(maxsize=16)
+def _labelled_number(label: str) -> re.Pattern:
+  """`label: 7`, `**label**: 7`, `label = 7`, case-insensitive."""
+  return re.compile(rf"{label}\**+\s*+[:=]\s*+\**+\s*+({_NUMBER})", re.I)
 
 
 def strip_think(text: str) -> str:
@@ -55,6 +68,11 @@ def _json_object(text: str) -> dict | None:
     return None
 
 
+def clear_cache() -> None:
+  """Forgets the cached objects of recent replies (for timing a parse, not a lookup)."""
+  _json_object.cache_clear()
+
+
 def find_number(text: str, label: str = "score") -> tuple[float | None, str]:
   """A number the reply gives for `label`, and how it was found.
 
@@ -69,12 +87,12 @@ def find_number(text: str, label: str = "score") -> tuple[float | None, str]:
       number = finite_number(value)
       if number is not None:
         return number, "json"
-    if isinstance(value, str) and re.fullmatch(rf"\s*{_NUMBER}\s*(?:/\s*10)?\s*", value):
+    if isinstance(value, str) and _JSON_NUMBER.fullmatch(value):
       number = finite_number(re.match(rf"\s*({_NUMBER})", value).group(1))
       if number is not None:
         return number, "json"
   for how, match in (
-      ("label", lambda: re.search(rf"{label}\**\s*[:=]\s*\**\s*({_NUMBER})", text, re.I)),
+      ("label", lambda: _labelled_number(label).search(text)),
       ("ratio", lambda: re.search(rf"(?<![\w.])({_NUMBER})\s*/\s*10\b", text)),
       ("bare", lambda: re.fullmatch(rf"[\s*`\"']*({_NUMBER})[\s*`\"'.]*", text))):
     found = match()
@@ -99,8 +117,15 @@ def find_reason(text: str) -> str:
   obj = find_json_object(text)
   if obj is not None and isinstance(obj.get("reason"), str):
     return obj["reason"].strip()
-  match = re.search(r"reason\**\s*:\s*\**\s*(.+)", text, re.IGNORECASE | re.DOTALL)
-  return match.group(1).strip() if match else ""
+  label = _REASON.search(text)
+  if label is None:
+    return ""
+  lead = _REASON_LEAD.match(text, label.end())
+  if lead.end() < len(text):
+    return text[lead.end():].strip()
+  # nothing after the blanks and stars: the regex `reason\**\s*:\s*\**\s*(.+)` gave its
+  # `(.+)` the run's last character, '' once stripped unless the run ends in a star
+  return "*" if text.endswith("*", label.end()) else ""
 
 
 class FailureCounts:

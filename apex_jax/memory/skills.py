@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 
 from apex_jax.memory.records import ProcedureStep, Skill
 from apex_jax.memory.schema import Bucket, MemoryBankError
-from morse_jax import jsonsafe
+from morse_jax import jsonsafe, textscan
 
 OPERATIONS = ("synthesize", "refine", "create", "skip")
 ERROR_KINDS = ("not_json", "missing_field", "wrong_type", "bad_value")
@@ -66,7 +66,8 @@ def confidence(win_rate: float, evidence: int, n_full: int = 10) -> float:
 
 # ----------------------------------------------------------------------------- JSON extraction
 
-_FENCE = re.compile(r"```([A-Za-z]*)[ \t]*\n?(.*?)```", re.DOTALL)
+# a fence's language and the blanks before its body (textscan.fenced: linear time)
+_FENCE_HEAD = re.compile(r"([A-Za-z]*)[ \t]*\n?")
 
 
 def extract_json_object(text: Any) -> dict:
@@ -89,7 +90,8 @@ def extract_json_object(text: Any) -> dict:
   if not isinstance(text, str):
     raise DistillerError("not_json", f"reply must be a string; got {type(text).__name__}")
   body = text.rsplit("</think>", 1)[-1]
-  fences = sorted(_FENCE.findall(body), key=lambda f: f[0].lower() != "json")
+  fences = sorted(((head[1], code) for head, code in textscan.fenced(body, _FENCE_HEAD)),
+                  key=lambda f: f[0].lower() != "json")
   broken = None  # (source, start, error) of the first failed '{' with an object inside
   for source in [f[1] for f in fences] + [body]:
     for root in _brace_tree(source):

@@ -12,7 +12,9 @@ never read and are pruned at the next save.
 
 `restore_newest` walks the steps newest first and takes the first whose arrays, JSON and bank
 file all check out (a damaged one is passed over with a warning, like Checkpoints' fallback);
-another run's checkpoint is an error, as in Checkpoints.
+another run's checkpoint is an error, as in Checkpoints. A step of the format this version
+writes (`Checkpoints.is_current_format`) without its sidecar JSON is damaged; only older steps
+may lack one where the caller allows it (`sidecar_required=False`: written before sidecars).
 """
 
 from __future__ import annotations
@@ -159,7 +161,10 @@ def restore_newest(ckpt: Checkpoints, sidecar: Sidecar, template: TrainState, *,
   first = None
   for step in reversed(steps):
     try:
-      payload = sidecar.read(step, required=sidecar_required) or {}
+      # A step this version wrote always has its sidecar (`save` writes it first): one lost is
+      # damage, even where steps written before sidecars existed are allowed without one.
+      required = sidecar_required or ckpt.is_current_format(step)
+      payload = sidecar.read(step, required=required) or {}
       state = ckpt.restore(template, step=step, fallback=False)
       if bank is not None and payload.get("bank") is not None:
         sidecar.restore_bank(payload, bank)

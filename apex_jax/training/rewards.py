@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 from apex_jax.memory.skills import DistillerError, confidence, extract_json_object
 from apex_jax.tools.protocol import TOOL_CHECKS, FormatError, parse_tool_call
+from morse_jax import textscan
 
 # The executor's context marks a replan with this line (mmsearch.py splits on it).
 REPLAN_MARKER = "I have a revised plan for you to follow:\n"
@@ -73,13 +74,13 @@ def executor_checks(text: str) -> tuple[float, float]:
   error = text.count("<think>") != text.count("</think>")
   tail = text.split("</think>")[-1].strip()
   error |= tail.count("<answer>") != tail.count("</answer>")
-  answers = re.findall(r"<answer>(.*?)</answer>", tail, re.DOTALL)
+  answers = textscan.between(tail, "<answer>", "</answer>")
   error |= not answers or not answers[-1].strip()
   segments = text.split(REPLAN_MARKER)
   used_segments, image_calls = 0, 0
   for segment in segments:
     used = False
-    for payload in re.findall(r"<tool_call>\s*({.*?})\s*</tool_call>", segment, re.DOTALL):
+    for payload in _tool_call_payloads(segment):
       call = parse_tool_call(payload, tuple(TOOL_CHECKS))
       if isinstance(call, FormatError):  # not JSON, unknown name, or bad arguments
         error = True
@@ -92,6 +93,38 @@ def executor_checks(text: str) -> tuple[float, float]:
       used = True
     used_segments += used
   return used_segments / len(segments), 0.0 if error else 1.0
+
+
+_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
+_BLANKS = re.compile(r"\s*")
+
+
+def _tool_call_payloads(segment: str) -> list[str]:
+  """`re.findall(r"<tool_call>\\s*({.*?})\\s*</tool_call>", segment, re.DOTALL)` (mmsearch.py's
+  pattern) in linear time: the payload runs from the '{' after an opening tag to the first '}'
+  followed by blanks and a closing tag. The regex searched to the end again from every opening
+  tag when no such '}' followed: quadratic on many openings."""
+  out, i = [], 0
+  while True:
+    start = segment.find(_CALL_OPEN, i)
+    if start < 0:
+      return out
+    brace = _BLANKS.match(segment, start + len(_CALL_OPEN)).end()
+    if not segment.startswith("{", brace):
+      i = start + 1
+      continue
+    close = segment.find(_CALL_CLOSE, brace + 1)
+    while close >= 0:
+      end = close  # back over the blanks before the tag, to the '}' that must end the payload
+      while end > brace + 1 and segment[end - 1].isspace():
+        end -= 1
+      if end > brace + 1 and segment[end - 1] == "}":
+        break
+      close = segment.find(_CALL_CLOSE, close + 1)
+    if close < 0:  # no payload ends after this '{', so none after a later one either
+      return out
+    out.append(segment[brace:end])
+    i = close + len(_CALL_CLOSE)
 
 
 def executor_reward(text: str, accuracy: float) -> Reward:
@@ -220,9 +253,25 @@ def judge_grade(reply: str) -> float | None:
   The authors score an unreadable letter 0; only a failed call falls back to the rules."""
   if not isinstance(reply, str):
     return None
-  cleaned = re.sub(r"<think>.*?</think>|<think>|</think>", "", reply,
-                   flags=re.DOTALL | re.IGNORECASE).strip()
+  cleaned = _without_think(reply).strip()
   return JUDGE_GRADES.get(cleaned)
+
+
+_THINK_OPEN, _THINK_CLOSE = re.compile("<think>", re.I), re.compile("</think>", re.I)
+_THINK_TAG = re.compile("</?think>", re.I)
+
+
+def _without_think(reply: str) -> str:
+  """`re.sub(r"<think>.*?</think>|<think>|</think>", "", reply, flags=re.DOTALL | re.I)` in
+  linear time: think blocks removed, then the tags left outside them (a stray closing tag, an
+  opening one never closed). Each gap is cleaned apart: joined first, its ends could form a
+  tag the regex never saw."""
+  pieces, i = [], 0
+  for opening, closing in textscan.tag_spans(reply, _THINK_OPEN, _THINK_CLOSE):
+    pieces.append(_THINK_TAG.sub("", reply[i:opening.start()]))
+    i = closing.end()
+  pieces.append(_THINK_TAG.sub("", reply[i:]))
+  return "".join(pieces)
 
 
 def distiller_reward(text: str, current_skill: Mapping | None,

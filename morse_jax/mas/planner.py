@@ -11,7 +11,7 @@ import os
 import re
 from typing import Callable, Sequence
 
-from morse_jax import jsonsafe
+from morse_jax import jsonsafe, textscan
 from morse_jax.mas import prompts
 from morse_jax.mas.graph import MAX_NODES, GraphError, SubtaskGraph, single_node
 from morse_jax.tasks.base import Problem
@@ -19,14 +19,15 @@ from morse_jax.tasks.base import Problem
 # messages of every pending problem -> one reply each (one batched sampler call)
 Generate = Callable[[Sequence[list[dict]]], list[str]]
 
-_FENCE = re.compile(r"```(?:json)?\s*\n?(.*?)```", re.DOTALL)
+# what may follow a plan's opening fence before the JSON (textscan.fenced: linear time)
+_FENCE_HEAD = re.compile(r"(?:json)?\s*")
 
 
 def parse_plan(text: str, max_nodes: int = MAX_NODES) -> SubtaskGraph:
   """The graph in a reply: a ```json block, else the outermost {...} or [...].
 
   Raises GraphError (a ValueError) and nothing else, in time linear in the reply's length."""
-  candidates = [f.strip() for f in _FENCE.findall(text)]
+  candidates = [body.strip() for _, body in textscan.fenced(text, _FENCE_HEAD)]
   spans = []
   for open_, close in (("{", "}"), ("[", "]")):
     start, end = text.find(open_), text.rfind(close)

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import tokenize
+import unicodedata
 from typing import Sequence
 
 from morse_jax.mas import sandbox
@@ -39,7 +40,10 @@ def parse(code: str) -> ast.Module:
     return ast.parse(code)
 
 
-_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})[ \t]*(?P<lang>[^`\s]*)[^`]*$")
+# An opening fence line: indent, three or more backticks, a language word, then anything without
+# a backtick. The rest of the line is checked with `in`, not by the pattern: `[^`\s]*[^`]*$`
+# backtracks over every split of a long line that holds a backtick late (quadratic).
+_OPEN = re.compile(r"(?P<indent>[ \t]*)(?P<fence>`{3,})[ \t]*(?P<lang>[^`\s]*)")
 _PYTHON = ("python", "py", "python3", "py3")
 _TOP_LEVEL = re.compile(r"^(?:async\s+def|def|class|import|from)\s|^@")
 _TODO = re.compile(r"\bTODO\b")
@@ -47,6 +51,11 @@ _TODO_NOTE = re.compile(r"\bTODO\s*[:(\-]")  # "TODO: ...", "TODO(me)", "TODO - 
 # Decorators and bases whose methods are stubs by design, not by laziness.
 _ABSTRACT_DECORATORS = ("abstractmethod", "overload", "abstractproperty")
 _ABSTRACT_BASES = ("ABC", "Protocol")
+
+
+def _open_fence(line: str) -> re.Match | None:
+  match = _OPEN.match(line)
+  return match if match and "`" not in line[match.end():] else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +71,7 @@ def _blocks(text: str) -> list[_Block]:
   lines = text.splitlines()
   i = 0
   while i < len(lines):
-    match = _OPEN.match(lines[i])
+    match = _open_fence(lines[i])
     if not match:
       i += 1
       continue
@@ -77,7 +86,7 @@ def _blocks(text: str) -> list[_Block]:
         body.append(line[len(indent):] if line.startswith(indent) else line)
       i += 1
     after, j = [], i
-    while closed and j < len(lines) and not _OPEN.match(lines[j]) and (
+    while closed and j < len(lines) and not _open_fence(lines[j]) and (
         not lines[j].strip() or lines[j][:1].isspace()):
       after.append(lines[j])
       j += 1
@@ -144,12 +153,17 @@ def extract_code(text: str, entry_point: str | None = None) -> str | None:
   return None
 
 
+MAX_DROPPED = 16  # trailing top-level statements unfenced_code may drop from a run of code
+
+
 def unfenced_code(text: str, entry_point: str) -> str | None:
   """For replies whose code is not (or not only) in fences: the last run of code-like lines that
   `implements` entry_point. A run starts at a line that opens a top-level def, class, import or
   decorator and goes on over indented, blank and further such lines; prose at column 0 ends it.
   Trailing top-level statements that keep it from implementing the name (a body-less repeat of
-  the signature, a repeat cut off at the token limit) are dropped."""
+  the signature, a repeat cut off at the token limit) are dropped, up to MAX_DROPPED of them:
+  each try compiles the run again, so trying them all was quadratic in a run of many short
+  statements. Ends before the first line that names entry_point are not tried."""
   lines = text.splitlines()
   found, i = None, 0
   while i < len(lines):
@@ -160,8 +174,12 @@ def unfenced_code(text: str, entry_point: str) -> str | None:
     while j < len(lines) and (not lines[j].strip() or lines[j][:1].isspace()
                               or _TOP_LEVEL.match(lines[j]) or lines[j][:1] in "#)]}"):
       j += 1
-    starts = [k for k in range(i + 1, j) if _TOP_LEVEL.match(lines[k])]
-    for end in reversed(starts + [j]):  # the whole run, then without its last statements
+    # (NFKC: Python reads identifiers so, `def ａdd` defines add)
+    named = next((k for k in range(i, j)
+                  if entry_point in unicodedata.normalize("NFKC", lines[k])), j)
+    starts = [k for k in range(named + 1, j) if _TOP_LEVEL.match(lines[k])]
+    ends = [j] + starts[::-1][:MAX_DROPPED] if named < j else []
+    for end in ends:  # the whole run, then without its last statements
       code = "\n".join(lines[i:end]).rstrip() + "\n"
       if implements(code, entry_point):
         found = code

@@ -12,10 +12,14 @@ Trust (issue 19 item 5):
   recomputes them from the arrays read back and refuses a mismatch (CorruptCheckpointError naming
   the step and the array): a flipped bit no longer restores silently. Arrays not fully
   addressable from this process (multi-host sharding) are recorded without a hash and not
-  checked; a step written before checksums existed restores with a warning.
+  checked. The metadata's format string says whether a step must have checksums: one of this
+  format (`/2`) without them is damaged (its `checksums` folder was lost); only a step of the
+  format before (`/1`, which may predate checksums) restores without them, with a warning.
 - fallback: `restore()` of the latest step falls back to the newest step that restores cleanly
-  when newer ones are corrupt, and logs which steps it skipped and why. Another run's step or a
-  shape mismatch is never skipped over: that is an error, not damage.
+  when newer ones are corrupt (unreadable files or metadata, a format string this version does
+  not know, an array that differs from its checksum, checksums missing), and logs which steps
+  it skipped and why. Another run's step or a shape mismatch is never skipped over: that is an
+  error, not damage.
 - unique temporary names: orbax writes a step under `<step>.orbax-checkpoint-tmp` and deletes
   an existing directory of that name first, so two writers of one step destroyed each other's
   save; each save here gets its own temporary name (`...-tmp-<token>-<n>`, the token shared by
@@ -50,7 +54,12 @@ from morse_jax import atomic
 
 log = logging.getLogger(__name__)
 
-_FORMAT = "morse_jax.rl.state/1"
+# Steps of this format are always written with their checksums; one without them is damaged.
+_FORMAT = "morse_jax.rl.state/2"
+# Steps of the format before: checksums are checked where present, and where absent (written
+# before checksums existed) the step restores unverified, with a warning.
+_FORMAT_CHECKSUMS_OPTIONAL = "morse_jax.rl.state/1"
+_FORMATS = (_FORMAT, _FORMAT_CHECKSUMS_OPTIONAL)
 _ABSENT = "<absent>"
 
 
@@ -433,6 +442,22 @@ class Checkpoints:
       if name.startswith(prefix):
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
+  def is_current_format(self, step: int) -> bool:
+    """Whether the step's metadata names the format this version writes (False when it is
+    older, unknown or unreadable): what a caller that keeps files beside the steps can use to
+    tell a step that must have them from one written before they existed."""
+    reader = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(read_only=True),
+        item_handlers=self._handlers())
+    try:
+      saved = reader.restore(step, args=ocp.args.Composite(
+          metadata=ocp.args.JsonRestore()))["metadata"]
+    except Exception:  # missing, garbage: damage that restore() reports
+      return False
+    finally:
+      reader.close()
+    return isinstance(saved, dict) and saved.get("format") == _FORMAT
+
   def latest_step(self) -> int | None:
     steps = self._manager.all_steps()
     return max(steps) if steps else None
@@ -484,7 +509,7 @@ class Checkpoints:
   def _restore_step(self, reader: ocp.CheckpointManager, step: int,
                     template: TrainState) -> TrainState:
     where = os.path.join(self.directory, str(step))
-    rng_impl = self._check_metadata(reader, step, where, template)
+    rng_impl, format_ = self._check_metadata(reader, step, where, template)
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, _saveable(template))
     self._check_arrays(reader, step, where, target)
     try:
@@ -493,24 +518,28 @@ class Checkpoints:
     except Exception as e:  # orbax/tensorstore raise many types for damaged files
       raise CorruptCheckpointError(f"checkpoint {where} is unreadable or corrupt: "
                                    f"{_brief(e)}") from e
-    self._check_checksums(reader, step, where, out)
+    self._check_checksums(reader, step, where, out, required=format_ == _FORMAT)
     return TrainState(step=out["step"], experts=out["experts"], router=out["router"],
                       opt_states=out["opt_states"],
                       rng=jax.random.wrap_key_data(out["rng"], impl=rng_impl),
                       cursor=out["cursor"])
 
   def _check_metadata(self, reader: ocp.CheckpointManager, step: int, where: str,
-                      template: TrainState) -> str:
-    """Refuses another run's checkpoint before touching arrays; returns the saved rng impl."""
+                      template: TrainState) -> tuple[str, str]:
+    """Refuses another run's checkpoint before touching arrays; returns (the saved rng impl,
+    the step's format). A format this version does not write or read is damage (a flipped
+    bit in the string), as unreadable metadata is: the step is passed over on resume."""
     try:
       saved = reader.restore(step, args=ocp.args.Composite(
           metadata=ocp.args.JsonRestore()))["metadata"]
     except Exception as e:  # missing file, garbage JSON
       raise CorruptCheckpointError(f"checkpoint {where}: metadata is unreadable or corrupt: "
                                    f"{_brief(e)}") from e
-    if not isinstance(saved, dict) or saved.get("format") != _FORMAT:
-      raise CheckpointError(f"checkpoint {where} is not a {_FORMAT} checkpoint "
-                            f"(metadata {str(saved)[:200]})")
+    format_ = saved.get("format") if isinstance(saved, dict) else None
+    if format_ not in _FORMATS:
+      raise CorruptCheckpointError(f"checkpoint {where}: metadata format {_show(format_)} is "
+                                   f"none of {list(_FORMATS)}: damaged, or not a checkpoint "
+                                   f"of this library (metadata {str(saved)[:200]})")
     found = _first_difference(saved.get("run"), self.metadata)
     if found is not None:
       path, was, now = found
@@ -520,7 +549,7 @@ class Checkpoints:
     if saved.get("rng_impl") != want:
       raise CheckpointError(f"checkpoint {where} was written for rng_impl="
                             f"{saved.get('rng_impl')!r}, this run has {want!r}")
-    return want
+    return want, format_
 
   @staticmethod
   def _check_arrays(reader: ocp.CheckpointManager, step: int, where: str, target: Any) -> None:
@@ -545,11 +574,18 @@ class Checkpoints:
                               f"{list(have.shape)}, this run has {want.dtype}{list(want.shape)}")
 
   @staticmethod
-  def _check_checksums(reader: ocp.CheckpointManager, step: int, where: str, arrays) -> None:
-    """Refuses arrays that differ from the sha256 recorded when the step was saved."""
+  def _check_checksums(reader: ocp.CheckpointManager, step: int, where: str, arrays, *,
+                       required: bool) -> None:
+    """Refuses arrays that differ from the sha256 recorded when the step was saved, and a step
+    without checksums when its format always has them (`required`): its checksums folder was
+    lost, so nothing vouches for its arrays."""
     if not os.path.isdir(os.path.join(where, "checksums")):
-      log.warning("checkpoint %s has no checksums (written before they existed): its arrays "
-                  "are restored unverified", where)
+      if required:
+        raise CorruptCheckpointError(f"checkpoint {where} (step {step}): its checksums are "
+                                     f"missing, and every {_FORMAT} step is written with them: "
+                                     f"the step is damaged")
+      log.warning("checkpoint %s has no checksums (format %s, written before they existed): "
+                  "its arrays are restored unverified", where, _FORMAT_CHECKSUMS_OPTIONAL)
       return
     try:
       saved = reader.restore(step, args=ocp.args.Composite(

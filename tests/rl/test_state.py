@@ -349,13 +349,77 @@ def test_continue_other_run_on_request(tmp_path, capsys):
     Checkpoints(str(tmp_path), every=1, keep=2, metadata=META, identity=IDENTITY)
 
 
+def _set_format(step_dir, value: str):
+  """Rewrites the `format` string in a step's metadata item (orbax's JSON file)."""
+  path = os.path.join(step_dir, "metadata", "metadata")
+  with open(path) as f:
+    saved = json.load(f)
+  assert saved["format"] == "morse_jax.rl.state/2"
+  with open(path, "w") as f:
+    json.dump({**saved, "format": value}, f)
+
+
 def test_step_written_before_checksums_restores_with_a_warning(tmp_path, caplog):
+  """A step of the format before (/1, which may predate checksums): restored unverified."""
   with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META) as ckpt:
     ckpt.maybe_save(make_state(1, step=1))
   shutil.rmtree(tmp_path / "1" / "checksums")
+  _set_format(tmp_path / "1", "morse_jax.rl.state/1")
   with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META) as ckpt:
     assert_same(ckpt.restore(make_state(0)), make_state(1, step=1))
   assert any("has no checksums" in r.getMessage() for r in caplog.records)
+
+
+def test_old_format_step_with_checksums_still_checks_them(tmp_path):
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META) as ckpt:
+    ckpt.maybe_save(make_state(1, step=1, a_shape=BIG))
+  _set_format(tmp_path / "1", "morse_jax.rl.state/1")
+  _flip_bit_in_array_data(os.path.join(tmp_path, "1"))
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError, match="does not match its checksum"):
+      ckpt.restore(make_state(0, a_shape=BIG))
+
+
+def test_step_of_this_format_without_checksums_is_refused(tmp_path, caplog):
+  """Its checksums folder deleted, a flipped bit would restore unseen: the step is damaged, and
+  resuming falls back to the newest good step; alone, it is a clear error."""
+  with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
+    for s in (1, 2):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s, a_shape=BIG))
+  shutil.rmtree(tmp_path / "2" / "checksums")
+  _flip_bit_in_array_data(os.path.join(tmp_path, "2"))
+  with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError,
+                       match=r"/2 \(step 2\): its checksums are missing, and every "
+                             r"morse_jax.rl.state/2 step is written with them"):
+      ckpt.restore(make_state(0, a_shape=BIG), step=2)
+    resumed = ckpt.restore(make_state(0, a_shape=BIG))
+    assert_same(resumed, make_state(1, step=1, cursor=1, a_shape=BIG))
+    assert list(ckpt.skipped) == [2] and "checksums are missing" in ckpt.skipped[2]
+  assert not any("has no checksums" in r.getMessage() for r in caplog.records)
+  shutil.rmtree(tmp_path / "1" / "checksums")
+  with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/2 .*checksums are missing"):
+      ckpt.restore(make_state(0, a_shape=BIG))  # every step damaged: the newest's error
+
+
+@pytest.mark.parametrize("damaged", ["morse_jax.rl.stbte/2", "morse_jax.rl.state/3", "", None])
+def test_damaged_metadata_format_falls_back_to_the_newest_good_step(tmp_path, damaged):
+  with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
+    for s in (1, 2):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s))
+  _set_format(tmp_path / "2", damaged)
+  before = files_under(str(tmp_path))
+  with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError, match=r"/2: metadata format .* is none of"):
+      ckpt.restore(make_state(0), fallback=False)
+    assert_same(ckpt.restore(make_state(0)), make_state(1, step=1, cursor=1))
+    assert list(ckpt.skipped) == [2] and "metadata format" in ckpt.skipped[2]
+  assert files_under(str(tmp_path)) == before
+  _set_format(tmp_path / "1", damaged)
+  with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/2: metadata format"):
+      ckpt.restore(make_state(0))
 
 
 def test_files_fingerprint(tmp_path):
