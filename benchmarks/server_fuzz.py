@@ -17,12 +17,15 @@ Hostile cases: lone surrogates, JSON nested 100k deep, a 4300-digit integer, NaN
 negative / huge numbers, wrong types, bad JSON, non-UTF-8, an oversized body (413), an 8 MB chat
 message, a client chat template with a nested Jinja loop, slowloris clients (a header byte every
 half second), a connection flood past the cap, and (chat) long legitimate requests at the
-max_tokens cap.
+max_tokens cap. Then, per `--slow_sockets` count (80, 400), a slow-body phase: that many
+connections send `POST` headers with `Content-Length: 100` and one body byte and hold, reopened
+whenever the server cuts them, while the same good requests run; every one must be answered 200.
 
 Reported per server: requests tried, answers by status class (good and hostile apart), hostile
 connections closed without an answer (slowloris: expected), crashes (must be 0: a good request
 with no HTTP answer or a 500, or /health failing afterwards), p50/p99 latency of good requests
-with and without attack, and peak RSS (this process: client and server together).
+with and without attack, success rate and p50/p99 under
+each slow-body count, and peak RSS (this process: client and server together).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import json
 import logging
 import os
 import resource
+import selectors
 import socket
 import tempfile
 import threading
@@ -109,6 +113,84 @@ def slowloris(port: int, stop: threading.Event, every_s: float = 0.5) -> str:
   except OSError:
     return "closed"
   return "held"
+
+
+class SlowBodies:
+  """`n` loopback connections that each send a request's headers and the first byte of a
+  100-byte body, then hold; one the server closes or answers is reopened (how an attacker keeps
+  the pressure on), at most `max_opens` in all. One thread, one selector: bounded in sockets
+  (`n`), in opens and in time (until `stop`)."""
+
+  def __init__(self, port: int, path: str, n: int, max_opens: int = 20000):
+    self.port, self.n, self.max_opens = port, n, max_opens
+    self.head = f"POST {path} HTTP/1.1\r\nContent-Length: 100\r\n\r\n{{".encode()
+    self.stop = threading.Event()
+    self.opened = self.open_now = 0
+    self.outcomes: collections.Counter = collections.Counter()  # 'closed', or the status line
+    self.thread = threading.Thread(target=self._loop, name="slow-bodies", daemon=True)
+
+  def __enter__(self):
+    self.thread.start()
+    deadline = time.monotonic() + 10
+    while self.open_now < self.n and time.monotonic() < deadline and self.thread.is_alive():
+      time.sleep(0.02)
+    return self
+
+  def __exit__(self, *exc):
+    self.stop.set()
+    self.thread.join(timeout=30)
+
+  def _open(self, sel) -> None:
+    try:
+      s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+      s.sendall(self.head)
+      s.setblocking(False)
+      sel.register(s, selectors.EVENT_READ)
+      self.opened += 1
+    except OSError:
+      self.outcomes["connect_failed"] += 1
+
+  def _loop(self) -> None:
+    sel = selectors.DefaultSelector()
+    while not self.stop.is_set():
+      while len(sel.get_map()) < self.n and self.opened < self.max_opens \
+          and not self.stop.is_set():
+        self._open(sel)
+      self.open_now = len(sel.get_map())
+      for key, _ in sel.select(timeout=0.05):
+        try:
+          data = key.fileobj.recv(4096)
+        except OSError:
+          data = b""
+        self.outcomes[data.split(b"\r\n", 1)[0].decode("latin-1")[:40] or "closed"] += 1
+        sel.unregister(key.fileobj)
+        key.fileobj.close()
+    for key in list(sel.get_map().values()):
+      key.fileobj.close()
+
+  def report(self) -> dict:
+    return {"sockets": self.n, "opened": self.opened, "outcomes": dict(self.outcomes)}
+
+
+def raise_fd_limit(need: int) -> int:
+  """The soft limit on open files raised towards the hard one so that `need` fit; -> the limit."""
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if soft < need:
+    soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+  return soft
+
+
+def slow_body_phase(port: int, path: str, bodies: list[bytes], n_sockets: int, args) -> dict:
+  """Good requests while `n_sockets` slow-body connections hold (and reopen when cut)."""
+  with SlowBodies(port, path, n_sockets) as attack:
+    held = attack.open_now
+    result = good_load(port, path, bodies, args["requests"], args["concurrency"],
+                       time.monotonic() + args["seconds"])
+  result.update(attack.report(), held_at_start=held)
+  ok = result["statuses"].get(200, 0)
+  result["success_rate"] = ok / result["tried"] if result["tried"] else 0.0
+  return result
 
 
 def flood(port: int, n: int) -> dict:
@@ -398,6 +480,8 @@ def run_server(kind: str, args) -> dict:
         by_case[name].update(c)
       floods += hostile["floods"]
     out["attack"] = out["attack_rounds"][-1]
+    out["slow_bodies"] = {str(k): slow_body_phase(port, path, bodies, k, args)
+                          for k in args["slow_sockets"]}
     out["hostile"] = {name: dict(c) for name, c in sorted(by_case.items())}
     out["hostile_by_class"] = dict(sum((collections.Counter(
         {status_class(int(k)) if k.isdigit() else k: v for k, v in c.items()})
@@ -422,6 +506,9 @@ def run_server(kind: str, args) -> dict:
   out["crashes"] = (sum(g["statuses"].get("no_answer", 0) + g["statuses"].get(500, 0)
                         for g in good) + (health != 200) + (not out["shutdown_clean"])
                     + out["log_lines"].get("traceback", 0))
+  # every good request sent while slow-body sockets hold must be answered 200
+  out["slow_body_failures"] = sum(r["tried"] - r["statuses"].get(200, 0)
+                                  for r in out["slow_bodies"].values())
   out["good_by_class"] = {phase: dict(collections.Counter(
       {status_class(s): c for s, c in out[phase]["statuses"].items()}))
       for phase in ("baseline", "attack")}
@@ -437,11 +524,15 @@ def _ms(value) -> str:
 
 def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
         concurrency: int = 8, hostile_threads: int = 4, slow_clients: int = 8,
-        read_timeout_s: float = 2.0, attack_rounds: int = 1, out: str | None = None) -> dict:
+        read_timeout_s: float = 2.0, attack_rounds: int = 1, slow_sockets=(80, 400),
+        out: str | None = None) -> dict:
   args = dict(requests=requests, seconds=seconds, concurrency=concurrency,
               hostile_threads=hostile_threads, slow_clients=slow_clients,
-              read_timeout_s=read_timeout_s, attack_rounds=attack_rounds)
-  report = {"args": args, "servers": {}}
+              read_timeout_s=read_timeout_s, attack_rounds=attack_rounds,
+              slow_sockets=tuple(slow_sockets))
+  # both ends of every slow socket live in this process, plus the hostile and good clients
+  fd_limit = raise_fd_limit(2 * max(slow_sockets, default=0) + 1024)
+  report = {"args": args, "fd_limit": fd_limit, "servers": {}}
   _count_compiles()
   for kind in servers:
     r = run_server(kind, args)
@@ -452,7 +543,12 @@ def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
           f"{r['crashes']}, p99 {_ms(b['p99_ms'])} -> {_ms(a['p99_ms'])} under attack "
           f"({a['xla_compiles']['count']} XLA compiles, {a['xla_compiles']['seconds']} s), "
           f"peak RSS {r['peak_rss_attack_mb']:.0f} MB", flush=True)
+    for k, sb in r["slow_bodies"].items():
+      print(f"{kind}: {k} slow-body sockets ({sb['opened']} opened): good "
+            f"{sb['statuses']}, success {sb['success_rate']:.0%}, p50 {_ms(sb['p50_ms'])}, "
+            f"p99 {_ms(sb['p99_ms'])}", flush=True)
   report["crashes"] = sum(r["crashes"] for r in report["servers"].values())
+  report["slow_body_failures"] = sum(r["slow_body_failures"] for r in report["servers"].values())
   report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   if out:
     from benchmarks.common import write_report
@@ -467,9 +563,11 @@ def main(argv):
 
   f = flags.FLAGS
   report = run(tuple(f.servers), f.requests, f.seconds, f.concurrency, f.hostile_threads,
-               f.slow_clients, f.read_timeout_s, f.attack_rounds, f.out or None)
-  if report["crashes"]:
-    raise SystemExit(f"{report['crashes']} crashes")
+               f.slow_clients, f.read_timeout_s, f.attack_rounds,
+               [int(k) for k in f.slow_sockets], f.out or None)
+  if report["crashes"] or report["slow_body_failures"]:
+    raise SystemExit(f"{report['crashes']} crashes, {report['slow_body_failures']} good requests "
+                     f"not answered 200 under slow-body sockets")
 
 
 if __name__ == "__main__":
@@ -484,5 +582,7 @@ if __name__ == "__main__":
   flags.DEFINE_float("read_timeout_s", 2.0, "The servers' read deadline (short for the run).")
   flags.DEFINE_integer("attack_rounds", 1, "Attack phases; the last is reported as `attack` "
                        "(earlier ones compile the sampler shapes merged requests reach).")
+  flags.DEFINE_list("slow_sockets", ["80", "400"], "Slow-body attacks: sockets held at once "
+                    "(each sends headers and 1 of 100 body bytes, reopened when cut).")
   flags.DEFINE_string("out", "benchmarks/results/server_fuzz.json", "JSON report ('' for none).")
   app.run(main)

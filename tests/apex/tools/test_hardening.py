@@ -197,23 +197,29 @@ def test_shutdown_grace_over_answers_the_rest_503(retriever):
   assert not srv.batcher._thread.is_alive()
 
 
-def test_connection_cap_answers_503_and_recovers(srv):
-  idle = [socket.create_connection(srv.server_address[:2], timeout=5) for _ in range(4)]
-  try:
-    wait_until(lambda: srv.open_connections == 4)
-    status, out = post(srv, b'{"queries": ["x"]}')
-    assert status == 503 and "too many connections" in out["error"]["message"]
-    assert srv.refused >= 1
-  finally:
-    for s in idle:
-      s.close()
-  wait_until(lambda: srv.open_connections == 0)
-  assert post(srv, b'{"queries": ["x"]}')[0] == 200
+def test_cap_on_requests_being_handled_answers_503_and_recovers(retriever):
+  """Idle or slow connections hold no thread (see test_intake); whole requests do, up to
+  max_connections: the 5th while 4 wait on the encoder is 503."""
+  gated = Gated(retriever)
+  limits = server.SearchLimits(max_connections=4, max_queue=8)
+  with server.running(server.make_server(gated, "127.0.0.1", 0, limits=limits)) as s:
+    out = {}
+    threads = [background_post(s, {"queries": [f"q{i}"]}, out, i) for i in range(4)]
+    wait_until(lambda: s.open_connections == 4)
+    status, body = post(s, b'{"queries": ["x"]}')
+    assert status == 503 and "too many connections" in body["error"]["message"]
+    assert s.refused == 1
+    gated.gate.set()
+    for t in threads:
+      t.join(timeout=30)
+    assert [out[i][0] for i in range(4)] == [200] * 4
+    wait_until(lambda: s.open_connections == 0)
+    assert post(s, b'{"queries": ["x"]}')[0] == 200
 
 
 def test_slow_clients_are_cut_off_at_the_read_deadline(srv):
-  """slowloris: a header byte every 0.1 s would hold a thread forever; the deadline (0.6 s for
-  the request line, headers and body together) closes it."""
+  """slowloris: a header byte every 0.1 s would hold a connection forever; the deadline (0.6 s
+  for the request line, headers and body together) answers it 408 and closes it."""
   start = time.monotonic()
   closed_after = None
   with socket.create_connection(srv.server_address[:2], timeout=10) as s:
@@ -223,7 +229,8 @@ def test_slow_clients_are_cut_off_at_the_read_deadline(srv):
         time.sleep(0.1)
         s.setblocking(False)
         try:
-          if s.recv(1) == b"":
+          reply = s.recv(4096)
+          if reply == b"" or reply.startswith(b"HTTP/1.0 408"):
             closed_after = time.monotonic() - start
             break
         except BlockingIOError:
