@@ -132,7 +132,7 @@ class SlowBodies:
   def __enter__(self):
     self.thread.start()
     deadline = time.monotonic() + 10
-    while self.open_now < self.n and time.monotonic() < deadline and self.thread.is_alive():
+    while self.opened < self.n and time.monotonic() < deadline and self.thread.is_alive():
       time.sleep(0.02)
     return self
 
