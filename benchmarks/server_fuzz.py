@@ -16,7 +16,7 @@ reports its compiles. Bounded: at most `--requests` good requests and `--seconds
 Hostile cases: lone surrogates, JSON nested 100k deep, a 4300-digit integer, NaN / Infinity /
 negative / huge numbers, wrong types, bad JSON, non-UTF-8, an oversized body (413), an 8 MB chat
 message, a client chat template with a nested Jinja loop, slowloris clients (a header byte every
-half second), a connection flood past the cap, and (chat) long legitimate requests at the
+half second), a flood of idle connections past the connection cap, and (chat) long legitimate requests at the
 max_tokens cap. Then, per `--slow_sockets` count (80, 400), a slow-body phase: that many
 connections send `POST` headers with `Content-Length: 100` and one body byte and hold, reopened
 whenever the server cuts them, while the same good requests run; every one must be answered 200.
@@ -194,8 +194,9 @@ def slow_body_phase(port: int, path: str, bodies: list[bytes], n_sockets: int, a
 
 
 def flood(port: int, n: int) -> dict:
-  """Opens `n` idle connections at once; -> how many got an immediate 503."""
-  socks, refused = [], 0
+  """Opens `n` idle connections at once; -> how many got an immediate answer (408: cut to keep
+  within the budget of connections still sending; 503: over a cap)."""
+  socks, answered = [], collections.Counter()
   for _ in range(n):
     try:
       socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
@@ -205,12 +206,14 @@ def flood(port: int, n: int) -> dict:
   for s in socks:
     s.setblocking(False)
     try:
-      refused += s.recv(64).startswith(b"HTTP/1.0 503")
+      status = s.recv(64)[9:12].decode("latin-1")
+      if status.isdigit():
+        answered[status] += 1
     except OSError:
       pass
   for s in socks:
     s.close()
-  return {"opened": len(socks), "refused_503": refused}
+  return {"opened": len(socks), "answered": dict(answered)}
 
 
 def search_hostile(port: int, limits) -> dict:
@@ -488,7 +491,8 @@ def run_server(kind: str, args) -> dict:
         for c in by_case.values()), collections.Counter()))
     out["hostile_tried"] = sum(sum(c.values()) for c in out["hostile"].values())
     out["floods"] = {"count": len(floods), "opened": sum(f["opened"] for f in floods),
-                     "refused_503": sum(f["refused_503"] for f in floods)}
+                     "answered": dict(sum((collections.Counter(f["answered"]) for f in floods),
+                                          collections.Counter()))}
     try:
       conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
       conn.request("GET", "/health")
@@ -499,7 +503,8 @@ def run_server(kind: str, args) -> dict:
     out["health_after"] = health
     out["peak_rss_attack_mb"] = peak[0]
     out["server_counts"] = {"requests": srv.requests, "errors": srv.errors,
-                            "refused": srv.refused, "timeouts": srv.timeouts}
+                            "refused": srv.refused, "timeouts": srv.timeouts,
+                            "evicted": srv.evicted}
   out["shutdown_clean"] = not srv.batcher._thread.is_alive()
   out["log_lines"] = dict(logged)
   good = [*out["baseline_rounds"], *out["attack_rounds"]]

@@ -346,10 +346,13 @@ class _Handler(JsonHandler):
       deltas, n = Deltas(len(prompts) * req.n), req.n
       for i in range(len(prompts) * n):
         out.role(i)
-      while not all(f.done() for f in futures):
+      while True:  # every turn's update is queued before the request's Future is set
+        finished = all(f.done() for f in futures)
         try:
-          k, rows = updates.get(timeout=0.1)
+          k, rows = updates.get_nowait() if finished else updates.get(timeout=0.1)
         except queue.Empty:
+          if finished:
+            break
           continue
         for j, ids in enumerate(rows):
           text = chat.completion(ids, len(prompts[k]), req.stop).text

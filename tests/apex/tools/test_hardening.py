@@ -275,19 +275,25 @@ def test_one_log_line_per_error_and_none_for_client_errors(retriever, caplog):
 
 def test_fuzz_short_run_has_no_crashes():
   """benchmarks.server_fuzz, a few seconds on the search server: good requests keep getting
-  200 under hostile ones, none is left unanswered, slow clients are cut."""
+  200 under hostile ones, none is left unanswered, slow clients are cut, and every good request
+  is answered 200 while 80 slow-body sockets hold."""
   from benchmarks import server_fuzz
 
   # clients and server share one GIL here: a read deadline much under a second cuts good
   # clients that a hostile thread's parsing kept from sending (seen on a loaded CI machine)
   report = server_fuzz.run(("search",), requests=30, seconds=2.0, concurrency=4,
-                           hostile_threads=2, slow_clients=2, read_timeout_s=1.0)
+                           hostile_threads=2, slow_clients=2, read_timeout_s=1.0,
+                           slow_sockets=(80,))
   r = report["servers"]["search"]
   assert report["crashes"] == 0 and r["health_after"] == 200
   assert r["attack"]["statuses"].get(200, 0) >= 1 and r["hostile_tried"] > 0
   assert r["hostile"]["lone_surrogate"].get("400", 0) >= 1
   assert set(r["attack"]["statuses"]) <= {200, 503}  # never a 500, never unanswered
-  assert r["server_counts"]["timeouts"] >= 1  # slowloris clients cut at the read deadline
+  counts = r["server_counts"]  # slowloris clients cut: at the deadline, or evicted by floods
+  assert counts["timeouts"] + counts["evicted"] >= 2
+  slow = r["slow_bodies"]["80"]  # 80 slow-body sockets, past the per-address budget of 64
+  assert slow["statuses"] == {200: slow["tried"]} and slow["tried"] >= 1, slow
+  assert report["slow_body_failures"] == 0 and counts["evicted"] >= 16
   json.dumps(report)  # what --out writes
 
 
