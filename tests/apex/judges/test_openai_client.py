@@ -111,3 +111,56 @@ def test_deltas_hold_back_what_may_still_change():
   assert d.update(0, "help", ["hello"]) == "help"
   assert d.update(0, "help me", []) == " me"
   assert d.finish(0, "help me now") == " now" and d.sent[0] == "help me now"
+
+
+@pytest.mark.slow  # ~2 min on a shared CPU: a process of its own loads the toy model, compiles
+def test_launcher_serves_the_toy_model_to_the_openai_client():
+  """`python -m launchers.serve --model=assets/toy_qwen3` as users start it, then the client:
+  models, chat, n = 2, stop, streaming; SIGTERM ends it with exit 0."""
+  import os
+  import re
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  from tests import test_configs
+
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "launchers.serve", "--model=assets/toy_qwen3", "--port=0",
+       "--chunk_tokens=4", "--default_max_tokens=8"], cwd=test_configs.ROOT,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+  lines = []
+  try:
+    port, deadline = None, time.monotonic() + 300
+    while port is None and time.monotonic() < deadline:
+      line = proc.stdout.readline()
+      if not line:
+        break
+      lines.append(line)
+      m = re.search(r"serving \S+ at http://127\.0\.0\.1:(\d+)/v1", line)
+      port = int(m.group(1)) if m else None
+    assert port, "".join(lines)[-3000:]
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                           max_retries=0, timeout=300)
+    assert [m.id for m in client.models.list()] == ["toy_qwen3"]
+    args = {"model": "toy_qwen3", "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 8, "temperature": 0.0}
+    one = client.chat.completions.create(**args)
+    two = client.chat.completions.create(**args, n=2)
+    text = one.choices[0].message.content
+    assert [c.message.content for c in two.choices] == [text, text]
+    if len(text) > 2:
+      cut = client.chat.completions.create(**args, stop=[text[2:4]])
+      assert cut.choices[0].message.content == text[:text.find(text[2:4])]
+    streamed = "".join(c.choices[0].delta.content or ""
+                       for c in client.chat.completions.create(**args, stream=True))
+    assert streamed == text
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    lines.append(rest)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0, "".join(lines)[-3000:]
