@@ -223,6 +223,27 @@ def _refusal(status: int, message: str) -> bytes:
           f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
 
+def ensure_fd_limit(limits: HttpLimits, label: str) -> int:
+  """The open-file limit raised (soft, up to the hard one) so that every socket the limits allow
+  fits: the connections still sending, the requests being handled, 256 lingering refusals and
+  64 spare; a warning naming the fields when it cannot be. -> the soft limit."""
+  import resource
+
+  need = limits.max_incomplete + limits.max_connections + 256 + 64
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if soft < need:
+    raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+      resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+      soft = raised
+    except (ValueError, OSError):
+      pass
+  if soft < need:
+    log.warning("%s: open-file limit %d < %d sockets that max_incomplete + max_connections allow; "
+                "accepts past it fail (raise ulimit -n or lower them)", label, soft, need)
+  return soft
+
+
 class JsonServer(ThreadingHTTPServer):
   """A threaded server that counts its answers, reads each request whole before it gets a
   thread (`Intake`: a budget for connections still sending, and `limits.read_timeout_s`), caps
@@ -246,6 +267,7 @@ class JsonServer(ThreadingHTTPServer):
     self._open = 0  # requests being handled
     self._refuser = self._refusals = None
     self._request_bytes: dict = {}  # socket -> its request, read whole, until its handler starts
+    ensure_fd_limit(self.limits, self.label)
     self._intake = Intake(self.limits, self._dispatch, self._answer_intake, f"{self.label}-intake")
 
   @property

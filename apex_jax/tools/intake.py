@@ -17,12 +17,14 @@ holds. Each connection also has `read_timeout_s` from its accept to send its who
 from __future__ import annotations
 
 import collections
+import logging
 import re
 import selectors
 import socket
 import threading
 import time
 
+log = logging.getLogger(__name__)
 _HEADERS_END = re.compile(rb"\r?\n\r?\n")  # the empty line after the headers
 
 
@@ -108,16 +110,11 @@ class Intake:
   def _loop(self) -> None:
     try:
       while not self._stopped:
-        oldest = next(iter(self._pending.values()), None)
-        wait = 0.25 if oldest is None else min(0.25, max(0.0, oldest.deadline - time.monotonic()))
-        for key, _ in self._selector.select(timeout=wait):
-          if key.fileobj is self._wake_r:
-            self._drain_wake()
-          else:
-            self._read(key.data)
-        self._register_arrivals()
-        self._expire(time.monotonic())
-        self._enforce_budget()
+        try:
+          self._round()
+        except Exception as e:  # noqa: BLE001 -- a dead intake would refuse every client
+          log.error("%s: unexpected %s: %.200s", self._thread.name, type(e).__name__, e)
+          time.sleep(0.01)
     finally:
       with self._lock:
         self._stopped = True
@@ -129,6 +126,18 @@ class Intake:
       self._selector.close()
       self._wake_r.close()
       self._wake_w.close()
+
+  def _round(self) -> None:
+    oldest = next(iter(self._pending.values()), None)
+    wait = 0.25 if oldest is None else min(0.25, max(0.0, oldest.deadline - time.monotonic()))
+    for key, _ in self._selector.select(timeout=wait):
+      if key.fileobj is self._wake_r:
+        self._drain_wake()
+      elif key.fileobj in self._pending:  # not cut earlier in this round
+        self._read(key.data)
+    self._register_arrivals()
+    self._expire(time.monotonic())
+    self._enforce_budget()
 
   def _drain_wake(self) -> None:
     try:

@@ -124,3 +124,20 @@ def test_idle_connections_hold_no_thread_and_are_cut_at_the_deadline(retriever):
     assert time.monotonic() - start < 3.0 and s.timeouts == 10
     for c in idle:
       c.close()
+
+
+def test_open_file_limit_is_raised_to_fit_the_budget():
+  """In a process of its own (the limit is process-wide): 256 + 64 + 256 + 64 = 640 sockets."""
+  import subprocess
+  import sys
+
+  from tests import test_configs
+
+  code = ("import resource, sys; from apex_jax.tools.http import HttpLimits, ensure_fd_limit; "
+          "resource.setrlimit(resource.RLIMIT_NOFILE, (100, int(sys.argv[1]))); "
+          "print(ensure_fd_limit(HttpLimits(), 'srv'))")
+  for hard, soft in ((5000, "640"), (200, "200")):
+    out = subprocess.run([sys.executable, "-c", code, str(hard)], cwd=test_configs.ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == soft, out.stderr[-2000:]
+    assert ("open-file limit 200 < 640" in out.stderr) == (hard == 200), out.stderr[-2000:]
