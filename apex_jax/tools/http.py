@@ -419,7 +419,10 @@ class JsonServer(ThreadingHTTPServer):
     deadline = time.monotonic() + self.limits.shutdown_grace_s
     if self.batcher is not None:
       self.batcher.close(self.limits.shutdown_grace_s)
-    while self._open and time.monotonic() < deadline + 5:
+    # every queued request now has its answer (a round in progress may outlast the grace): 5 s
+    # more for the handlers to write them
+    deadline = max(deadline, time.monotonic()) + 5
+    while self._open and time.monotonic() < deadline:
       time.sleep(0.02)
 
 
