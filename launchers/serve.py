@@ -17,8 +17,8 @@ or peft's save_pretrained) are served next to the base model, as vLLM's --lora-m
   # a request with "model": "executor" runs through that adapter; any other name: the base model
 Stop with Ctrl-C or SIGTERM (graceful: no new connections, queued requests answered, the
 generating thread joined, exit 0). Every `ChatLimits` field is a flag (--max_body_bytes,
---max_connections, --read_timeout_s, --max_queue, --max_prompt_chars, --max_tokens, --max_n,
---chunk_tokens, ...).
+--max_connections, --read_timeout_s, --max_incomplete, --max_incomplete_per_address, --max_queue,
+--max_prompt_chars, --max_tokens, --max_n, --chunk_tokens, ...).
 """
 
 from __future__ import annotations

@@ -263,10 +263,10 @@ class ChatServer(JsonServer):
       choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
                   "finish_reason": c.finish_reason} for i, c in enumerate(done)]
     return {**head, "created": int(time.time()), "model": name, "choices": choices,
-            "usage": usage(prompts, req.n, done)}
+            "usage": usage(prompts, done)}
 
 
-def usage(prompts, n: int, done) -> dict:
+def usage(prompts, done) -> dict:
   """OpenAI's usage: each prompt counted once (n rows share it), every generated token."""
   prompt_tokens = sum(len(p) for p in prompts)
   used = sum(c.completion_tokens for c in done)
@@ -370,7 +370,7 @@ class _Handler(JsonHandler):
         out.text(i, deltas.finish(i, c.text))
         out.finish(i, c.finish_reason)
       if req.include_usage:
-        out.usage(usage(prompts, n, done))
+        out.usage(usage(prompts, done))
       out.done()
     except OSError:  # the client hung up: its rows stop at their next turn
       for f in futures:

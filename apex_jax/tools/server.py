@@ -19,8 +19,8 @@ that moment in one encoder call and one faiss search (no added wait when a reque
 Each request is validated on its own before it is merged (lone surrogates, query length, JSON
 depth and number size: 400 naming the field), and when a merged call still fails each request is
 retried alone, so a bad request never fails the requests batched with it. `SearchLimits` holds
-every bound (body size 413, connections 503, read timeout, queue 503, queries per request and per
-encoder call).
+every bound (body size 413, requests being handled 503, read deadline and the budget of
+connections still sending 408, queue 503, queries per request and per encoder call).
 """
 
 from __future__ import annotations
