@@ -115,61 +115,79 @@ def slowloris(port: int, stop: threading.Event, every_s: float = 0.5) -> str:
   return "held"
 
 
+def hold_slow_bodies(port: int, head: bytes, n: int, max_opens: int, conn) -> None:
+  """In a process of its own: `n` connections that send `head` and hold, each reopened when the
+  server answers or closes it, at most `max_opens` in all, until `conn` gets a message; sends
+  the number held once `n` were opened (or after 10 s), then, at the end, its report."""
+  sel = selectors.DefaultSelector()
+  opened, outcomes, told = 0, collections.Counter(), False
+  start = time.monotonic()
+  while not conn.poll():
+    while len(sel.get_map()) < n and opened < max_opens:
+      try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(head)
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        opened += 1
+      except OSError:
+        outcomes["connect_failed"] += 1
+        break
+    if not told and (opened >= n or time.monotonic() - start > 10):
+      conn.send(len(sel.get_map()))
+      told = True
+    for key, _ in sel.select(timeout=0.05):
+      try:
+        data = key.fileobj.recv(4096)
+      except OSError:
+        data = b""
+      outcomes[data.split(b"\r\n", 1)[0].decode("latin-1")[:40] or "closed"] += 1
+      sel.unregister(key.fileobj)
+      key.fileobj.close()
+  for key in list(sel.get_map().values()):
+    key.fileobj.close()
+  if not told:
+    conn.send(0)
+  conn.send({"sockets": n, "opened": opened, "outcomes": dict(outcomes)})
+
+
 class SlowBodies:
   """`n` loopback connections that each send a request's headers and the first byte of a
   100-byte body, then hold; one the server closes or answers is reopened (how an attacker keeps
-  the pressure on), at most `max_opens` in all. One thread, one selector: bounded in sockets
-  (`n`), in opens and in time (until `stop`)."""
+  the pressure on), at most `max_opens` in all. They run in a child process (an attacker does
+  not share the server's interpreter lock), on one selector: bounded in sockets (`n`), in opens
+  and in time (until the block ends)."""
 
   def __init__(self, port: int, path: str, n: int, max_opens: int = 20000):
     self.port, self.n, self.max_opens = port, n, max_opens
     self.head = f"POST {path} HTTP/1.1\r\nContent-Length: 100\r\n\r\n{{".encode()
-    self.stop = threading.Event()
-    self.opened = self.open_now = 0
-    self.outcomes: collections.Counter = collections.Counter()  # 'closed', or the status line
-    self.thread = threading.Thread(target=self._loop, name="slow-bodies", daemon=True)
+    self.held_at_start, self._report = 0, None
 
   def __enter__(self):
-    self.thread.start()
-    deadline = time.monotonic() + 10
-    while self.opened < self.n and time.monotonic() < deadline and self.thread.is_alive():
-      time.sleep(0.02)
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process running XLA threads
+    self._conn, child = ctx.Pipe()
+    self.proc = ctx.Process(target=hold_slow_bodies, daemon=True,
+                            args=(self.port, self.head, self.n, self.max_opens, child))
+    self.proc.start()
+    self.held_at_start = self._conn.recv() if self._conn.poll(120) else 0
     return self
 
   def __exit__(self, *exc):
-    self.stop.set()
-    self.thread.join(timeout=30)
-
-  def _open(self, sel) -> None:
     try:
-      s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-      s.sendall(self.head)
-      s.setblocking(False)
-      sel.register(s, selectors.EVENT_READ)
-      self.opened += 1
-    except OSError:
-      self.outcomes["connect_failed"] += 1
-
-  def _loop(self) -> None:
-    sel = selectors.DefaultSelector()
-    while not self.stop.is_set():
-      while len(sel.get_map()) < self.n and self.opened < self.max_opens \
-          and not self.stop.is_set():
-        self._open(sel)
-      self.open_now = len(sel.get_map())
-      for key, _ in sel.select(timeout=0.05):
-        try:
-          data = key.fileobj.recv(4096)
-        except OSError:
-          data = b""
-        self.outcomes[data.split(b"\r\n", 1)[0].decode("latin-1")[:40] or "closed"] += 1
-        sel.unregister(key.fileobj)
-        key.fileobj.close()
-    for key in list(sel.get_map().values()):
-      key.fileobj.close()
+      self._conn.send("stop")
+      while self._report is None and self._conn.poll(30):
+        message = self._conn.recv()
+        self._report = message if isinstance(message, dict) else None
+    except (OSError, EOFError):
+      pass
+    self.proc.join(timeout=10)
+    if self.proc.is_alive():
+      self.proc.kill()
 
   def report(self) -> dict:
-    return {"sockets": self.n, "opened": self.opened, "outcomes": dict(self.outcomes)}
+    return self._report or {"sockets": self.n, "opened": None, "outcomes": {}}
 
 
 def raise_fd_limit(need: int) -> int:
@@ -184,10 +202,9 @@ def raise_fd_limit(need: int) -> int:
 def slow_body_phase(port: int, path: str, bodies: list[bytes], n_sockets: int, args) -> dict:
   """Good requests while `n_sockets` slow-body connections hold (and reopen when cut)."""
   with SlowBodies(port, path, n_sockets) as attack:
-    held = attack.open_now
     result = good_load(port, path, bodies, args["requests"], args["concurrency"],
                        time.monotonic() + args["seconds"])
-  result.update(attack.report(), held_at_start=held)
+  result.update(attack.report(), held_at_start=attack.held_at_start)
   ok = result["statuses"].get(200, 0)
   result["success_rate"] = ok / result["tried"] if result["tried"] else 0.0
   return result

@@ -226,10 +226,11 @@ class Intake:
 
   def _enforce_budget(self) -> None:
     lim = self.limits
-    for address, held in list(self._per_address.items()):
-      for _ in range(held - lim.max_incomplete_per_address):
-        self._evict(address, f"{held} connections from your address still sending (at most "
-                             f"{lim.max_incomplete_per_address})")
+    for address in [a for a, held in self._per_address.items()
+                    if held > lim.max_incomplete_per_address]:
+      while self._per_address.get(address, 0) > lim.max_incomplete_per_address:
+        self._evict(address, f"{self._per_address[address]} connections from your address "
+                             f"still sending (at most {lim.max_incomplete_per_address})")
     while self._pending and (len(self._pending) > lim.max_incomplete
                              or self._bytes > lim.max_incomplete_bytes):
       address = self._per_address.most_common(1)[0][0]
@@ -237,9 +238,15 @@ class Intake:
                            f"buffered (at most {lim.max_incomplete}, {lim.max_incomplete_bytes})")
 
   def _evict(self, address, why: str) -> None:
-    """The longest-waiting connection of `address` still sending: answered 408, closed."""
-    for p in self._pending.values():
-      if (p.address[0] if p.address else None) == address:
-        self.evicted += 1
-        return self._reject(p, 408, f"request not received whole in time: {why}; the "
-                                    f"longest-waiting was closed")
+    """The longest-waiting connection of `address` still sending: answered 408, closed. A
+    candidate is read once more first: bytes that arrived since this round's select may
+    complete its request, and then it is handed on instead (the next one is the candidate)."""
+    for p in list(self._pending.values()):
+      if (p.address[0] if p.address else None) != address:
+        continue
+      self._read(p)
+      if p.sock not in self._pending or self._pending[p.sock] is not p:
+        continue  # completed (or hung up) just now: no longer holding the budget
+      self.evicted += 1
+      return self._reject(p, 408, f"request not received whole in time: {why}; the "
+                                  f"longest-waiting was closed")
