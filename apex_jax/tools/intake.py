@@ -7,11 +7,12 @@ that sends its request promptly always reaches a worker, however many others are
 
 Connections still sending are bounded (`HttpLimits.max_incomplete` in all,
 `max_incomplete_per_address` from one address, `max_incomplete_bytes` buffered): over a bound,
-the longest-waiting connection of the address holding the most is answered 408 and closed (over
-the per-address bound: that address's longest-waiting). Eviction by age is what protects good
-clients on the attacker's own address (loopback): a prompt request completes within a few
-selector rounds of its arrival, long before as many newer connections arrive as the budget
-holds. Each connection also has `read_timeout_s` from its accept to send its whole request (408).
+the address holding the most (over the per-address bound: that address) loses its
+longest-waiting connection that has sent part of a request and stalled, or, when none has, its
+longest-waiting one; it is answered 408 and closed. That order is what protects good clients on
+the attacker's own address (loopback): a prompt client's connection either holds its whole
+request (and leaves for a worker) or nothing yet, and a slow sender holding part of one goes
+first; among connections that sent nothing, the newest is the last to go. Each connection also has `read_timeout_s` from its accept to send its whole request (408).
 """
 
 from __future__ import annotations
@@ -238,12 +239,13 @@ class Intake:
                            f"buffered (at most {lim.max_incomplete}, {lim.max_incomplete_bytes})")
 
   def _evict(self, address, why: str) -> None:
-    """The longest-waiting connection of `address` still sending: answered 408, closed. A
-    candidate is read once more first: bytes that arrived since this round's select may
-    complete its request, and then it is handed on instead (the next one is the candidate)."""
-    for p in list(self._pending.values()):
-      if (p.address[0] if p.address else None) != address:
-        continue
+    """The longest-waiting connection of `address` that has sent part of its request and
+    stalled (slowloris' signature), else its longest-waiting one that has sent nothing yet (a
+    client just connected may be about to send): answered 408, closed. A candidate is read
+    once more first: bytes that arrived since this round's select may complete its request,
+    and then it is handed on instead (the next one is the candidate)."""
+    mine = [p for p in self._pending.values() if (p.address[0] if p.address else None) == address]
+    for p in [p for p in mine if p.buffer] + [p for p in mine if not p.buffer]:
       self._read(p)
       if p.sock not in self._pending or self._pending[p.sock] is not p:
         continue  # completed (or hung up) just now: no longer holding the budget

@@ -141,3 +141,13 @@ def test_open_file_limit_is_raised_to_fit_the_budget():
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == soft, out.stderr[-2000:]
     assert ("open-file limit 200 < 640" in out.stderr) == (hard == 200), out.stderr[-2000:]
+
+
+def test_stalled_partial_requests_go_before_connections_that_sent_nothing_yet(srv):
+  just_connected = slow(srv, data=b"")  # opened first: the oldest, but it sent nothing
+  stalled = [slow(srv) for _ in range(4)]  # 5 from 127.0.0.1 > 4: a stalled one goes
+  assert answer(stalled[0]).startswith(b"HTTP/1.0 408") and srv.evicted == 1
+  just_connected.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+  assert answer(just_connected).startswith(b"HTTP/1.0 200")
+  for s in stalled:
+    s.close()
