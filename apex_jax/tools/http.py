@@ -37,8 +37,8 @@ class HttpLimits:
   max_body_bytes: int = 1 << 20  # larger bodies: 413 before reading them
   max_connections: int = 64  # requests being handled (each a thread); more: 503
   read_timeout_s: float = 10.0  # to send a request's line, headers and body (slowloris: 408)
-  # connections still sending their request (no thread yet): over a bound, the longest-waiting
-  # of the address holding the most is answered 408 and closed
+  # connections still sending their request (no thread yet): over a bound, the address holding
+  # the most loses its longest-stalled partial request (else its longest-waiting connection): 408
   max_incomplete: int = 256
   max_incomplete_per_address: int = 64
   max_incomplete_bytes: int = 64 << 20  # buffered by connections still sending
