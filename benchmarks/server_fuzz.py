@@ -16,13 +16,16 @@ reports its compiles. Bounded: at most `--requests` good requests and `--seconds
 Hostile cases: lone surrogates, JSON nested 100k deep, a 4300-digit integer, NaN / Infinity /
 negative / huge numbers, wrong types, bad JSON, non-UTF-8, an oversized body (413), an 8 MB chat
 message, a client chat template with a nested Jinja loop, slowloris clients (a header byte every
-half second), a connection flood past the cap, and (chat) long legitimate requests at the
-max_tokens cap.
+half second), a flood of idle connections past the connection cap, and (chat) long legitimate requests at the
+max_tokens cap. Then, per `--slow_sockets` count (80, 400), a slow-body phase: that many
+connections send `POST` headers with `Content-Length: 100` and one body byte and hold, reopened
+whenever the server cuts them, while the same good requests run; every one must be answered 200.
 
 Reported per server: requests tried, answers by status class (good and hostile apart), hostile
 connections closed without an answer (slowloris: expected), crashes (must be 0: a good request
 with no HTTP answer or a 500, or /health failing afterwards), p50/p99 latency of good requests
-with and without attack, and peak RSS (this process: client and server together).
+with and without attack, success rate and p50/p99 under
+each slow-body count, and peak RSS (this process: client and server together).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import json
 import logging
 import os
 import resource
+import selectors
 import socket
 import tempfile
 import threading
@@ -111,9 +115,105 @@ def slowloris(port: int, stop: threading.Event, every_s: float = 0.5) -> str:
   return "held"
 
 
+def hold_slow_bodies(port: int, head: bytes, n: int, max_opens: int, conn) -> None:
+  """In a process of its own: `n` connections that send `head` and hold, each reopened when the
+  server answers or closes it, at most `max_opens` in all, until `conn` gets a message; sends
+  the number held once `n` were opened (or after 10 s), then, at the end, its report."""
+  sel = selectors.DefaultSelector()
+  opened, outcomes, told = 0, collections.Counter(), False
+  start = time.monotonic()
+  while not conn.poll():
+    while len(sel.get_map()) < n and opened < max_opens:
+      try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(head)
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        opened += 1
+      except OSError:
+        outcomes["connect_failed"] += 1
+        break
+    if not told and (opened >= n or time.monotonic() - start > 10):
+      conn.send(len(sel.get_map()))
+      told = True
+    for key, _ in sel.select(timeout=0.05):
+      try:
+        data = key.fileobj.recv(4096)
+      except OSError:
+        data = b""
+      outcomes[data.split(b"\r\n", 1)[0].decode("latin-1")[:40] or "closed"] += 1
+      sel.unregister(key.fileobj)
+      key.fileobj.close()
+  for key in list(sel.get_map().values()):
+    key.fileobj.close()
+  if not told:
+    conn.send(0)
+  conn.send({"sockets": n, "opened": opened, "outcomes": dict(outcomes)})
+
+
+class SlowBodies:
+  """`n` loopback connections that each send a request's headers and the first byte of a
+  100-byte body, then hold; one the server closes or answers is reopened (how an attacker keeps
+  the pressure on), at most `max_opens` in all. They run in a child process (an attacker does
+  not share the server's interpreter lock), on one selector: bounded in sockets (`n`), in opens
+  and in time (until the block ends)."""
+
+  def __init__(self, port: int, path: str, n: int, max_opens: int = 20000):
+    self.port, self.n, self.max_opens = port, n, max_opens
+    self.head = f"POST {path} HTTP/1.1\r\nContent-Length: 100\r\n\r\n{{".encode()
+    self.held_at_start, self._report = 0, None
+
+  def __enter__(self):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process running XLA threads
+    self._conn, child = ctx.Pipe()
+    self.proc = ctx.Process(target=hold_slow_bodies, daemon=True,
+                            args=(self.port, self.head, self.n, self.max_opens, child))
+    self.proc.start()
+    self.held_at_start = self._conn.recv() if self._conn.poll(120) else 0
+    return self
+
+  def __exit__(self, *exc):
+    try:
+      self._conn.send("stop")
+      while self._report is None and self._conn.poll(30):
+        message = self._conn.recv()
+        self._report = message if isinstance(message, dict) else None
+    except (OSError, EOFError):
+      pass
+    self.proc.join(timeout=10)
+    if self.proc.is_alive():
+      self.proc.kill()
+
+  def report(self) -> dict:
+    return self._report or {"sockets": self.n, "opened": None, "outcomes": {}}
+
+
+def raise_fd_limit(need: int) -> int:
+  """The soft limit on open files raised towards the hard one so that `need` fit; -> the limit."""
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if soft < need:
+    soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+  return soft
+
+
+def slow_body_phase(port: int, path: str, bodies: list[bytes], n_sockets: int, args) -> dict:
+  """Good requests while `n_sockets` slow-body connections hold (and reopen when cut)."""
+  with SlowBodies(port, path, n_sockets) as attack:
+    result = good_load(port, path, bodies, args["requests"], args["concurrency"],
+                       time.monotonic() + args["seconds"])
+  result.update(attack.report(), held_at_start=attack.held_at_start)
+  ok = result["statuses"].get(200, 0)
+  result["success_rate"] = ok / result["tried"] if result["tried"] else 0.0
+  return result
+
+
 def flood(port: int, n: int) -> dict:
-  """Opens `n` idle connections at once; -> how many got an immediate 503."""
-  socks, refused = [], 0
+  """Opens `n` idle connections at once; -> how many got an immediate answer (408: cut to keep
+  within the budget of connections still sending; 503: over a cap)."""
+  socks, answered = [], collections.Counter()
   for _ in range(n):
     try:
       socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
@@ -123,12 +223,14 @@ def flood(port: int, n: int) -> dict:
   for s in socks:
     s.setblocking(False)
     try:
-      refused += s.recv(64).startswith(b"HTTP/1.0 503")
+      status = s.recv(64)[9:12].decode("latin-1")
+      if status.isdigit():
+        answered[status] += 1
     except OSError:
       pass
   for s in socks:
     s.close()
-  return {"opened": len(socks), "refused_503": refused}
+  return {"opened": len(socks), "answered": dict(answered)}
 
 
 def search_hostile(port: int, limits) -> dict:
@@ -305,7 +407,8 @@ def run_server(kind: str, args) -> dict:
       logged["traceback"] += record.exc_info is not None
 
   handler = Count(level=logging.DEBUG)
-  for name in ("apex_jax.tools.http", "apex_jax.tools.server", "apex_jax.judges.serving"):
+  for name in ("apex_jax.tools.http", "apex_jax.tools.intake", "apex_jax.tools.server",
+               "apex_jax.judges.serving"):
     logging.getLogger(name).addHandler(handler)
     logging.getLogger(name).setLevel(logging.INFO)
 
@@ -398,13 +501,16 @@ def run_server(kind: str, args) -> dict:
         by_case[name].update(c)
       floods += hostile["floods"]
     out["attack"] = out["attack_rounds"][-1]
+    out["slow_bodies"] = {str(k): slow_body_phase(port, path, bodies, k, args)
+                          for k in args["slow_sockets"]}
     out["hostile"] = {name: dict(c) for name, c in sorted(by_case.items())}
     out["hostile_by_class"] = dict(sum((collections.Counter(
         {status_class(int(k)) if k.isdigit() else k: v for k, v in c.items()})
         for c in by_case.values()), collections.Counter()))
     out["hostile_tried"] = sum(sum(c.values()) for c in out["hostile"].values())
     out["floods"] = {"count": len(floods), "opened": sum(f["opened"] for f in floods),
-                     "refused_503": sum(f["refused_503"] for f in floods)}
+                     "answered": dict(sum((collections.Counter(f["answered"]) for f in floods),
+                                          collections.Counter()))}
     try:
       conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
       conn.request("GET", "/health")
@@ -415,17 +521,22 @@ def run_server(kind: str, args) -> dict:
     out["health_after"] = health
     out["peak_rss_attack_mb"] = peak[0]
     out["server_counts"] = {"requests": srv.requests, "errors": srv.errors,
-                            "refused": srv.refused, "timeouts": srv.timeouts}
+                            "refused": srv.refused, "timeouts": srv.timeouts,
+                            "evicted": srv.evicted}
   out["shutdown_clean"] = not srv.batcher._thread.is_alive()
   out["log_lines"] = dict(logged)
   good = [*out["baseline_rounds"], *out["attack_rounds"]]
   out["crashes"] = (sum(g["statuses"].get("no_answer", 0) + g["statuses"].get(500, 0)
                         for g in good) + (health != 200) + (not out["shutdown_clean"])
                     + out["log_lines"].get("traceback", 0))
+  # every good request sent while slow-body sockets hold must be answered 200
+  out["slow_body_failures"] = sum(r["tried"] - r["statuses"].get(200, 0)
+                                  for r in out["slow_bodies"].values())
   out["good_by_class"] = {phase: dict(collections.Counter(
       {status_class(s): c for s, c in out[phase]["statuses"].items()}))
       for phase in ("baseline", "attack")}
-  for name in ("apex_jax.tools.http", "apex_jax.tools.server", "apex_jax.judges.serving"):
+  for name in ("apex_jax.tools.http", "apex_jax.tools.intake", "apex_jax.tools.server",
+               "apex_jax.judges.serving"):
     logging.getLogger(name).removeHandler(handler)
   tmp.cleanup()
   return out
@@ -437,11 +548,15 @@ def _ms(value) -> str:
 
 def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
         concurrency: int = 8, hostile_threads: int = 4, slow_clients: int = 8,
-        read_timeout_s: float = 2.0, attack_rounds: int = 1, out: str | None = None) -> dict:
+        read_timeout_s: float = 2.0, attack_rounds: int = 1, slow_sockets=(80, 400),
+        out: str | None = None) -> dict:
   args = dict(requests=requests, seconds=seconds, concurrency=concurrency,
               hostile_threads=hostile_threads, slow_clients=slow_clients,
-              read_timeout_s=read_timeout_s, attack_rounds=attack_rounds)
-  report = {"args": args, "servers": {}}
+              read_timeout_s=read_timeout_s, attack_rounds=attack_rounds,
+              slow_sockets=tuple(slow_sockets))
+  # both ends of every slow socket live in this process, plus the hostile and good clients
+  fd_limit = raise_fd_limit(2 * max(slow_sockets, default=0) + 1024)
+  report = {"args": args, "fd_limit": fd_limit, "servers": {}}
   _count_compiles()
   for kind in servers:
     r = run_server(kind, args)
@@ -452,7 +567,12 @@ def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
           f"{r['crashes']}, p99 {_ms(b['p99_ms'])} -> {_ms(a['p99_ms'])} under attack "
           f"({a['xla_compiles']['count']} XLA compiles, {a['xla_compiles']['seconds']} s), "
           f"peak RSS {r['peak_rss_attack_mb']:.0f} MB", flush=True)
+    for k, sb in r["slow_bodies"].items():
+      print(f"{kind}: {k} slow-body sockets ({sb['opened']} opened): good "
+            f"{sb['statuses']}, success {sb['success_rate']:.0%}, p50 {_ms(sb['p50_ms'])}, "
+            f"p99 {_ms(sb['p99_ms'])}", flush=True)
   report["crashes"] = sum(r["crashes"] for r in report["servers"].values())
+  report["slow_body_failures"] = sum(r["slow_body_failures"] for r in report["servers"].values())
   report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   if out:
     from benchmarks.common import write_report
@@ -467,9 +587,11 @@ def main(argv):
 
   f = flags.FLAGS
   report = run(tuple(f.servers), f.requests, f.seconds, f.concurrency, f.hostile_threads,
-               f.slow_clients, f.read_timeout_s, f.attack_rounds, f.out or None)
-  if report["crashes"]:
-    raise SystemExit(f"{report['crashes']} crashes")
+               f.slow_clients, f.read_timeout_s, f.attack_rounds,
+               [int(k) for k in f.slow_sockets], f.out or None)
+  if report["crashes"] or report["slow_body_failures"]:
+    raise SystemExit(f"{report['crashes']} crashes, {report['slow_body_failures']} good requests "
+                     f"not answered 200 under slow-body sockets")
 
 
 if __name__ == "__main__":
@@ -484,5 +606,7 @@ if __name__ == "__main__":
   flags.DEFINE_float("read_timeout_s", 2.0, "The servers' read deadline (short for the run).")
   flags.DEFINE_integer("attack_rounds", 1, "Attack phases; the last is reported as `attack` "
                        "(earlier ones compile the sampler shapes merged requests reach).")
+  flags.DEFINE_list("slow_sockets", ["80", "400"], "Slow-body attacks: sockets held at once "
+                    "(each sends headers and 1 of 100 body bytes, reopened when cut).")
   flags.DEFINE_string("out", "benchmarks/results/server_fuzz.json", "JSON report ('' for none).")
   app.run(main)

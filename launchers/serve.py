@@ -3,6 +3,8 @@
   python -m launchers.serve --model=assets/toy_qwen3 [--host=127.0.0.1 --port=8000 --max_batch=64]
   curl -s localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}],
                                                   "max_tokens": 16, "temperature": 0}'
+  # also /v1/completions ({"prompt": ...}), /v1/models, and "stream": true (server-sent events);
+  # the official client works: openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
 
 Any folder `morse_jax.llm.load` reads works (safetensors + config.json + a tokenizer with a chat
 template). Requests queued together are merged into one sampler call. Judges connect with
@@ -15,8 +17,8 @@ or peft's save_pretrained) are served next to the base model, as vLLM's --lora-m
   # a request with "model": "executor" runs through that adapter; any other name: the base model
 Stop with Ctrl-C or SIGTERM (graceful: no new connections, queued requests answered, the
 generating thread joined, exit 0). Every `ChatLimits` field is a flag (--max_body_bytes,
---max_connections, --read_timeout_s, --max_queue, --max_prompt_chars, --max_tokens, --max_n,
---chunk_tokens, ...).
+--max_connections, --read_timeout_s, --max_incomplete, --max_incomplete_per_address, --max_queue,
+--max_prompt_chars, --max_tokens, --max_n, --chunk_tokens, ...).
 """
 
 from __future__ import annotations
@@ -64,25 +66,41 @@ def adapter_chats(model, specs, seed: int) -> dict:
   return out
 
 
+def build_server(model_dir: str, *, served_model_name: str | None = None, dtype: str | None = None,
+                 lora_modules=(), seed: int = 0, host: str = "127.0.0.1", port: int = 8000,
+                 max_batch: int = 64, default_max_tokens: int = 512, verbose: bool = False,
+                 limits=None):
+  """The bound chat server `main` serves (what tests start in-process): the model folder, its
+  adapters, `serving.make_server`."""
+  from apex_jax.judges import InProcessChat, serving
+  from apex_jax.judges.protocol import ChatLimits
+  from morse_jax import llm
+
+  model = llm.load(model_dir, dtype=dtype)
+  name = served_model_name or os.path.basename(os.path.normpath(model_dir))
+  print(f"{model_dir}: {model.config.num_layers} layers, vocab {model.config.vocab_size}")
+  chat = InProcessChat(model, seed=seed)
+  adapters = adapter_chats(model, lora_modules, seed)
+  limits = limits or ChatLimits(max_batch=max_batch)
+  for adapter in adapters:
+    print(f"adapter {adapter}: {adapters[adapter].route.lora}")
+  return serving.make_server(chat, name, host, port, max_batch=max_batch,
+                             default_max_tokens=default_max_tokens, verbose=verbose,
+                             adapters=adapters, limits=limits)
+
+
 def main(argv):
   del argv
-  from apex_jax.judges import InProcessChat, serving
   from apex_jax.tools.http import serve_until_stopped
-  from morse_jax import llm
   from morse_jax.mas.pipeline import banner
 
   banner("load model")
-  model = llm.load(_MODEL.value, dtype=_DTYPE.value)
-  name = _NAME.value or os.path.basename(os.path.normpath(_MODEL.value))
-  print(f"{_MODEL.value}: {model.config.num_layers} layers, vocab {model.config.vocab_size}")
-  chat = InProcessChat(model, seed=_SEED.value)
-  adapters = adapter_chats(model, _LORA.value, _SEED.value)
-  srv = serving.make_server(chat, name, _HOST.value, _PORT.value, max_batch=_MAX_BATCH.value,
-                            default_max_tokens=_MAX_TOKENS.value, verbose=_VERBOSE.value,
-                            adapters=adapters, limits=_LIMITS(max_batch=_MAX_BATCH.value))
-  for adapter in adapters:
-    print(f"adapter {adapter}: {adapters[adapter].route.lora}")
-  banner(f"serving {name} at {srv.url}/v1")
+  srv = build_server(_MODEL.value, served_model_name=_NAME.value, dtype=_DTYPE.value,
+                     lora_modules=_LORA.value, seed=_SEED.value, host=_HOST.value,
+                     port=_PORT.value, max_batch=_MAX_BATCH.value,
+                     default_max_tokens=_MAX_TOKENS.value, verbose=_VERBOSE.value,
+                     limits=_LIMITS(max_batch=_MAX_BATCH.value))
+  banner(f"serving {srv.model_name} at {srv.url}/v1")
 
   try:
     serve_until_stopped(srv)

@@ -7,7 +7,8 @@
 The query encoder is the model named in the index's meta.json unless --model overrides it (it must
 have the same dimension). GET /health reports the index. Stop with Ctrl-C or SIGTERM (graceful:
 queued requests are answered, exit 0). Every `SearchLimits` field is a flag (--max_body_bytes,
---max_connections, --read_timeout_s, --max_queue, --max_queries, --max_query_chars, ...).
+--max_connections, --read_timeout_s, --max_incomplete, --max_incomplete_per_address, --max_queue,
+--max_queries, --max_query_chars, ...).
 """
 
 from __future__ import annotations

@@ -5,12 +5,20 @@ server would coerce (a string "5" for max_tokens) we reject instead. Numbers mus
 and Infinity parse as JSON extensions and are refused by name), strings valid Unicode (no lone
 surrogates), and the request small: `ChatLimits` bounds the body, JSON depth and number size, the
 messages' characters (checked before any tokenizing), max_tokens and n. A client's own
-`chat_template` (or any argument of the template call itself) is refused: a template is code.
+`chat_template` (top level, or in chat_template_kwargs, or any argument of the template call
+itself) is refused: a template is code.
+
+Every field is implemented or refused, never silently ignored: a field of OpenAI's schema that
+this server does not implement is 400 naming it (`tools`, `seed`, `logprobs`, a
+`response_format` other than text, ...) unless it has its no-op value (`presence_penalty: 0`,
+`logprobs: false`, `tool_choice: "none"`, ...) or is null (OpenAI's "not given"); a field outside
+the schema is 400 as unknown.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 from apex_jax.tools.http import HttpLimits, check_text, describe, load_json
@@ -60,6 +68,54 @@ class ChatRequest:
   stop: tuple[str, ...] = ()
   model: str | None = None
   chat_template_kwargs: dict | None = None
+  stream: bool = False  # answer as server-sent events (chat.completion.chunk objects)
+  include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+  prompts: tuple[str, ...] = ()  # /v1/completions: the plain-text prompts (no chat template)
+
+
+# OpenAI's chat/completions request fields this server does not implement, with the value(s)
+# that change nothing (accepted); any other non-null value is 400 naming the field
+_NO_OP = object()
+UNIMPLEMENTED_CHAT = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
+    "logprobs": (False,), "top_logprobs": (0,), "tool_choice": ("none",), "tools": ([],),
+    "functions": ([],), "function_call": ("none",), "parallel_tool_calls": (_NO_OP,),
+    "seed": (_NO_OP,), "user": (_NO_OP,), "store": (False,), "metadata": (_NO_OP,),
+    "modalities": (["text"],), "audio": (_NO_OP,), "prediction": (_NO_OP,),
+    "reasoning_effort": (_NO_OP,), "service_tier": ("auto", "default"), "verbosity": (_NO_OP,),
+    "web_search_options": (_NO_OP,), "prompt_cache_key": (_NO_OP,),
+    "safety_identifier": (_NO_OP,), "response_format": ({"type": "text"},)}
+IMPLEMENTED_CHAT = frozenset({
+    "messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
+    "stop", "stream", "stream_options", "chat_template_kwargs"})
+# /v1/completions (legacy): its own schema
+UNIMPLEMENTED_COMPLETION = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
+    "logprobs": (0,), "echo": (False,), "suffix": ("",), "seed": (_NO_OP,), "user": (_NO_OP,),
+    "best_of": (1,)}
+IMPLEMENTED_COMPLETION = frozenset({
+    "prompt", "model", "max_tokens", "temperature", "top_p", "n", "stop", "stream",
+    "stream_options"})
+
+
+def _check_fields(req: dict, implemented: frozenset, unimplemented: dict, where: str) -> None:
+  """400 for the first field that is neither implemented nor null nor a no-op value."""
+  for field, value in req.items():
+    if field in implemented or value is None:
+      continue
+    _text(field, "a field name", None)
+    if field == "chat_template":
+      raise ApiError(400, f"field 'chat_template' refused: a client's chat template is not "
+                          f"accepted (the server renders its own); got {_describe(value)}", field)
+    if field not in unimplemented:
+      raise ApiError(400, f"unknown field {field[:60]!r} for {where}", field[:60])
+    if not any(value == ok and type(value) is type(ok) or (
+        isinstance(ok, float) and type(value) is int and value == ok)
+        for ok in unimplemented[field] if ok is not _NO_OP):
+      noop = [json.dumps(ok) for ok in unimplemented[field] if ok is not _NO_OP]
+      allowed = f" (accepted: null or {' / '.join(noop)})" if noop else " (accepted: null)"
+      raise ApiError(400, f"field '{field}' is not supported by this server{allowed}, got "
+                          f"{_describe(value)}", field)
 
 
 _describe = describe
@@ -196,27 +252,87 @@ def parse_chat_request(body: bytes, default_max_tokens: int, max_n: int | None =
   limits = limits or ChatLimits()
   max_n = max_n or limits.max_n
   max_tokens_limit = max_tokens_limit or limits.max_tokens
+  req = _load(body, limits)
+  _check_fields(req, IMPLEMENTED_CHAT, UNIMPLEMENTED_CHAT, "/v1/chat/completions")
+  kwargs = _template_kwargs(req)
+  field = "max_tokens" if req.get("max_tokens") is not None else "max_completion_tokens"
+  stream, include_usage = _stream(req)
+  return ChatRequest(
+      messages=_messages(req, limits),
+      max_tokens=_integer(req, field, default_max_tokens, max_tokens_limit),
+      temperature=_number(req, "temperature", 1.0, 0.0, 2.0),
+      top_p=_number(req, "top_p", 1.0, 0.0, 1.0, low_open=True),
+      n=_integer(req, "n", 1, max_n), stop=_stop(req), model=_model(req),
+      chat_template_kwargs=kwargs, stream=stream, include_usage=include_usage)
+
+
+def parse_completion_request(body: bytes, default_max_tokens: int, max_n: int | None = None,
+                             limits: ChatLimits | None = None) -> ChatRequest:
+  """A /v1/completions body (`prompt`: a string or a list of strings, completed as plain text
+  without the chat template) -> ChatRequest with `prompts` set, or ApiError(400). The rows asked
+  for, prompts times n, are at most max_n."""
+  limits = limits or ChatLimits()
+  max_n = max_n or limits.max_n
+  req = _load(body, limits)
+  _check_fields(req, IMPLEMENTED_COMPLETION, UNIMPLEMENTED_COMPLETION, "/v1/completions")
+  prompt = req.get("prompt")
+  prompts = [prompt] if isinstance(prompt, str) else prompt
+  if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+    raise ApiError(400, f"field 'prompt' must be a string or a non-empty list of strings, got "
+                        f"{_describe(prompt)}", "prompt")
+  chars = 0
+  for i, p in enumerate(prompts):
+    _text(p, f"prompt[{i}]", "prompt")
+    chars += len(p)
+    if chars > limits.max_prompt_chars:
+      raise ApiError(400, f"prompt has more than {limits.max_prompt_chars} characters (at "
+                          f"prompt[{i}]); the prompt is too long", "prompt")
+  n = _integer(req, "n", 1, max_n)
+  if len(prompts) * n > max_n:
+    raise ApiError(400, f"{len(prompts)} prompts x n {n} = {len(prompts) * n} completions; at "
+                        f"most {max_n}", "prompt")
+  stream, include_usage = _stream(req)
+  return ChatRequest(
+      messages=[], max_tokens=_integer(req, "max_tokens", default_max_tokens, limits.max_tokens),
+      temperature=_number(req, "temperature", 1.0, 0.0, 2.0),
+      top_p=_number(req, "top_p", 1.0, 0.0, 1.0, low_open=True), n=n, stop=_stop(req),
+      model=_model(req), stream=stream, include_usage=include_usage, prompts=tuple(prompts))
+
+
+def _load(body: bytes, limits: ChatLimits) -> dict:
   try:
     req = load_json(body, limits.max_json_depth, limits.max_number_digits)
   except ValueError as e:
     raise ApiError(400, str(e), "body") from None
   if not isinstance(req, dict):
     raise ApiError(400, f"expected a JSON object, got {_describe(req)}", None)
-  if req.get("stream"):
-    raise ApiError(400, f"field 'stream' is not supported, got {_describe(req['stream'])}",
-                   "stream")
+  return req
+
+
+def _model(req: dict) -> str | None:
   model = req.get("model")
   if model is not None and (not isinstance(model, str) or len(model) > 256):
     raise ApiError(400, f"field 'model' must be a string of at most 256 characters, got "
                         f"{_describe(model)}", "model")
   if model is not None:
     _text(model, "field 'model'", "model")
-  kwargs = _template_kwargs(req)
-  field = "max_tokens" if req.get("max_tokens") is not None else "max_completion_tokens"
-  return ChatRequest(
-      messages=_messages(req, limits),
-      max_tokens=_integer(req, field, default_max_tokens, max_tokens_limit),
-      temperature=_number(req, "temperature", 1.0, 0.0, 2.0),
-      top_p=_number(req, "top_p", 1.0, 0.0, 1.0, low_open=True),
-      n=_integer(req, "n", 1, max_n), stop=_stop(req), model=model,
-      chat_template_kwargs=kwargs)
+  return model
+
+
+def _stream(req: dict) -> tuple[bool, bool]:
+  """(stream, include_usage) from `stream` and `stream_options` ({"include_usage": bool})."""
+  stream = req.get("stream")
+  if stream is not None and not isinstance(stream, bool):
+    raise ApiError(400, f"field 'stream' must be true or false, got {_describe(stream)}",
+                   "stream")
+  options = req.get("stream_options")
+  if options is None:
+    return bool(stream), False
+  if not stream:
+    raise ApiError(400, "field 'stream_options' is only allowed with stream: true",
+                   "stream_options")
+  if not isinstance(options, dict) or set(options) - {"include_usage"} or not isinstance(
+      options.get("include_usage", False), bool):
+    raise ApiError(400, f"field 'stream_options' must be {{\"include_usage\": bool}}, got "
+                        f"{_describe(options)}", "stream_options")
+  return True, options.get("include_usage", False)

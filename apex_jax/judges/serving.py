@@ -1,17 +1,25 @@
 """An OpenAI-compatible chat server over `InProcessChat`, standard library only.
 
 POST /v1/chat/completions  {"messages": [{"role", "content"}, ...], "max_tokens"?, "temperature"?,
-                            "top_p"?, "n"?, "stop"?, "model"?, "chat_template_kwargs"?}
+                            "top_p"?, "n"?, "stop"?, "model"?, "chat_template_kwargs"?,
+                            "stream"?, "stream_options"?}
   -> {"id", "object": "chat.completion", "created", "model",
       "choices": [{"index", "message": {"role": "assistant", "content"}, "finish_reason"}],
       "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}
+POST /v1/completions  {"prompt": str | [str, ...], "max_tokens"?, ... as above but messages}
+  -> {"id", "object": "text_completion", "created", "model",
+      "choices": [{"index", "text", "logprobs": null, "finish_reason"}], "usage"}
+     (the prompt as plain text, no chat template; choice index = prompt index * n + row)
 GET /v1/models  -> {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}
 GET /health     -> {"status": "ok", "model": ...}
 
-Errors use OpenAI's shape `{"error": {"message", "type", "param"}}`: 400 naming the field and
-value, 404 unknown path, 405 wrong method, 411/413 body length; 500 on an internal error, after
-which the server keeps serving. `model` is accepted whatever it names (the APEx authors' clients
-send "qwen"); replies carry the served name. `stream` is refused (400).
+With "stream": true either POST answers server-sent events (`streaming`): text is sent as each
+turn of generation (at most `ChatLimits.chunk_tokens` new tokens per row) ends, not token by
+token. Errors use OpenAI's shape `{"error": {"message", "type", "param"}}`: 400 naming the field
+and value (fields this server does not implement included, see `protocol`), 404 unknown path,
+405 wrong method, 411/413 body length; 500 on an internal error, after which the server keeps
+serving. `model` is accepted whatever it names (the APEx authors' clients send "qwen"); replies
+carry the served name.
 
 Requests queued together with the same temperature and top_p are merged into one sampler call
 (as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows.
@@ -35,17 +43,21 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import queue
 import time
 import uuid
 
 from apex_jax.judges.chat import JudgeRequestError
 from apex_jax.judges.inprocess import Completion, InProcessChat
-from apex_jax.judges.protocol import ApiError, ChatLimits, ChatRequest, parse_chat_request
+from apex_jax.judges.protocol import (ApiError, ChatLimits, ChatRequest, parse_chat_request,
+                                      parse_completion_request)
+from apex_jax.judges.streaming import ChunkWriter, Deltas
 from apex_jax.tools.http import BodyError, JsonHandler, JsonServer, QueueWorker, Unavailable
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = ChatLimits.max_body_bytes
-_ROUTES = {"/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
+_ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET",
+           "/health": "GET"}
 
 
 @dataclasses.dataclass(eq=False)
@@ -56,6 +68,8 @@ class _Job:
   req: ChatRequest
   chat: InProcessChat
   future: object
+  updates: object = None  # a queue that gets (tag, rows so far) after each unfinished turn
+  tag: int = 0
   rows: list = dataclasses.field(default_factory=list)
   done: list = dataclasses.field(default_factory=list)
   turns: int = 0
@@ -91,9 +105,16 @@ class ChatBatcher(QueueWorker):
   def submit(self, prompt: list[int], req: ChatRequest,
              chat: InProcessChat | None = None) -> list[Completion]:
     """chat: the route that generates (default: the batcher's own)."""
+    return self.start(prompt, req, chat).result()
+
+  def start(self, prompt: list[int], req: ChatRequest, chat: InProcessChat | None = None,
+            updates: queue.SimpleQueue | None = None, tag: int = 0) -> concurrent.futures.Future:
+    """Queues a request; its Future gets the completions. With `updates`, each turn that
+    leaves it unfinished puts `(tag, [token ids so far per row])` there. Cancelling the Future
+    (a client gone) drops the request at its next turn."""
     future = concurrent.futures.Future()
-    self._put(_Job(list(prompt), req, chat or self.chat, future))
-    return future.result()
+    self._put(_Job(list(prompt), req, chat or self.chat, future, updates, tag))
+    return future
 
   def _room(self, items) -> bool:
     return sum(len(j.active()) for j in items) < self.max_batch
@@ -150,10 +171,14 @@ class ChatBatcher(QueueWorker):
       job.done[i] = ended
     for job in jobs:
       job.turns += 1
+      if job.future.done():  # cancelled while generating: its client is gone
+        continue
       if all(job.done):
         job.future.set_result([chat.completion(r, len(job.prompt), job.req.stop)
                                for r in job.rows])
       else:
+        if job.updates is not None:
+          job.updates.put((job.tag, [list(r) for r in job.rows]))
         self.requeued += 1
         self._requeue(job)
     return True
@@ -184,27 +209,69 @@ class ChatServer(JsonServer):
     self.batcher = ChatBatcher(chat, max_batch or limits.max_batch, limits.max_queue,
                                limits.chunk_tokens)
 
-  def complete(self, req: ChatRequest) -> dict:
-    """The response body of a parsed request (raises ApiError on a bad prompt)."""
+  def prepare(self, req: ChatRequest) -> tuple[str, InProcessChat, list[list[int]]]:
+    """(served name, route, token prompts) of a parsed request: the chat template's one prompt,
+    or /v1/completions' plain-text prompts; ApiError on a bad or too long prompt."""
     name = req.model if req.model in self.adapters else self.model_name
     chat = self.adapters.get(name, self.chat)
+    field = "prompt" if req.prompts else "messages"
     try:
-      prompt = chat.prompt_tokens(req.messages, req.chat_template_kwargs)
+      if req.prompts:
+        prompts = [chat.model.tokenizer.encode(p) for p in req.prompts]
+      else:
+        prompts = [chat.prompt_tokens(req.messages, req.chat_template_kwargs)]
     except JudgeRequestError as e:
-      raise ApiError(400, str(e)[:500], "messages") from None
+      raise ApiError(400, str(e)[:500], field) from None
+    for prompt in prompts:
+      if not prompt:
+        raise ApiError(400, "the prompt is empty (0 tokens)", field)
+      try:
+        chat.check_length(prompt, req.max_tokens)
+      except JudgeRequestError as e:  # blame the prompt when it alone fills the context
+        too_long = len(prompt) >= chat.max_context
+        raise ApiError(400, str(e), field if too_long else "max_tokens") from None
+    return name, chat, prompts
+
+  def start(self, req: ChatRequest, chat: InProcessChat, prompts: list[list[int]],
+            updates: queue.SimpleQueue | None = None) -> list[concurrent.futures.Future]:
+    """One batcher job per prompt (tagged with its index); all cancelled when one cannot be
+    queued (Unavailable is raised)."""
+    futures = []
     try:
-      chat.check_length(prompt, req.max_tokens)
-    except JudgeRequestError as e:  # blame the prompt when it alone fills the context
-      too_long = len(prompt) >= chat.max_context
-      raise ApiError(400, str(e), "messages" if too_long else "max_tokens") from None
-    done = self.batcher.submit(prompt, req, chat)
-    used = sum(c.completion_tokens for c in done)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": name,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
-                         "finish_reason": c.finish_reason} for i, c in enumerate(done)],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": used,
-                      "total_tokens": len(prompt) + used}}
+      for k, prompt in enumerate(prompts):
+        futures.append(self.batcher.start(prompt, req, chat, updates, k))
+    except Unavailable:
+      for f in futures:
+        f.cancel()
+      raise
+    return futures
+
+  def complete(self, req: ChatRequest) -> dict:
+    """The response body of a parsed request (raises ApiError on a bad prompt)."""
+    name, chat, prompts = self.prepare(req)
+    done = [c for f in self.start(req, chat, prompts) for c in f.result()]
+    return self.body(req, name, prompts, done)
+
+  @staticmethod
+  def body(req: ChatRequest, name: str, prompts, done: list[Completion]) -> dict:
+    if req.prompts:
+      head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion"}
+      choices = [{"index": i, "text": c.text, "logprobs": None,
+                  "finish_reason": c.finish_reason} for i, c in enumerate(done)]
+    else:
+      head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
+      choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
+                  "finish_reason": c.finish_reason} for i, c in enumerate(done)]
+    return {**head, "created": int(time.time()), "model": name, "choices": choices,
+            "usage": usage(prompts, done)}
+
+
+def usage(prompts, done) -> dict:
+  """OpenAI's usage: each prompt counted once (n rows share it), every generated token."""
+  prompt_tokens = sum(len(p) for p in prompts)
+  used = sum(c.completion_tokens for c in done)
+  return {"prompt_tokens": prompt_tokens, "completion_tokens": used,
+          "total_tokens": prompt_tokens + used}
 
 
 class _Handler(JsonHandler):
@@ -239,10 +306,17 @@ class _Handler(JsonHandler):
   def do_POST(self):
     if not self._route("POST"):
       return
+    srv = self.server
     try:
-      req = parse_chat_request(self._read_body(), self.server.default_max_tokens,
-                               self.server.max_n, limits=self.server.limits)
-      return self._send(200, self.server.complete(req))
+      if self.path.split("?")[0] == "/v1/completions":
+        req = parse_completion_request(self._read_body(), srv.default_max_tokens, srv.max_n,
+                                       limits=srv.limits)
+      else:
+        req = parse_chat_request(self._read_body(), srv.default_max_tokens, srv.max_n,
+                                 limits=srv.limits)
+      if req.stream:
+        return self._stream(req)
+      return self._send(200, srv.complete(req))
     except ApiError as e:
       return self._error(e)
     except Unavailable as e:
@@ -251,6 +325,56 @@ class _Handler(JsonHandler):
       log.error("chat server: generation failed: %s: %.200s", type(e).__name__, e)
       return self._error(ApiError(500, f"internal error: {type(e).__name__}: {str(e)[:200]}",
                                   None, "server_error"))
+
+  def _stream(self, req: ChatRequest) -> None:
+    """Server-sent events for `req` (see `streaming`): errors before the first byte are
+    answered as usual; after it, as one error event. A client that hangs up cancels its rows."""
+    srv = self.server
+    name, chat, prompts = srv.prepare(req)
+    updates = queue.SimpleQueue()
+    futures = srv.start(req, chat, prompts, updates)
+    srv.count(200)
+    try:
+      self.send_response(200)
+      self.send_header("Content-Type", "text/event-stream")
+      self.send_header("Cache-Control", "no-cache")
+      self.send_header("Connection", "close")
+      self.end_headers()
+      prefix = "chatcmpl" if not req.prompts else "cmpl"
+      out = ChunkWriter(self.wfile.write, not req.prompts, f"{prefix}-{uuid.uuid4().hex}",
+                        int(time.time()), name)
+      deltas, n = Deltas(len(prompts) * req.n), req.n
+      for i in range(len(prompts) * n):
+        out.role(i)
+      while True:  # every turn's update is queued before the request's Future is set
+        finished = all(f.done() for f in futures)
+        try:
+          k, rows = updates.get_nowait() if finished else updates.get(timeout=0.1)
+        except queue.Empty:
+          if finished:
+            break
+          continue
+        for j, ids in enumerate(rows):
+          text = chat.completion(ids, len(prompts[k]), req.stop).text
+          out.text(k * n + j, deltas.update(k * n + j, text, req.stop))
+      try:
+        done = [c for f in futures for c in f.result()]
+      except Exception as e:  # noqa: BLE001 -- after the headers: an error event
+        status, kind = (503, "server_busy") if isinstance(e, Unavailable) else (500,
+                                                                                "server_error")
+        if status == 500:
+          log.error("chat server: generation failed: %s: %.200s", type(e).__name__, e)
+        out.error(ApiError(status, f"{type(e).__name__}: {str(e)[:200]}", None, kind).payload())
+        return
+      for i, c in enumerate(done):
+        out.text(i, deltas.finish(i, c.text))
+        out.finish(i, c.finish_reason)
+      if req.include_usage:
+        out.usage(usage(prompts, done))
+      out.done()
+    except OSError:  # the client hung up: its rows stop at their next turn
+      for f in futures:
+        f.cancel()
 
   def do_PUT(self):
     self._route("PUT")

@@ -1,16 +1,18 @@
 """What our small JSON-over-HTTP servers share (the search server, the chat server): quiet
 logging unless the server is verbose (one line per error, never a traceback for a client's
 fault), JSON replies that survive a client hanging up, hostile-input guards (bounded bodies,
-JSON depth and number size, lone surrogates), a connection cap (503 beyond it), a deadline for
-reading each request (slow clients are cut off), a bounded work queue (503 when full), graceful
-shutdown (stop accepting, finish what is queued, join the worker), and one worker thread that
-merges queued requests into one model or encoder call."""
+JSON depth and number size, lone surrogates), requests read whole before they get a thread
+(`intake.Intake`: a budget for connections still sending, the longest-waiting cut first, and a
+deadline for each request), a cap on the requests being handled (503 beyond it), a bounded work
+queue (503 when full), graceful shutdown (stop accepting, finish what is queued, join the
+worker), and one worker thread that merges queued requests into one model or encoder call."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
 import dataclasses
+import io
 import json
 import logging
 import queue
@@ -21,6 +23,9 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import ThreadingMixIn
+
+from apex_jax.tools.intake import Intake
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +35,14 @@ class HttpLimits:
   """What every server bounds. Each field is a launcher flag of the same name."""
 
   max_body_bytes: int = 1 << 20  # larger bodies: 413 before reading them
-  max_connections: int = 64  # open connections; more: 503 and closed at once
-  read_timeout_s: float = 10.0  # to send a request's line, headers and body (slowloris: cut)
+  max_connections: int = 64  # requests being handled (each a thread); more: 503
+  read_timeout_s: float = 10.0  # to send a request's line, headers and body (slowloris: 408)
+  # connections still sending their request (no thread yet): over a bound, the address holding
+  # the most loses its longest-stalled partial request (else its longest-waiting connection): 408
+  max_incomplete: int = 256
+  max_incomplete_per_address: int = 64
+  max_incomplete_bytes: int = 64 << 20  # buffered by connections still sending
+  max_header_bytes: int = 65536  # request line + headers; more: 431
   max_queue: int = 256  # requests waiting for the worker; more: 503
   max_json_depth: int = 16  # nesting of the request JSON
   max_number_digits: int = 64  # digits of any JSON number
@@ -125,19 +136,24 @@ def json_depth(value, limit: int) -> int:
 
 
 class JsonHandler(BaseHTTPRequestHandler):
-  """The handler of a `JsonServer`: reading a request (line, headers, body) must end within
-  `limits.read_timeout_s` (the server's watchdog closes the connection otherwise), and every
-  socket operation has that timeout too."""
+  """The handler of a `JsonServer`: one request per connection, already read whole by the
+  server's intake (`rfile` holds its bytes); writing the answer has `limits.read_timeout_s` per
+  socket operation."""
 
   server: "JsonServer"
 
   def setup(self):
     self.timeout = self.server.limits.read_timeout_s  # StreamRequestHandler applies it
     super().setup()
-    self.server.watch(self)
+    data = self.server.take_request_bytes(self.request)
+    if data is not None:
+      self.rfile.close()
+      self.rfile = io.BytesIO(data)
+
+  def handle(self):
+    self.handle_one_request()  # HTTP/1.0: the connection closes after one answer
 
   def finish(self):
-    self.server.unwatch(self)
     try:
       super().finish()
     except OSError:  # the client is gone (or we cut it off): nothing left to flush
@@ -148,7 +164,6 @@ class JsonHandler(BaseHTTPRequestHandler):
       super().log_message(format, *args)
 
   def _send(self, status: int, payload: dict) -> None:
-    self.server.unwatch(self)
     body = json.dumps(payload, ensure_ascii=False).encode("utf-8", "replace")
     self.server.count(status)
     try:
@@ -164,10 +179,18 @@ class JsonHandler(BaseHTTPRequestHandler):
 
   def _body(self, max_bytes: int) -> bytes:
     """The request body; BodyError (411, 400, 413, 408) when Content-Length is missing, not an
-    integer, over `max_bytes`, or the body does not arrive in time."""
-    length = self.headers.get("Content-Length")
-    if length is None:
+    integer, repeated, over `max_bytes`, or the body does not arrive in time. A body sent
+    chunked (Transfer-Encoding) is refused: one framing, never two to disagree on."""
+    lengths = self.headers.get_all("Content-Length") or []
+    if self.headers.get("Transfer-Encoding") is not None:
+      raise BodyError(400, f"Transfer-Encoding {self.headers['Transfer-Encoding'][:40]!r} is not "
+                           f"supported; send Content-Length")
+    if not lengths:
       raise BodyError(411, "missing Content-Length header")
+    if len(lengths) > 1:
+      raise BodyError(400, f"Content-Length given {len(lengths)} times "
+                           f"({', '.join(v[:20] for v in lengths[:4])}); send it once")
+    length = lengths[0]
     try:
       n = int(length) if len(length) <= 20 else None
     except ValueError:
@@ -183,18 +206,48 @@ class JsonHandler(BaseHTTPRequestHandler):
     if len(body) != n:
       raise BodyError(408, f"body ended after {len(body)} of {n} bytes (read timeout "
                            f"{self.server.limits.read_timeout_s:g} s)")
-    self.server.unwatch(self)
     return body
 
 
-LINGER_S = 2.0  # how long a refused connection is read after its 503 (see `_refuse_loop`)
-_REFUSAL = json.dumps({"error": {"message": "too many connections; try again later",
-                                 "type": "server_busy", "param": None}}).encode()
+LINGER_S = 2.0  # how long a refused connection is read after its answer (see `_refuse_loop`)
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large",
+            503: "Service Unavailable"}
+_KINDS = {408: "request_timeout", 431: "invalid_request_error", 503: "server_busy"}
+
+
+def _refusal(status: int, message: str) -> bytes:
+  """A whole HTTP/1.0 answer, in the OpenAI error shape both servers' clients read."""
+  body = json.dumps({"error": {"message": message, "type": _KINDS[status],
+                               "param": None}}).encode()
+  return (f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
+          f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def ensure_fd_limit(limits: HttpLimits, label: str) -> int:
+  """The open-file limit raised (soft, up to the hard one) so that every socket the limits allow
+  fits: the connections still sending, the requests being handled, 256 lingering refusals and
+  64 spare; a warning naming the fields when it cannot be. -> the soft limit."""
+  import resource
+
+  need = limits.max_incomplete + limits.max_connections + 256 + 64
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if soft < need:
+    raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+      resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+      soft = raised
+    except (ValueError, OSError):
+      pass
+  if soft < need:
+    log.warning("%s: open-file limit %d < %d sockets that max_incomplete + max_connections allow; "
+                "accepts past it fail (raise ulimit -n or lower them)", label, soft, need)
+  return soft
 
 
 class JsonServer(ThreadingHTTPServer):
-  """A threaded server that counts its answers, caps its open connections, cuts off clients
-  slower than `limits.read_timeout_s`, and on `server_close` drains its `batcher` (set by the
+  """A threaded server that counts its answers, reads each request whole before it gets a
+  thread (`Intake`: a budget for connections still sending, and `limits.read_timeout_s`), caps
+  the requests being handled (503), and on `server_close` drains its `batcher` (set by the
   subclass after binding) before it returns."""
 
   daemon_threads = True
@@ -208,16 +261,14 @@ class JsonServer(ThreadingHTTPServer):
     self.verbose = verbose
     self.batcher = None
     self.requests = self.errors = 0  # answered requests, and how many of them were 4xx/5xx
-    self.refused = self.timeouts = 0  # connections refused at the cap, and cut off as too slow
+    self.refused = 0  # whole requests refused at the cap of requests being handled
     self.closing = False
     self._lock = threading.Lock()
-    self._open = 0  # connections being handled
+    self._open = 0  # requests being handled
     self._refuser = self._refusals = None
-    self._reading: dict = {}  # handler -> deadline to have read its request
-    self._closed = threading.Event()
-    self._watchdog = threading.Thread(target=self._watch_loop, name=f"{self.label}-watchdog",
-                                      daemon=True)
-    self._watchdog.start()
+    self._request_bytes: dict = {}  # socket -> its request, read whole, until its handler starts
+    ensure_fd_limit(self.limits, self.label)
+    self._intake = Intake(self.limits, self._dispatch, self._answer_intake, f"{self.label}-intake")
 
   @property
   def url(self) -> str:
@@ -229,21 +280,52 @@ class JsonServer(ThreadingHTTPServer):
       self.requests += 1
       self.errors += status >= 400
 
-  # --- connections: a cap, and a deadline to read each request
+  # --- connections: read whole first (the intake), then a thread each, up to a cap
+
+  @property
+  def timeouts(self) -> int:
+    """Connections cut (408) for not sending their request within `read_timeout_s`."""
+    return self._intake.timeouts
+
+  @property
+  def evicted(self) -> int:
+    """Connections cut (408) while still sending, to keep within the incomplete budget."""
+    return self._intake.evicted
+
+  @property
+  def incomplete_connections(self) -> int:
+    return self._intake.incomplete
 
   def process_request(self, request, client_address):
+    """On the accepting thread: the connection waits in the intake until its request is whole."""
+    if self.closing:
+      return self._refuse(request)
+    self._intake.add(request, client_address)
+
+  def _dispatch(self, request, client_address, data: bytes) -> None:
+    """On the intake's thread: a whole request gets a handler thread, or 503 at the cap."""
     with self._lock:
       full = self.closing or self._open >= self.limits.max_connections
       if not full:
         self._open += 1
+        self._request_bytes[request] = data
     if full:
       return self._refuse(request)
     try:
-      super().process_request(request, client_address)
+      ThreadingMixIn.process_request(self, request, client_address)
     except Exception:  # noqa: BLE001 -- could not start a thread: answer as busy
       with self._lock:
         self._open -= 1
+        self._request_bytes.pop(request, None)
       self._refuse(request)
+
+  def take_request_bytes(self, request) -> bytes | None:
+    with self._lock:
+      return self._request_bytes.pop(request, None)
+
+  def _answer_intake(self, request, status: int, message: str) -> None:
+    self.count(status)
+    self._queue_refusal(request, _refusal(status, message))
 
   def process_request_thread(self, request, client_address):
     try:
@@ -253,38 +335,42 @@ class JsonServer(ThreadingHTTPServer):
         self._open -= 1
 
   def _refuse(self, request) -> None:
-    """A 503 from one refuser thread (not the accepting one). Beyond 256 waiting refusals,
-    connections are closed unanswered."""
+    """A 503 from the refuser thread (not the accepting one)."""
     with self._lock:
       self.refused += 1
+    self.count(503)
+    self._queue_refusal(request, _refusal(503, "too many connections; try again later"))
+
+  def _queue_refusal(self, request, answer: bytes) -> None:
+    """`answer` sent by one refuser thread. Beyond 256 waiting refusals, connections are closed
+    unanswered."""
+    with self._lock:
       if self._refuser is None:
         self._refusals = queue.Queue(maxsize=256)
         self._refuser = threading.Thread(target=self._refuse_loop, name=f"{self.label}-refuser",
                                          daemon=True)
         self._refuser.start()
-    self.count(503)
     try:
-      self._refusals.put_nowait(request)
+      self._refusals.put_nowait((request, answer))
     except queue.Full:
       self.shutdown_request(request)
 
   def _refuse_loop(self) -> None:
     """Answers each refused connection, then keeps reading what its client sends (a lingering
     close, up to 256 connections at once on one selector) until the client closes, LINGER_S
-    pass or 64 KiB arrive: closing with unread bytes resets the connection, and a reset can discard the
-    503 before a slow client reads it, or break the send of a client that was still writing."""
+    pass or 64 KiB arrive: closing with unread bytes resets the connection, and a reset can discard
+    the answer before a slow client reads it, or break the send of a client that was still
+    writing."""
     lingering = selectors.DefaultSelector()
     while True:
       try:
-        request = self._refusals.get(timeout=0.05 if lingering.get_map() else None)
+        request, answer = self._refusals.get(timeout=0.05 if lingering.get_map() else None)
       except queue.Empty:
         request = None
       if request is not None:
         try:
           request.settimeout(0.5)
-          request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json"
-                          b"\r\nConnection: close\r\nContent-Length: "
-                          + str(len(_REFUSAL)).encode() + b"\r\n\r\n" + _REFUSAL)
+          request.sendall(answer)
           request.shutdown(socket.SHUT_WR)
           if len(lingering.get_map()) >= 256:  # bounded: past that, closed at once
             raise OSError("too many lingering connections")
@@ -310,32 +396,6 @@ class JsonServer(ThreadingHTTPServer):
   def open_connections(self) -> int:
     return self._open
 
-  def watch(self, handler) -> None:
-    with self._lock:
-      self._reading[handler] = time.monotonic() + self.limits.read_timeout_s
-
-  def unwatch(self, handler) -> None:
-    with self._lock:
-      self._reading.pop(handler, None)
-
-  def _watch_loop(self) -> None:
-    tick = min(0.25, self.limits.read_timeout_s / 4)
-    while not self._closed.wait(tick):
-      now = time.monotonic()
-      with self._lock:
-        late = [h for h, deadline in self._reading.items() if deadline < now]
-        for h in late:
-          del self._reading[h]
-        self.timeouts += len(late)
-      for h in late:
-        try:
-          h.connection.shutdown(socket.SHUT_RDWR)  # its blocked read returns; the thread ends
-        except OSError:
-          pass
-      if late and self.verbose:
-        log.info("%s: closed %d connection(s) slower than %g s", self.label, len(late),
-                 self.limits.read_timeout_s)
-
   # --- errors and shutdown
 
   def handle_error(self, request, client_address):
@@ -348,18 +408,22 @@ class JsonServer(ThreadingHTTPServer):
   def server_close(self):
     """Stops accepting, lets the batcher finish (or answer 503) what is queued within
     `limits.shutdown_grace_s`, joins it, and waits for the handlers to write their answers."""
+    if not hasattr(self, "_intake"):  # binding failed inside __init__
+      return super().server_close()
     with self._lock:
       already, self._drained, self.closing = getattr(self, "_drained", False), True, True
+    self._intake.stop()  # before ThreadingMixIn joins the handler threads the intake starts
     super().server_close()
     if already:
       return
     deadline = time.monotonic() + self.limits.shutdown_grace_s
     if self.batcher is not None:
       self.batcher.close(self.limits.shutdown_grace_s)
-    while self._open and time.monotonic() < deadline + 5:
+    # every queued request now has its answer (a round in progress may outlast the grace): 5 s
+    # more for the handlers to write them
+    deadline = max(deadline, time.monotonic()) + 5
+    while self._open and time.monotonic() < deadline:
       time.sleep(0.02)
-    self._closed.set()
-    self._watchdog.join(timeout=5)
 
 
 class QueueWorker:

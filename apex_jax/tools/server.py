@@ -9,9 +9,9 @@ Matches `QueryRequest` and `retrieve_endpoint` of Search-R1's FastAPI server
 (PeterGriffinJin/Search-R1 search_r1/search/retrieval_server.py, read in the fork
 MaoXiaoYuZ/Search-R1; the request/response example is upstream's
 search_r1/search/retrieval_request.py; the APEx authors run that server, J-Ding519/APEx README.md
-"Offline Text Search"): `topk` missing, null or 0 means the server's default; `return_scores`
-defaults to false. Where FastAPI/pydantic would coerce ("3" for topk) we answer 400 naming the
-field and value instead. A malformed request never takes the
+"Offline Text Search"): `topk` missing or null means the server's default; `return_scores`
+defaults to false. Where FastAPI/pydantic would coerce ("3" for topk) or upstream would read 0 as
+its default we answer 400 naming the field and value instead (`topk` >= 1). A malformed request never takes the
 server down: 400 (or 404/411/413) with `{"error": ..., "field": ...}`, 500 on an internal error.
 
 Concurrent requests are coalesced: one worker thread embeds and searches everything queued at
@@ -19,8 +19,8 @@ that moment in one encoder call and one faiss search (no added wait when a reque
 Each request is validated on its own before it is merged (lone surrogates, query length, JSON
 depth and number size: 400 naming the field), and when a merged call still fails each request is
 retried alone, so a bad request never fails the requests batched with it. `SearchLimits` holds
-every bound (body size 413, connections 503, read timeout, queue 503, queries per request and per
-encoder call).
+every bound (body size 413, requests being handled 503, read deadline and the budget of
+connections still sending 408, queue 503, queries per request and per encoder call).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def parse_request(body: bytes, default_topk: int, max_topk: int | None = None,
     if bad:
       raise RequestError("queries", f"{bad}: {_describe(q)}")
   topk = req.get("topk")
-  if topk is None or (type(topk) is int and topk == 0):
+  if topk is None:
     topk = default_topk
   elif not isinstance(topk, int) or isinstance(topk, bool):
     raise RequestError("topk", f"field 'topk' must be an integer, got {_describe(topk)}")

@@ -75,6 +75,18 @@ BAD = [
     ({"chat_template_kwargs": {"x": "v" * 300}}, "chat_template_kwargs", "256 characters"),
     ({"chat_template_kwargs": {"not an id": 1}}, "chat_template_kwargs", "identifier"),
     ({"chat_template_kwargs": []}, "chat_template_kwargs", "must be an object"),
+    ({"chat_template": "{% for a in range(9999) %}x{% endfor %}"}, "chat_template",
+     "field 'chat_template' refused: a client's chat template is not accepted"),
+    ({"response_format": {"type": "json_object"}}, "response_format",
+     "not supported by this server \\(accepted: null or {\"type\": \"text\"}\\)"),
+    ({"tools": [{"type": "function"}]}, "tools", "'tools' is not supported"),
+    ({"tool_choice": "auto"}, "tool_choice", "accepted: null or \"none\""),
+    ({"logprobs": True}, "logprobs", "accepted: null or false"),
+    ({"presence_penalty": 0.5}, "presence_penalty", "got float 0.5"),
+    ({"seed": 7}, "seed", "accepted: null\\), got int 7"),
+    ({"top_k": 5}, "top_k", "unknown field 'top_k' for /v1/chat/completions"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
+    ({"stream": True, "stream_options": {"x": 1}}, "stream_options", "include_usage"),
 ]
 
 

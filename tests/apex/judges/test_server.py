@@ -137,7 +137,7 @@ def test_queued_requests_are_merged_into_one_sampler_call(server):
     ({"messages": MSG, "top_p": 0}, "top_p", "got 0"),
     ({"messages": MSG, "n": 5}, "n", "got 5"),
     ({"messages": MSG, "stop": [1]}, "stop", "list of at most 4 strings"),
-    ({"messages": MSG, "stream": True}, "stream", "not supported"),
+    ({"messages": MSG, "stream": "yes"}, "stream", 'must be true or false, got str "yes"'),
     ({"messages": [{"role": "user", "content": "w1 " * 80}], "max_tokens": 4}, "messages",
      "exceeds the context")])
 def test_bad_requests_are_400_naming_the_field(server, body, param, match):
@@ -149,8 +149,11 @@ def test_bad_requests_are_400_naming_the_field(server, body, param, match):
 
 def test_protocol_errors_and_info_endpoints(server):
   assert post(server, None, raw=b"{not json")[0] == 400
-  status, out = post(server, None, "/v1/completions")
+  status, out = post(server, None, "/v1/embeddings")
   assert status == 404 and out["error"]["type"] == "not_found_error"
+  status, out = post(server, {"prompt": 3}, "/v1/completions")
+  assert status == 400 and out["error"]["param"] == "prompt", out
+  assert post(server, None, "/v1/completions", "GET")[0] == 405
   assert post(server, None, "/v1/chat/completions", "GET")[0] == 405
   assert post(server, {}, "/health")[0] == 405
   assert post(server, None, "/v1/models", "DELETE")[0] == 405

@@ -197,23 +197,29 @@ def test_shutdown_grace_over_answers_the_rest_503(retriever):
   assert not srv.batcher._thread.is_alive()
 
 
-def test_connection_cap_answers_503_and_recovers(srv):
-  idle = [socket.create_connection(srv.server_address[:2], timeout=5) for _ in range(4)]
-  try:
-    wait_until(lambda: srv.open_connections == 4)
-    status, out = post(srv, b'{"queries": ["x"]}')
-    assert status == 503 and "too many connections" in out["error"]["message"]
-    assert srv.refused >= 1
-  finally:
-    for s in idle:
-      s.close()
-  wait_until(lambda: srv.open_connections == 0)
-  assert post(srv, b'{"queries": ["x"]}')[0] == 200
+def test_cap_on_requests_being_handled_answers_503_and_recovers(retriever):
+  """Idle or slow connections hold no thread (see test_intake); whole requests do, up to
+  max_connections: the 5th while 4 wait on the encoder is 503."""
+  gated = Gated(retriever)
+  limits = server.SearchLimits(max_connections=4, max_queue=8)
+  with server.running(server.make_server(gated, "127.0.0.1", 0, limits=limits)) as s:
+    out = {}
+    threads = [background_post(s, {"queries": [f"q{i}"]}, out, i) for i in range(4)]
+    wait_until(lambda: s.open_connections == 4)
+    status, body = post(s, b'{"queries": ["x"]}')
+    assert status == 503 and "too many connections" in body["error"]["message"]
+    assert s.refused == 1
+    gated.gate.set()
+    for t in threads:
+      t.join(timeout=30)
+    assert [out[i][0] for i in range(4)] == [200] * 4
+    wait_until(lambda: s.open_connections == 0)
+    assert post(s, b'{"queries": ["x"]}')[0] == 200
 
 
 def test_slow_clients_are_cut_off_at_the_read_deadline(srv):
-  """slowloris: a header byte every 0.1 s would hold a thread forever; the deadline (0.6 s for
-  the request line, headers and body together) closes it."""
+  """slowloris: a header byte every 0.1 s would hold a connection forever; the deadline (0.6 s
+  for the request line, headers and body together) answers it 408 and closes it."""
   start = time.monotonic()
   closed_after = None
   with socket.create_connection(srv.server_address[:2], timeout=10) as s:
@@ -223,7 +229,8 @@ def test_slow_clients_are_cut_off_at_the_read_deadline(srv):
         time.sleep(0.1)
         s.setblocking(False)
         try:
-          if s.recv(1) == b"":
+          reply = s.recv(4096)
+          if reply == b"" or reply.startswith(b"HTTP/1.0 408"):
             closed_after = time.monotonic() - start
             break
         except BlockingIOError:
@@ -268,19 +275,25 @@ def test_one_log_line_per_error_and_none_for_client_errors(retriever, caplog):
 
 def test_fuzz_short_run_has_no_crashes():
   """benchmarks.server_fuzz, a few seconds on the search server: good requests keep getting
-  200 under hostile ones, none is left unanswered, slow clients are cut."""
+  200 under hostile ones, none is left unanswered, slow clients are cut, and every good request
+  is answered 200 while 80 slow-body sockets hold."""
   from benchmarks import server_fuzz
 
   # clients and server share one GIL here: a read deadline much under a second cuts good
   # clients that a hostile thread's parsing kept from sending (seen on a loaded CI machine)
   report = server_fuzz.run(("search",), requests=30, seconds=2.0, concurrency=4,
-                           hostile_threads=2, slow_clients=2, read_timeout_s=1.0)
+                           hostile_threads=2, slow_clients=2, read_timeout_s=1.0,
+                           slow_sockets=(80,))
   r = report["servers"]["search"]
   assert report["crashes"] == 0 and r["health_after"] == 200
   assert r["attack"]["statuses"].get(200, 0) >= 1 and r["hostile_tried"] > 0
   assert r["hostile"]["lone_surrogate"].get("400", 0) >= 1
   assert set(r["attack"]["statuses"]) <= {200, 503}  # never a 500, never unanswered
-  assert r["server_counts"]["timeouts"] >= 1  # slowloris clients cut at the read deadline
+  counts = r["server_counts"]  # slowloris clients cut: at the deadline, or evicted by floods
+  assert counts["timeouts"] + counts["evicted"] >= 2
+  slow = r["slow_bodies"]["80"]  # 80 slow-body sockets, past the per-address budget of 64
+  assert slow["statuses"] == {200: slow["tried"]} and slow["tried"] >= 1, slow
+  assert report["slow_body_failures"] == 0 and counts["evicted"] >= 16
   json.dumps(report)  # what --out writes
 
 
