@@ -3,6 +3,8 @@
 accelerators.
 
   python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
+  python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,tpu_v5e8 \
+      --config.train.micro_batches=2 --config.train.remat=False   # another layout
   python -m launchers.fit --config=configs/apex/paper.py --stage=planner --mesh=8x1
 
 Shapes (morse_jax.rl.aot.RunShapes): one update of `--nodes` nodes (default: the tasks of a
@@ -34,7 +36,6 @@ _MODEL = flags.DEFINE_string("model", "", "architecture name in aot.ARCHITECTURE
                              "config.model.name; APEx: Qwen3-8B)")
 _STAGE = flags.DEFINE_string("stage", "planner", "APEx: the stage whose batch is measured")
 _MESH = flags.DEFINE_string("mesh", "", "DATAxMODEL (default: config.mesh; APEx: 8x1)")
-_MICRO = flags.DEFINE_integer("micro_batches", 0, "override the config's micro-batches (0: keep)")
 _COMPILE = flags.DEFINE_bool("compile", True, "False: the analytical bytes only")
 _OUT = flags.DEFINE_string("out", "", "a JSON file to add this run's entry to")
 _NAME = flags.DEFINE_string("name", "", "the entry's name in --out (default: from the config)")
@@ -72,16 +73,12 @@ def _mesh_shape(default):
 
 def _morse(config):
   """(name, LlmConfig, LoraConfig, RouterConfig | None, StepConfig, RunShapes, (data, model))."""
-  import dataclasses
-
   from morse_jax.mas import experiment
   from morse_jax.rl import aot
 
   name, model = _architecture(config, "")
   lora, router = experiment.lora_config(config), experiment.router_config(config)
   step = experiment.step_config(config)
-  if _MICRO.value:
-    step = dataclasses.replace(step, micro_batches=_MICRO.value)
   data, model_axis = _mesh_shape((config.mesh.data, config.mesh.model))
   c = config.train
   routes, group = ((c.routes_per_node, c.group_size) if router is not None
@@ -110,7 +107,8 @@ def _apex(config):
   c = config.lora
   lora = LoraConfig(targets=tuple(c.targets), last_n_layers=c.last_n_layers, rank=c.rank,
                     alpha=c.alpha, roles=APEX_ROLES, num_subtask_experts=0)
-  step = StepConfig(estimator="grpo", micro_batches=_MICRO.value or config.train.micro_batches)
+  step = StepConfig(estimator="grpo", micro_batches=config.train.micro_batches,
+                    remat=config.train.get("remat", False))
   data, model_axis = _mesh_shape((8, 1))
   shapes = aot.RunShapes(nodes=stage.batch_size, routes_per_node=1, group_size=stage.group_size,
                          prompt_tokens=prompt, max_new_tokens=response,

@@ -222,3 +222,33 @@ def test_remat_changes_memory_not_numbers():
   temp = {r: jax.jit(jax.grad(loss), static_argnums=1).lower(experts, r).compile()
           .memory_analysis().temp_size_in_bytes for r in (False, True)}
   assert temp[True] < temp[False]
+
+
+def test_fit_launcher_reports_the_presets_shapes_and_bytes(tmp_path):
+  # Without compiling: the shapes of the tpu_v5e8 preset and the analytical bytes, by hand.
+  import json
+  import os
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "fit.json"
+  done = subprocess.run(
+      [sys.executable, "-m", "launchers.fit",
+       "--config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,tpu_v5e8", "--compile=false",
+       f"--out={out}", "--name=v5e"], cwd=root, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "XLA:CPU's buffer assignment" in done.stdout
+  entry = json.loads(out.read_text())["v5e"]
+  assert (entry["mesh"], entry["micro_batches"], entry["remat"]) == ([4, 2], 16, True)
+  assert (entry["update_rows"], entry["sample_rows"], entry["shared_prompts"]) == (64, 64, False)
+  c = QWEN3_4B
+  # bf16 backbone on a 4 x 2 mesh: every matrix split 2-way over `model`, norms whole
+  norms = c.num_layers * (2 * c.hidden_size + 2 * c.head_dim) + c.hidden_size
+  backbone = 2 * ((c.num_params() - norms) // 2 + norms)
+  sampler = entry["programs"]["sampler"]["analytical"]
+  # 64 rows / 4 over data, 8 kv heads / 2, 2048 + 1024 slots, k and v in bf16
+  assert sampler["cache"] == 2 * 2 * 36 * 16 * 4 * 3072 * 128
+  assert backbone < sampler["arguments"] < backbone + 2 ** 27  # + experts, prompts, routes
+  update = entry["programs"]["update"]["analytical"]
+  assert update["arguments"] > backbone and "compiled_cpu" not in entry["programs"]["update"]
