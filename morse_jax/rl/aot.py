@@ -66,7 +66,9 @@ def abstract_mesh(data: int, model: int = 1) -> AbstractMesh:
 
 @dataclasses.dataclass(frozen=True)
 class RunShapes:
-  """One update and one sampler call of a run: `nodes` nodes of B routes x M candidates."""
+  """One update and one sampler call of a run: `nodes` nodes of B routes x M candidates, padded
+  as `rl.batch` / `compaction.share_prefixes` / `llm.sample` pad them, at the largest the run can
+  make them (every completion at the generation budget, no node left out as flat)."""
 
   nodes: int
   routes_per_node: int  # B
