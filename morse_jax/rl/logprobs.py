@@ -38,10 +38,11 @@ def entropy(logp):
 
 
 def token_logprobs(params, config: LlmConfig, adapter: Adapter | None, tokens, attention_mask,
-                   temperature: float = 1.0):
+                   temperature: float = 1.0, remat: bool = False):
   """([n, T] log p(tokens[:, t] | tokens[:, :t]), [n, T] entropy of that distribution), both 0
-  at t = 0, under softmax(logits / temperature) of the adapted model."""
-  logits, _ = forward(params, config, tokens, attention_mask=attention_mask, adapter=adapter)
+  at t = 0, under softmax(logits / temperature) of the adapted model. remat: see `forward`."""
+  logits, _ = forward(params, config, tokens, attention_mask=attention_mask, adapter=adapter,
+                      remat=remat)
   logp = log_softmax(logits[:, :-1], temperature)
   picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
   pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
@@ -49,14 +50,14 @@ def token_logprobs(params, config: LlmConfig, adapter: Adapter | None, tokens, a
 
 
 def shared_token_logprobs(params, config: LlmConfig, adapter: Adapter | None,
-                          shared: SharedPrefix, temperature: float = 1.0):
+                          shared: SharedPrefix, temperature: float = 1.0, remat: bool = False):
   """`token_logprobs` of the rows, computed on the packed layout (rl.shared_prefix): ([n, T]
   log-probs, [n, T] entropies), both 0 where a token has no predecessor."""
   if adapter is not None:
     adapter = dataclasses.replace(adapter, routes=shared.routes)
   logits, _ = forward(params, config, shared.tokens, positions=shared.positions,
                       attention_mask=shared.segments >= 0, segments=shared.segments,
-                      adapter=adapter)
+                      adapter=adapter, remat=remat)
   logp = log_softmax(logits, temperature)
   ent = entropy(logp)  # [R, S] of each slot's prediction
   has_prev = shared.prev >= 0

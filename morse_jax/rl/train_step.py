@@ -53,6 +53,9 @@ class StepConfig:
   # second pass would be off-policy.
   epochs: int = 1
   temperature: float = 1.0  # the rollout's sampling temperature (0, greedy, counts as 1)
+  # Recompute each layer in the backward pass (llm.model.forward's remat): the update holds one
+  # layer's attention scores instead of all of them (launchers.fit measures the difference).
+  remat: bool = False
 
   def __post_init__(self):
     if self.aggregation not in AGGREGATIONS:
@@ -110,10 +113,11 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
                       kernel=kernel)
     if batch.shared is None:
       logp, entropy = token_logprobs(backbone, config, adapter, batch.tokens,
-                                     batch.attention_mask, step_config.temperature)
+                                     batch.attention_mask, step_config.temperature,
+                                     step_config.remat)
     else:
       logp, entropy = shared_token_logprobs(backbone, config, adapter, batch.shared,
-                                            step_config.temperature)
+                                            step_config.temperature, step_config.remat)
     loss, metrics = policy_loss(
         logp, batch.logp_old, adv, batch.loss_mask, epsilon=step_config.epsilon,
         epsilon_high=step_config.epsilon_high, aggregation=step_config.aggregation,

@@ -1,0 +1,203 @@
+"""Does a run fit in accelerator memory? The update step and the sampler compiled ahead of time on
+8 fake CPU devices at the config's real shapes and batch, with per-device bytes against common
+accelerators.
+
+  python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
+  python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,tpu_v5e8 \
+      --config.train.micro_batches=2 --config.train.remat=False   # another layout
+  python -m launchers.fit --config=configs/apex/paper.py --stage=planner --mesh=8x1
+
+Shapes (morse_jax.rl.aot.RunShapes): one update of `--nodes` nodes (default: the tasks of a
+batch, one node each) x B routes x M candidates, prompts of `--prompt_tokens`, the config's
+generation budget and micro-batches. The backbone comes from config.model.path's config.json
+when there is one, else from aot.ARCHITECTURES by config.model.name (or `--model`). Nothing is
+allocated; compiling an 8B update takes a few minutes of CPU and ~1 GB of RAM.
+
+XLA:CPU's buffer assignment is not the TPU's or GPU's (other fusions and schedules, and f32
+copies where CPU has no bf16 dot), so the compiled bytes are an estimate; the analytical bytes
+(arguments exactly, activations by formula) stand beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_PROMPT = flags.DEFINE_integer("prompt_tokens", 2048, "tokens of a node's (or query's) prompt")
+_NODES = flags.DEFINE_integer("nodes", 0, "nodes per update (0: config.train.tasks_per_step)")
+_MODEL = flags.DEFINE_string("model", "", "architecture name in aot.ARCHITECTURES (default: "
+                             "config.model.name; APEx: Qwen3-8B)")
+_STAGE = flags.DEFINE_string("stage", "planner", "APEx: the stage whose batch is measured")
+_MESH = flags.DEFINE_string("mesh", "", "DATAxMODEL (default: config.mesh; APEx: 8x1)")
+_COMPILE = flags.DEFINE_bool("compile", True, "False: the analytical bytes only")
+_OUT = flags.DEFINE_string("out", "", "a JSON file to add this run's entry to")
+_NAME = flags.DEFINE_string("name", "", "the entry's name in --out (default: from the config)")
+
+GIB = 2 ** 30
+# Memory per chip in GiB: v5e 16 GiB HBM; the GPUs as nvidia-smi reports them (40960, 81559 and
+# about 143000 MiB). JAX on GPU preallocates 75% unless XLA_PYTHON_CLIENT_MEM_FRACTION says more.
+ACCELERATORS = (("TPU v5e", 16), ("A100-40GB", 40), ("H100-80GB", 79.6), ("H200-141GB", 139))
+
+
+def _architecture(config, default_name: str):
+  from morse_jax.llm.config import LlmConfig
+  from morse_jax.rl import aot
+
+  path = os.path.expanduser(config.model.get("path", "") or "")
+  if path and os.path.exists(os.path.join(path, "config.json")):
+    with open(os.path.join(path, "config.json")) as f:
+      return path, LlmConfig.from_hf_dict(json.load(f), os.path.join(path, "config.json"))
+  name = _MODEL.value or config.model.get("name", "") or default_name
+  if name not in aot.ARCHITECTURES:
+    raise app.UsageError(f"--model / config.model.name {name!r} is not in aot.ARCHITECTURES "
+                         f"{sorted(aot.ARCHITECTURES)}; give --config.model.path")
+  return name, aot.ARCHITECTURES[name]
+
+
+def _mesh_shape(default):
+  if not _MESH.value:
+    return default
+  try:
+    data, model = (int(x) for x in _MESH.value.lower().split("x"))
+  except ValueError:
+    raise app.UsageError(f"--mesh={_MESH.value!r}: expected DATAxMODEL, e.g. 4x2") from None
+  return data, model
+
+
+def _morse(config):
+  """(name, LlmConfig, LoraConfig, RouterConfig | None, StepConfig, RunShapes, (data, model))."""
+  from morse_jax.mas import experiment
+  from morse_jax.rl import aot
+
+  name, model = _architecture(config, "")
+  lora, router = experiment.lora_config(config), experiment.router_config(config)
+  step = experiment.step_config(config)
+  data, model_axis = _mesh_shape((config.mesh.data, config.mesh.model))
+  c = config.train
+  routes, group = ((c.routes_per_node, c.group_size) if router is not None
+                   else (1, c.routes_per_node * c.group_size))
+  shapes = aot.RunShapes(
+      nodes=_NODES.value or c.tasks_per_step, routes_per_node=routes, group_size=group,
+      prompt_tokens=_PROMPT.value, max_new_tokens=c.max_new_tokens,
+      micro_batches=step.micro_batches, share_prompts=c.get("share_prompts", True),
+      route_width=1 + (config.router.top_k if router is not None else 0),
+      embed_dim=model.hidden_size, data=data)
+  return name, model, lora, router, step, shapes, (data, model_axis)
+
+
+def _apex(config):
+  """The same for one APEx stage: batch x group rows of its prompt and response lengths, each
+  module a role expert (no router)."""
+  from apex_jax.agents import APEX_ROLES
+  from morse_jax.lora.experts import LoraConfig
+  from morse_jax.rl import aot
+  from morse_jax.rl.train_step import StepConfig
+
+  name, model = _architecture(config, "Qwen3-8B")
+  stage = config.stages[_STAGE.value]
+  response = stage.max_new_tokens
+  prompt = stage.agents.max_context_tokens - response
+  c = config.lora
+  lora = LoraConfig(targets=tuple(c.targets), last_n_layers=c.last_n_layers, rank=c.rank,
+                    alpha=c.alpha, roles=APEX_ROLES, num_subtask_experts=0)
+  step = StepConfig(estimator="grpo", micro_batches=config.train.micro_batches,
+                    remat=config.train.get("remat", False))
+  data, model_axis = _mesh_shape((8, 1))
+  shapes = aot.RunShapes(nodes=stage.batch_size, routes_per_node=1, group_size=stage.group_size,
+                         prompt_tokens=prompt, max_new_tokens=response,
+                         micro_batches=step.micro_batches, route_width=1,
+                         embed_dim=model.hidden_size, data=data)
+  return name, model, lora, None, step, shapes, (data, model_axis)
+
+
+def fits(total_bytes: float) -> dict[str, bool]:
+  return {label: total_bytes <= gib * GIB for label, gib in ACCELERATORS}
+
+
+def _fits_text(total_bytes: float) -> str:
+  return "  ".join(f"{label} {'fits' if ok else 'NO'}" for label, ok in fits(total_bytes).items())
+
+
+def _row(label: str, numbers: dict) -> str:
+  cells = "  ".join(f"{k} {v / GIB:.2f}" for k, v in numbers.items())
+  return f"  {label:<19} {cells}"
+
+
+def main(argv):
+  del argv
+  import jax
+
+  from morse_jax.llm import sharding
+  from morse_jax.mas.pipeline import banner
+  from morse_jax.rl import aot
+
+  config = _CONFIG.value
+  apex = config.get("system") == "apex"
+  name, model, lora, router, step, shapes, (data, model_axis) = (_apex if apex else _morse)(config)
+  if data * model_axis != 8:
+    raise app.UsageError(f"mesh {data}x{model_axis}: this check runs on 8 fake devices")
+  remat = getattr(step, "remat", False)
+  banner("shapes")
+  print(f"model {name}: {model.num_params() / 1e9:.2f}B parameters; mesh data {data} x model "
+        f"{model_axis}; micro-batches {shapes.micro_batches}; remat {remat}")
+  layout = (f"shared prompts: {shapes.packed_rows} packed rows x {shapes.packed_width} slots"
+            if shapes.shared else f"{shapes.rows} rows x {shapes.width} tokens")
+  print(f"update: {shapes.rows} rows ({shapes.nodes} nodes x B {shapes.routes_per_node} x M "
+        f"{shapes.group_size}), {layout}")
+  print(f"sampler: {shapes.sample_rows} rows, prompt {shapes.prompt_len} + generation "
+        f"{shapes.gen_len} slots, each prompt prefilled once per {shapes.group_size} rows")
+  amesh = aot.abstract_mesh(data, model_axis)
+  update_args, update_kwargs = aot.update_args(model, lora, router, step, shapes, amesh)
+  sample_args, sample_kwargs = aot.sample_args(model, lora, shapes, amesh)
+  programs = {
+      "update": (aot.train_step_fn(), update_args, update_kwargs,
+                 aot.update_estimate(model, shapes, amesh, update_args, remat=remat)),
+      "sampler": (aot.sampler_fn(), sample_args, sample_kwargs,
+                  aot.sample_estimate(model, shapes, amesh, sample_args))}
+  result = {"model": name, "params_b": model.num_params() / 1e9, "mesh": [data, model_axis],
+            "micro_batches": shapes.micro_batches, "remat": remat,
+            "prompt_tokens": _PROMPT.value, "max_new_tokens": shapes.max_new_tokens,
+            "update_rows": shapes.rows, "sample_rows": shapes.sample_rows,
+            "shared_prompts": shapes.shared, "devices": jax.device_count(),
+            "backend": jax.default_backend(), "programs": {}}
+  mesh = sharding.make_mesh(data, model_axis) if _COMPILE.value else None
+  banner("per-device GiB")
+  for program, (fn, args, kwargs, estimate) in programs.items():
+    entry = {"analytical": estimate}
+    print(f"{program}:")
+    print(_row("analytical", estimate))
+    print(f"  {'':<19} {_fits_text(estimate['total'])}")
+    if mesh is not None:
+      compiled = aot.memory(fn, args, kwargs, mesh)
+      nearer = compiled["peak"] - compiled["cpu_f32_copies"]
+      entry["compiled_cpu"] = compiled
+      entry["fits"] = fits(nearer)
+      print(_row("compiled (XLA:CPU)", compiled))
+      print(f"  {'':<19} peak - cpu_f32_copies {nearer / GIB:.2f}: {_fits_text(nearer)}")
+    result["programs"][program] = entry
+  print("compiled: XLA:CPU's buffer assignment on fake devices, not the TPU / GPU one (other "
+        "fusions and schedules; f32 copies of bf16 weights, counted in cpu_f32_copies, where "
+        "CPU has no bf16 dot); peak = argument + output - alias + temp. Chips: "
+        + ", ".join(f"{k} {v} GiB" for k, v in ACCELERATORS))
+  if _OUT.value:
+    entries = {}
+    if os.path.exists(_OUT.value):
+      with open(_OUT.value) as f:
+        entries = json.load(f)
+    key = _NAME.value or f"{'apex ' + _STAGE.value if apex else 'morse'} {name} {data}x{model_axis}"
+    entries[key] = result
+    with open(_OUT.value, "w") as f:
+      json.dump(entries, f, indent=2, sort_keys=True)
+    print(f"wrote {_OUT.value} [{key!r}]")
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

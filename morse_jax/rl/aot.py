@@ -1,0 +1,449 @@
+"""The update step and the sampler at a run's real shapes, without an accelerator.
+
+Every argument is an abstract array (`jax.ShapeDtypeStruct`) carrying the sharding the code gives
+it on a mesh: the backbone by `llm.sharding.PARAM_AXES`, rows (update batch, prompts, routes,
+KV cache rows) over `data` (`sharding.shard_rows`, `CACHE_AXES`), experts, router and optimiser
+state replicated, as `rl.update.run` and `llm.sample` place them. Nothing is allocated, so the
+same arguments serve two checks:
+
+- `export`: `jax.export` for platforms "tpu" / "cuda" on an `AbstractMesh` (no devices needed);
+  `arg_specs` reads back the shardings the exported module declares for its inputs.
+- `memory`: an ahead-of-time compile on a mesh of (fake) CPU devices and its per-device
+  argument / output / temporary bytes. XLA:CPU's buffer assignment is not TPU's or GPU's (other
+  fusions, no rematerialisation pass, f32 where CPU lacks bf16 dots), so these are estimates.
+
+Dimension letters: n update rows, T row width, R packed rows, S packed width, G routes, b sampler
+rows, p prompt slots (see llm.params for the model's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+
+from morse_jax.llm import sharding as sharding_lib
+from morse_jax.llm.config import LlmConfig, RopeConfig
+from morse_jax.llm.model import forward, init_cache
+from morse_jax.llm.params import param_shapes
+from morse_jax.llm.sampling import (SamplingConfig, bucket, generate_padded, length_bucket,
+                                    prefill)
+from morse_jax.lora import router as router_lib
+from morse_jax.lora.experts import LoraConfig, init_experts
+from morse_jax.lora.mixture import Adapter, Routes, adapted_linear
+from morse_jax.rl import train_step as ts
+from morse_jax.rl.batch import PolicyBatch, RouterBatch, padded_rows
+from morse_jax.rl.shared_prefix import SharedPrefix
+
+# The paper's backbones, from their Hugging Face config.json (used when no checkpoint is at hand).
+ARCHITECTURES = {
+    "Qwen3-4B-Instruct-2507": LlmConfig(
+        "qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
+        num_heads=32, num_kv_heads=8, head_dim=128, rope=RopeConfig(theta=5e6),
+        tie_word_embeddings=True, qk_norm=True, max_position_embeddings=262144),
+    "Qwen3-8B": LlmConfig(
+        "qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+        num_heads=32, num_kv_heads=8, head_dim=128, rope=RopeConfig(theta=1e6),
+        qk_norm=True, max_position_embeddings=40960),
+    "Llama-3.1-8B-Instruct": LlmConfig(
+        "llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+        num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+        rope=RopeConfig(theta=5e5, type="llama3", factor=8.0, low_freq_factor=1.0,
+                        high_freq_factor=4.0, original_max_position_embeddings=8192),
+        max_position_embeddings=131072),
+}
+
+
+def abstract_mesh(data: int, model: int = 1) -> AbstractMesh:
+  """The ('data', 'model') mesh of `sharding.make_mesh`, without devices."""
+  return AbstractMesh((data, model), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShapes:
+  """One update and one sampler call of a run: `nodes` nodes of B routes x M candidates, padded
+  as `rl.batch` / `compaction.share_prefixes` / `llm.sample` pad them, at the largest the run can
+  make them (every completion at the generation budget, no node left out as flat)."""
+
+  nodes: int
+  routes_per_node: int  # B
+  group_size: int  # M
+  prompt_tokens: int  # a node's prompt
+  max_new_tokens: int  # the generation budget
+  micro_batches: int = 1
+  share_prompts: bool = True  # with one micro-batch, each route's prompt runs once
+  route_width: int = 3  # experts per row (role + top-K subtask experts)
+  embed_dim: int = 2560  # the router's input
+  data: int = 1  # the mesh's data axis: row counts are multiples of it
+
+  @property
+  def shared(self) -> bool:
+    return self.share_prompts and self.micro_batches == 1
+
+  @property
+  def rows(self) -> int:  # n, as rl.batch.layout pads them
+    return padded_rows(self.nodes * self.routes_per_node * self.group_size,
+                       math.lcm(self.data, self.micro_batches))
+
+  @property
+  def width(self) -> int:  # T: a row's tokens, or its suffix in the shared layout
+    if self.shared:
+      return length_bucket(self.max_new_tokens)
+    return length_bucket(self.prompt_tokens + self.max_new_tokens)
+
+  @property
+  def packed_rows(self) -> int:  # R: one per route
+    return padded_rows(self.nodes * self.routes_per_node, math.lcm(self.data, self.micro_batches))
+
+  @property
+  def packed_width(self) -> int:  # S: the prompt once, then M suffixes
+    return length_bucket(self.prompt_tokens + self.group_size * self.max_new_tokens)
+
+  @property
+  def num_routes(self) -> int:  # G
+    return bucket(self.nodes, minimum=1) * self.routes_per_node
+
+  @property
+  def sample_rows(self) -> int:  # b, as llm.sample pads them
+    multiple = math.lcm(self.group_size, self.data)
+    return -(-bucket(self.nodes * self.routes_per_node * self.group_size, 1) // multiple) * multiple
+
+  @property
+  def prompt_len(self) -> int:
+    return length_bucket(self.prompt_tokens)
+
+  @property
+  def gen_len(self) -> int:
+    return bucket(self.max_new_tokens)
+
+
+def _spec(mesh, logical, shape, rules=sharding_lib.ShardingRules()):
+  return rules.sharding(logical, shape, mesh)
+
+
+def _array(shape, dtype, sharding):
+  return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def _rows(mesh, shape, dtype):
+  """Rows on axis 0 over the batch axis (`sharding.shard_rows`); scalars replicated."""
+  logical = ("batch",) + (None,) * (len(shape) - 1) if shape else ()
+  return _array(shape, dtype, _spec(mesh, logical, shape))
+
+
+def _replicated(mesh, tree):
+  return jax.tree.map(lambda a: _array(a.shape, a.dtype, NamedSharding(mesh, PartitionSpec())),
+                      tree)
+
+
+def backbone(config: LlmConfig, mesh, dtype=jnp.bfloat16):
+  """Params of abstract arrays laid out by `sharding.param_shardings`."""
+  shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(config),
+                        is_leaf=lambda s: isinstance(s, tuple))
+  return jax.tree.map(lambda a, s: None if a is None else _array(a.shape, dtype, s), shapes,
+                      sharding_lib.param_shardings(shapes, mesh), is_leaf=lambda x: x is None)
+
+
+def experts(lora: LoraConfig, config: LlmConfig, mesh):
+  """The LoRA experts (float32, replicated, as `Trainer.init_state` makes them)."""
+  return _replicated(mesh, jax.eval_shape(lambda k: init_experts(lora, config, k),
+                                          jax.random.key(0)))
+
+
+def update_args(config: LlmConfig, lora: LoraConfig, router: router_lib.RouterConfig | None,
+                step: ts.StepConfig, shapes: RunShapes, mesh, *, dtype=jnp.bfloat16,
+                kernel: str = "gather"):
+  """(args, static kwargs) of `train_step` as `rl.update.run` calls it (no rows left out)."""
+  n, t, e, g = shapes.rows, shapes.width, shapes.route_width, shapes.num_routes
+  rows = lambda shape, dtype: _rows(mesh, shape, dtype)
+  routes = lambda count: Routes(idx=rows((count, e), jnp.int32), w=rows((count, e), jnp.float32))
+  shared = None
+  if shapes.shared:
+    r, s = shapes.packed_rows, shapes.packed_width
+    shared = SharedPrefix(tokens=rows((r, s), jnp.int32), positions=rows((r, s), jnp.int32),
+                          segments=rows((r, s), jnp.int32), prev=rows((r, s), jnp.int32),
+                          row=rows((n,), jnp.int32), col=rows((n, t), jnp.int32),
+                          routes=routes(r))
+  policy = PolicyBatch(tokens=rows((n, t), jnp.int32), attention_mask=rows((n, t), jnp.int32),
+                       loss_mask=rows((n, t), jnp.float32), logp_old=rows((n, t), jnp.float32),
+                       rewards=rows((n,), jnp.float32), route=rows((n,), jnp.int32),
+                       valid=rows((n,), jnp.float32), routes=routes(n), shared=shared)
+  expert_tree = experts(lora, config, mesh)
+  router_params = router_batch = None
+  if router is not None:
+    router_params = _replicated(mesh, jax.eval_shape(
+        lambda k: router_lib.init_router(router, shapes.embed_dim, lora.num_subtask_experts, k),
+        jax.random.key(0)))
+    router_batch = _replicated(mesh, RouterBatch(
+        embeddings=jax.ShapeDtypeStruct((g, shapes.embed_dim), jnp.float32),
+        subtask_routes=jax.ShapeDtypeStruct((g, router.top_k), jnp.int32),
+        mask=jax.ShapeDtypeStruct((g,), jnp.float32)))
+  opt_states = _replicated(mesh, jax.eval_shape(
+      lambda x, r: ts.init_opt_states(x, r, step), expert_tree, router_params))
+  update_router = _array((), jnp.bool_, NamedSharding(mesh, PartitionSpec()))
+  args = (backbone(config, mesh, dtype), expert_tree, router_params, opt_states, policy,
+          router_batch)
+  kwargs = dict(config=config, router_config=router, step_config=step,
+                layers=lora.adapted_layers(config), scale=lora.scale, kernel=kernel,
+                routes_per_node=shapes.routes_per_node, num_routes=g,
+                update_router=update_router)
+  return args, kwargs
+
+
+def _sampler_inputs(config, lora, shapes, mesh, rows, kernel, dtype):
+  """(params, adapter or None) for `rows` sampler rows."""
+  adapter = None
+  if lora is not None:
+    e = shapes.route_width
+    adapter = Adapter(experts=experts(lora, config, mesh),
+                      routes=Routes(idx=_rows(mesh, (rows, e), jnp.int32),
+                                    w=_rows(mesh, (rows, e), jnp.float32)),
+                      layers=lora.adapted_layers(config), scale=lora.scale, kernel=kernel)
+  return backbone(config, mesh, dtype), adapter
+
+
+def sample_args(config: LlmConfig, lora: LoraConfig | None, shapes: RunShapes, mesh, *,
+                dtype=jnp.bfloat16, kernel: str = "gather",
+                sampling: SamplingConfig = SamplingConfig()):
+  """(args, static kwargs) of `generate_padded` as `llm.sample` calls it for a B x M rollout
+  (each route's prompt prefilled once), in the accelerator layout (stacked layers)."""
+  b, p = shapes.sample_rows, shapes.prompt_len
+  params, adapter = _sampler_inputs(config, lora, shapes, mesh, b, kernel, dtype)
+  key_type = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), b)).dtype
+  args = (params, config, _rows(mesh, (b, p), jnp.int32), _rows(mesh, (b, p), jnp.int32),
+          _rows(mesh, (b,), key_type), _array((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
+  kwargs = dict(sampling=sampling, gen_len=shapes.gen_len, eos_ids=(0,),
+                unstack=False, mesh=mesh, rules=sharding_lib.ShardingRules(), adapter=adapter,
+                active=_rows(mesh, (b,), jnp.bool_), prompt_repeats=shapes.group_size)
+  return args, kwargs
+
+
+def cache(config: LlmConfig, rows: int, slots: int, mesh, dtype=jnp.bfloat16):
+  """An abstract KVCache laid out by `sharding.CACHE_AXES`."""
+  shape = jax.eval_shape(lambda: init_cache(config, rows, slots, dtype))
+  return jax.tree.map(lambda a, s: _array(a.shape, a.dtype, s), shape,
+                      sharding_lib.cache_shardings(shape, mesh))
+
+
+def prefill_fn(config: LlmConfig, slots: int, mesh):
+  """The sampler's prefill into a fresh cache of `slots` slots (laid out as generate_padded
+  lays it): (params, tokens, mask, adapter) -> (logits [b, 1, v], cache)."""
+  def run(params, tokens, attention_mask, adapter):
+    fresh = init_cache(config, tokens.shape[0], slots, params.embed.dtype)
+    fresh = jax.lax.with_sharding_constraint(fresh, sharding_lib.cache_shardings(fresh, mesh))
+    return prefill(params, config, tokens, attention_mask, fresh, adapter)
+  return jax.jit(run)
+
+
+def decode_step_fn(config: LlmConfig):
+  """One decode step, the cache donated: (params, token [b, 1], cache, adapter) -> (logits,
+  cache)."""
+  return jax.jit(lambda params, token, kv, adapter: forward(params, config, token, cache=kv,
+                                                            adapter=adapter),
+                 donate_argnums=(2,))
+
+
+def prefill_args(config, lora, shapes, mesh, *, dtype=jnp.bfloat16, kernel="gather"):
+  """(fn, args): the prefill of one run's distinct prompts (b / M rows)."""
+  rows, p = shapes.sample_rows // shapes.group_size, shapes.prompt_len
+  params, adapter = _sampler_inputs(config, lora, shapes, mesh, rows, kernel, dtype)
+  fn = prefill_fn(config, p + shapes.gen_len, mesh)
+  return fn, (params, _rows(mesh, (rows, p), jnp.int32), _rows(mesh, (rows, p), jnp.int32),
+              adapter)
+
+
+def decode_args(config, lora, shapes, mesh, *, dtype=jnp.bfloat16, kernel="gather"):
+  """(fn, args): one decode step over all b rows and a full-length cache."""
+  b = shapes.sample_rows
+  params, adapter = _sampler_inputs(config, lora, shapes, mesh, b, kernel, dtype)
+  kv = cache(config, b, shapes.prompt_len + shapes.gen_len, mesh, dtype)
+  return decode_step_fn(config), (params, _rows(mesh, (b, 1), jnp.int32), kv, adapter)
+
+
+def mixture_args(config: LlmConfig, lora: LoraConfig, rows: int, tokens: int, mesh, *,
+                 target: str = "q", route_width: int = 3, dtype=jnp.bfloat16):
+  """(x, w, bias, a, b, routes) of `adapted_linear` on one adapted projection: x rows over data,
+  w as PARAM_AXES lays the layer's weight out, experts replicated."""
+  from morse_jax.lora.experts import TARGETS  # pylint: disable=import-outside-toplevel
+  field, d_in, d_out = TARGETS[target]
+  logical = getattr(sharding_lib.PARAM_AXES.layers, field)[1:]  # one layer: no layer axis
+  w_shape = (d_out(config), d_in(config))
+  k, r, e = lora.num_experts, lora.rank, route_width
+  x = _rows(mesh, (rows, tokens, d_in(config)), dtype)
+  w = _array(w_shape, dtype, _spec(mesh, logical, w_shape))
+  a, b = _replicated(mesh, (jax.ShapeDtypeStruct((k, d_in(config), r), dtype),
+                            jax.ShapeDtypeStruct((k, r, d_out(config)), dtype)))
+  routes = Routes(idx=_rows(mesh, (rows, e), jnp.int32), w=_rows(mesh, (rows, e), jnp.float32))
+  return x, w, None, a, b, routes
+
+
+def mixture_fn(kernel: str, scale: float):
+  return jax.jit(lambda x, w, bias, a, b, routes: adapted_linear(x, w, bias, a, b, routes, scale,
+                                                                 kernel))
+
+
+def train_step_fn():
+  """The jitted update step itself (its static arguments come as keyword arguments)."""
+  return ts.train_step
+
+
+def sampler_fn():
+  return generate_padded
+
+
+# ---- checks ----
+
+def export(fn, args, kwargs=None, *, platform: str):
+  """`jax.export` of jitted `fn` for one platform ("tpu", "cuda", "cpu")."""
+  return jax.export.export(fn, platforms=[platform])(*args, **(kwargs or {}))
+
+
+_DIMS = re.compile(r"sdy\.sharding = #sdy\.sharding<@\w+, \[(.*?)\]>")
+
+
+def arg_specs(exported) -> dict[int, tuple[tuple[str, ...], ...] | None]:
+  """flat input index -> per dimension the mesh axes that the exported main function declares
+  for it (`()`: not split); None: no sharding annotation. Unused inputs, which the module drops,
+  are absent."""
+  text = exported.mlir_module()
+  start = text.index("func.func public @main(")
+  header = text[start:text.index(") -> (", start)]
+  kept = list(exported.module_kept_var_idx)
+  out = {}
+  for chunk in re.split(r"(?=%arg\d+: )", header)[1:]:
+    index = int(re.match(r"%arg(\d+)", chunk).group(1))
+    dims = _DIMS.search(chunk)
+    out[kept[index]] = None if dims is None else tuple(
+        tuple(re.findall(r'"(\w+)"', d)) for d in re.findall(r"\{[^{}]*\}", dims.group(1)))
+  return out
+
+
+def spec_axes(array: jax.ShapeDtypeStruct) -> tuple[tuple[str, ...], ...]:
+  """An abstract array's sharding in `arg_specs`' form: per dimension the mesh axes over which
+  it is split."""
+  spec = tuple(array.sharding.spec)
+  spec += (None,) * (len(array.shape) - len(spec))
+  return tuple(() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec)
+
+
+def declared_axes(exported, index: int, ndim: int) -> tuple[tuple[str, ...], ...] | None:
+  """`arg_specs` of one flat input over its first `ndim` dimensions (a PRNG key array has one
+  more, its key data), "no annotation" read as not split; None when the module dropped the
+  input (unused)."""
+  specs = arg_specs(exported)
+  if index not in specs:
+    return None
+  return specs[index][:ndim] if specs[index] is not None else ((),) * ndim
+
+
+def flat_inputs(args, kwargs=None) -> list[tuple[str, jax.ShapeDtypeStruct]]:
+  """(path, abstract array) per flat input, in the exported module's order."""
+  leaves = jax.tree_util.tree_flatten_with_path((args, kwargs or {}))[0]
+  return [(jax.tree_util.keystr(p), x) for p, x in leaves if isinstance(x, jax.ShapeDtypeStruct)]
+
+
+def concrete(tree, mesh):
+  """The abstract arrays with their shardings moved onto `mesh` (a device mesh of the same axes)."""
+  def move(x):
+    if isinstance(x, jax.ShapeDtypeStruct) and isinstance(x.sharding, NamedSharding):
+      return _array(x.shape, x.dtype, NamedSharding(mesh, x.sharding.spec))
+    return x
+  return jax.tree.map(move, tree)
+
+
+def shard_bytes(tree) -> int:
+  """Bytes one device holds of the abstract arrays in `tree` (their shard shapes)."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    if not isinstance(x, jax.ShapeDtypeStruct):
+      continue
+    count = int(np.prod(x.sharding.shard_shape(x.shape), dtype=np.int64))
+    typed_key = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    total += count * (8 if typed_key else np.dtype(x.dtype).itemsize)  # a key: two uint32
+  return total
+
+
+def memory(fn, args, kwargs, mesh) -> dict[str, int]:
+  """Per-device bytes of `fn` compiled ahead of time on the device mesh `mesh` (XLA:CPU on fake
+  devices here): argument, output, alias (outputs that reuse an argument), temp, peak
+  (argument + output - alias + temp), and cpu_f32_copies: temporaries that are float32
+  conversions of whole bfloat16 arguments (XLA:CPU has no bf16 dot and converts the stacked
+  weights; an accelerator reads them as they are). peak - cpu_f32_copies is the nearer estimate."""
+  args, kwargs = concrete(args, mesh), concrete(kwargs, mesh)
+  compiled = fn.trace(*args, **kwargs).lower().compile()
+  stats = compiled.memory_analysis()
+  out = {k: int(getattr(stats, f"{k}_size_in_bytes")) for k in
+         ("argument", "output", "alias", "temp")}
+  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  out["cpu_f32_copies"] = _f32_copies(compiled.as_text(), (args, kwargs))
+  return out
+
+
+def _f32_copies(hlo: str, tree) -> int:
+  """Bytes of f32 `convert`s whose shape is a bf16 argument's shard shape, at most one per such
+  argument."""
+  arguments: dict[tuple[int, ...], int] = {}
+  for x in jax.tree.leaves(tree):
+    if isinstance(x, jax.ShapeDtypeStruct) and x.dtype == jnp.bfloat16 and len(x.shape) > 1:
+      shape = tuple(x.sharding.shard_shape(x.shape))
+      arguments[shape] = arguments.get(shape, 0) + 1
+  converts: dict[tuple[int, ...], int] = {}
+  for dims in re.findall(r"= f32\[([\d,]+)\]\{[^}]*\} convert\(", hlo):
+    shape = tuple(int(d) for d in dims.split(","))
+    converts[shape] = converts.get(shape, 0) + 1
+  return sum(4 * int(np.prod(shape)) * min(n, converts.get(shape, 0))
+             for shape, n in arguments.items())
+
+
+# ---- analytical per-device bytes (beside the compiled ones) ----
+
+def _split(size: int, mesh, axis: str | None) -> int:
+  """Per-device share of a dimension split over mesh axis `axis` (when it divides evenly)."""
+  n = 1 if axis is None else mesh.shape[axis]
+  return size // n if size % n == 0 else size
+
+
+def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: bool) -> dict:
+  """Per-device bytes of one update, by hand: the arguments (exact shard sizes: backbone,
+  experts, router, optimiser state, batch) and an activation estimate for one micro-batch:
+  per layer the saved residual stream (bf16; all of a layer's intermediates without remat),
+  one layer's attention scores and probabilities (f32) during its backward pass, and the
+  logits, log-softmax and their gradient (f32, vocab split over `model`)."""
+  rules = sharding_lib.ShardingRules()
+  rows, tokens = ((shapes.packed_rows, shapes.packed_width) if shapes.shared
+                  else (shapes.rows // shapes.micro_batches, shapes.width))
+  rows = max(1, rows // mesh.shape[rules.batch])
+  heads = _split(config.num_heads, mesh, rules.heads)
+  d, f = config.hidden_size, _split(config.intermediate_size, mesh, rules.mlp)
+  q, kv = heads * config.head_dim, _split(config.num_kv_heads, mesh, rules.kv_heads) * config.head_dim
+  per_token_layer = 2 * d if remat else 2 * (4 * d + 2 * q + 2 * kv + 3 * f)
+  scores = 2 * 4 * rows * heads * tokens * tokens  # scores and probabilities, f32
+  if not remat:
+    scores *= config.num_layers
+  logits = 3 * 4 * rows * tokens * _split(config.vocab_size, mesh, rules.vocab)
+  activations = rows * tokens * per_token_layer * config.num_layers + scores + logits
+  arguments = shard_bytes(args)
+  return {"arguments": arguments, "activations": activations, "total": arguments + activations}
+
+
+def sample_estimate(config: LlmConfig, shapes: RunShapes, mesh, args) -> dict:
+  """Per-device bytes of one sampler call, by hand: the arguments (backbone, experts, prompts),
+  the KV cache of all rows (bf16, rows over `data`, kv heads over `model`), and the prefill's
+  largest transients: one chunk's attention scores (f32) and the last-slot logits (f32)."""
+  rules = sharding_lib.ShardingRules()
+  b = max(1, shapes.sample_rows // mesh.shape[rules.batch])
+  slots = shapes.prompt_len + shapes.gen_len
+  kv = _split(config.num_kv_heads, mesh, rules.kv_heads)
+  cache_bytes = 2 * 2 * config.num_layers * b * kv * slots * config.head_dim
+  chunk = min(512, shapes.prompt_len)
+  heads = _split(config.num_heads, mesh, rules.heads)
+  prefill_rows = max(1, b // shapes.group_size)
+  transients = 2 * 4 * prefill_rows * heads * chunk * slots + 4 * b * config.vocab_size
+  arguments = shard_bytes(args)
+  return {"arguments": arguments, "cache": cache_bytes, "activations": transients,
+          "total": arguments + cache_bytes + transients}
