@@ -61,6 +61,9 @@ def get_config(arg=None):
                   skill_quality="rule")
   # ablations: the table's rows (apex_jax.pipeline.ABLATIONS); () gives every row
   # untrained: the untrained system's row (initial experts, built memories) before the table
+  # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial
+  # adapter, so it reads the bank that system builds (apex_jax.pipeline); False: the adapter
+  # swapped into the full system, reading the full bank (cheaper: no TTRL rerun per row)
   c.eval = dict(questions=16, batch_size=16, temperature=0.0, ablations=(),
-                untrained=True)
+                untrained=True, rebuild_module_banks=True)
   return ml_collections.ConfigDict(c)

@@ -111,6 +111,9 @@ def get_config(arg=None):
                   accuracy="judge", rule="em", skill_quality="judge")
   # ours: all test questions, greedy; every ablation row (apex_jax.pipeline.ABLATIONS), or a
   # subset: --config.eval.ablations="('full','without_ttrl')"
+  # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial
+  # adapter, so it reads the bank that system builds (apex_jax.pipeline); False: the adapter
+  # swapped into the full system, reading the full bank (cheaper: no TTRL rerun per row)
   c.eval = dict(questions=0, batch_size=64, temperature=0.0, ablations=(),
-                untrained=True)
+                untrained=True, rebuild_module_banks=True)
   return ml_collections.ConfigDict(c)
