@@ -505,7 +505,11 @@ def run(config) -> dict:
   results["bucket_overwrites"] = exp.bank.bucket_overwrites  # category / modality, replies applied
   results["adapters"] = export_adapters(exp, experts_ttrl, os.path.join(config.workdir, "adapters"))
   try:
-    results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"))
+    evals = results["eval"]
+    held_out = {"label": "held-out F1", "before": evals.get("untrained", {}).get("f1"),
+                "after": evals.get("full", {}).get("f1")}
+    results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"),
+                                          held_out=held_out)
   except ValueError as e:  # no stage logged a reward: nothing to draw, say so in the results
     results["plot"] = f"not drawn: {e}"
   with open(os.path.join(config.workdir, "results.json"), "w") as f:

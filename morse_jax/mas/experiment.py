@@ -149,8 +149,11 @@ def router_config(config) -> router_lib.RouterConfig | None:
   if config.mixture != "mole":
     return None
   c = config.router
+  defaults = router_lib.RouterConfig()  # a config written before a field existed: ours
+  extra = {f: c.get(f, getattr(defaults, f))
+           for f in ("max_resample", "proto_l2", "orthogonality", "diversity")}
   return router_lib.RouterConfig(dim=c.dim, top_k=c.top_k, log_prob=c.log_prob,
-                                 merge_experts=c.merge_experts)
+                                 merge_experts=c.merge_experts, **extra)
 
 
 def step_config(config) -> ts.StepConfig:
