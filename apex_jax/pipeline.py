@@ -353,7 +353,8 @@ def stages(exp: Experiment) -> list[Stage]:
                                                     accuracy=judging.reward_accuracy(exp))
     else:
       data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(
-          exp.bank, agents, skill_judge=judging.skill_judge(exp))
+          exp.bank, agents, skill_judge=judging.skill_judge(exp),
+          term_judges=judging.skill_term_judges(exp))
       if not data:
         raise ValueError("the distiller stage has no bucket with memories: run memory_build "
                          "first (config.memory_build.questions > 0)")
@@ -373,7 +374,7 @@ def judges(exp: Experiment) -> JudgeBackends:
 def ttrl_config(t, n: int) -> TtrlConfig:
   """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
   return TtrlConfig(phase_steps(t, n), t.batch_size, t.group_size, t.learning_rate,
-                    t.temperature, t.max_new_tokens)
+                    t.temperature, t.max_new_tokens, store=t.get("store", "all"))
 
 
 def judge_panel(chat, max_tokens: int) -> JudgeBackends:

@@ -99,3 +99,12 @@ def test_router_switches_reach_the_router_config():
   assert (got.log_prob, got.max_resample) == ("distinct_plackett_luce", 3)
   del config.router["max_resample"]  # a config written before the switch: ours
   assert experiment.router_config(config).max_resample == router_lib.RouterConfig().max_resample
+
+
+def test_advantage_switches_reach_the_step_config():
+  config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "srdd")
+  step = experiment.step_config(config)
+  assert (step.advantage_clip, step.min_reward_std) == (5.0, 5e-4)  # the reference code's
+  config.train.update(advantage_clip=0.0, min_reward_std=0.0)
+  step = experiment.step_config(config)
+  assert (step.advantage_clip, step.min_reward_std) == (None, 0.0)

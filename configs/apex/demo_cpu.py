@@ -55,13 +55,15 @@ def get_config(arg=None):
   c.memory_build = dict(questions=12, batch_size=6, force_evolve=True)
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),
                   planner=_stage(3, 1e-3, 96))
+  # store: "all" judged episodes become memories (ours) or "best", each query's best one (our
+  # reading of the paper's "selected" episodes; apex_jax.training.ttrl.TtrlConfig)
   c.ttrl = dict(steps=2, batch_size=4, group_size=4, learning_rate=1e-4, temperature=1.0,
-                max_new_tokens=96, summarize=True, checkpoint_every=1)
-  # accuracy / skill_quality "judge" (the paper's: an LLM judge on this backend) or "rule": the
+                max_new_tokens=96, summarize=True, checkpoint_every=1, store="all")
+  # accuracy / skill_quality / skill_terms "judge" (the paper's: an LLM judge on this backend) or "rule": the
   # toy was taught the TTRL judges' replies but not the correctness or skill grades, so the
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)
   c.judges = dict(kind="inprocess", url="", model="", max_tokens=32, accuracy="rule", rule="em",
-                  skill_quality="rule")
+                  skill_quality="rule", skill_terms="rule")
   # ablations: the table's rows (apex_jax.pipeline.ABLATIONS); () gives every row
   # untrained: the untrained system's row (initial experts, built memories) before the table
   # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial

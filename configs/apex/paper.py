@@ -105,7 +105,10 @@ def get_config(arg=None):
   # responses 8192, one epoch over the test queries; SKILL_LAMBDA 0.1 (TtrlConfig.base_lambda);
   # stored workflows are summarised (Memory-Serve get_trace_prompt)
   ttrl = _stage(8, 4, 2e-7, 24576, 8192, 1, max_tool_tokens=8192)
-  c.ttrl = dict(ttrl, summarize=True, checkpoint_every=1)  # with the memory bank's snapshot
+  # store "best": each query's best episode becomes a memory (our reading of the paper's
+  # "selected" episodes; the authors' server stores what is posted; "all": every judged one)
+  c.ttrl = dict(ttrl, summarize=True, checkpoint_every=1,  # with the memory bank's snapshot
+                store="best")
   # the judges: Qwen3-32B (the authors' vLLM server, served name "qwen"); replies up to 1000
   # tokens (the authors' call_llm; NoGtConfig), panel weights 0.5 / 0.3 / 0.2 (NoGtConfig)
   c.judges = dict(kind="http" if judge_url else "inprocess",
@@ -114,7 +117,10 @@ def get_config(arg=None):
                   max_tokens=1000,
                   # R_acc and the Writer's quality judged by the LLM (the paper's); EM scores a
                   # reply the judge could not give (counted: judge_fallbacks)
-                  accuracy="judge", rule="em", skill_quality="judge")
+                  accuracy="judge", rule="em", skill_quality="judge",
+                  # the Writer's format and evolution terms judged too (the paper's J_skill;
+                  # the authors' code scores them by rules: skill_terms="rule")
+                  skill_terms="judge")
   # ours: all test questions, greedy; every ablation row (apex_jax.pipeline.ABLATIONS), or a
   # subset: --config.eval.ablations="('full','without_ttrl')"
   # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial

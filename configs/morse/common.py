@@ -79,6 +79,9 @@ def base() -> ml_collections.ConfigDict:
       steps=200, tasks_per_step=4, routes_per_node=4, group_size=4, max_new_tokens=1024,
       temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
       aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
+      # the reference code's advantages, in neither paper: clipped to +-5 (0: no clip), a node
+      # whose reward std is below 5e-4 skipped (0.0: only an exactly flat one)
+      advantage_clip=5.0, min_reward_std=5e-4,
       epochs=1,  # PPO epochs per rollout (experts; the router takes one step)
       # The update runs each route's prompt once, not once per candidate (same numbers, about
       # M times fewer prompt tokens); with micro_batches > 1 it runs rows as they are.

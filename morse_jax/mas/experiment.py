@@ -158,9 +158,14 @@ def router_config(config) -> router_lib.RouterConfig | None:
 
 def step_config(config) -> ts.StepConfig:
   c = config.train
+  # advantage_clip (0: none) and min_reward_std (0.0: only an exactly flat node): the reference
+  # code's 5 and 5e-4 unless set (in neither paper)
+  clip = float(c.get("advantage_clip", 5.0))
   return ts.StepConfig(expert_lr=c.expert_lr, router_lr=c.router_lr, estimator=config.algo,
                        micro_batches=c.micro_batches, epochs=c.epochs, kl_coef=c.kl_coef,
-                       aggregation=c.aggregation, alpha_pi=c.alpha_pi)
+                       aggregation=c.aggregation, alpha_pi=c.alpha_pi,
+                       advantage_clip=clip or None,
+                       min_reward_std=float(c.get("min_reward_std", ts.MIN_REWARD_STD)))
 
 
 @dataclasses.dataclass

@@ -288,8 +288,14 @@ def test_config_judges_select_the_stage_scorers_on_one_chat(exp):
   # the demo: EM and the rule-based quality (the toy cannot grade)
   assert isinstance(stages["executor"].scorer, accuracy.RuleAccuracy)
   assert stages["planner"].scorer.metric == "em" and judging.skill_judge(exp) is None
-  exp.config.judges.update(accuracy="judge", rule="f1", skill_quality="judge")
+  assert judging.skill_term_judges(exp) == {}  # the demo: the format / evolution rules
+  exp.config.judges.update(accuracy="judge", rule="f1", skill_quality="judge",
+                           skill_terms="judge")
   acc, skill = judging.reward_accuracy(exp), judging.skill_judge(exp)
+  terms = judging.skill_term_judges(exp)
+  assert {t: j.config.term for t, j in terms.items()} == {"format": "format",
+                                                          "evolution": "evolution"}
+  assert all(j.backend is skill.backend for j in terms.values())
   assert isinstance(acc, accuracy.JudgedAccuracy) and acc.fallback == "f1"
   assert acc.judge.config.max_tokens == skill.config.max_tokens == 32
   # one backend for R_acc, the skill judge and TTRL's panel
