@@ -417,7 +417,9 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
 def run(config) -> dict:
   """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
   ablation table, with the untrained system (initial experts, the built memories) as the first
-  row (unless config.eval.untrained is False); stages with steps 0 and TTRL with steps 0 are
+  row (unless config.eval.untrained is False), each without_<module>_training row on its own
+  TTRL rerun (`rebuilt_module_rows`: histories in results["ablation_ttrl"], banks under
+  <workdir>/banks, checkpoints under <workdir>/checkpoints/ttrl_<row>); stages with steps 0 and TTRL with steps 0 are
   left out (none at all: the experts stay the initial ones); everything in
   <workdir>/results.json, curves under <workdir>/logs and in <workdir>/rewards.png, the
   ablations' bank snapshots in <workdir>/banks, seconds per phase in results["seconds"].

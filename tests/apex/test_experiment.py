@@ -353,7 +353,9 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   for role, path in results["adapters"].items():  # each module's expert, servable by peft/vLLM
     assert os.path.exists(os.path.join(path, "adapter_model.safetensors")), role
   assert set(results["adapters"]) == {"planner", "executor", "distiller"}
-  assert set(results["seconds"]) == {"memory_build", "eval_untrained", "stages", "ttrl", "eval"}
+  assert set(results["seconds"]) == {"memory_build", "eval_untrained", "stages", "ttrl",
+                                     "ablation_ttrl", "eval"}
+  assert set(results["ablation_ttrl"]) == {f"without_{m}_training" for m in STAGE_ORDER}
 
 
 @pytest.mark.slow  # minutes of CPU: one update compile per stage on a tiny random model
