@@ -17,6 +17,8 @@ import jax
 from morse_jax import llm
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
+from morse_jax.rl.advantages import MIN_REWARD_STD
+from morse_jax.rl.losses import AGGREGATIONS
 
 from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Executor
 from apex_jax.datasets import World, read_examples
@@ -135,8 +137,7 @@ def build(config, *, model: llm.Model | None = None, generator=None,
                              num_subtask_experts=0)
   experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
   generator = generator or AdapterGenerator(model, experts, lora)
-  step = ts.StepConfig(estimator="grpo", kl_coef=c.train.kl_coef,
-                       micro_batches=c.train.micro_batches)
+  step = step_config(c.train)
   updater = ModuleUpdater(model.params, model.config, lora, step, pad_id=model.tokenizer.pad_id,
                           recompute_logp_old=c.agents.top_p < 1.0)
   os.makedirs(c.workdir, exist_ok=True)
@@ -144,6 +145,24 @@ def build(config, *, model: llm.Model | None = None, generator=None,
                     embedder or _embedder(c, model), config=MemoryConfig(**dict(c.memory.bank)))
   return Experiment(c, model, train, test, _searcher(c, passages), bank,
                     AgentConfig(**dict(c.agents)), generator, updater, experts)
+
+
+def step_config(train) -> ts.StepConfig:
+  """config.train as the modules' GRPO step. The loss and advantage forms are switches (absent:
+  the defaults, ours): aggregation "token-mean" (every generated token weighs the same) or
+  "seq-mean-token-mean" (APEx Eq. 5: each sequence's token mean, then 1/G); advantage_clip
+  (5.0; 0: no clip, the paper's); min_reward_std (a group whose reward std is below it gets
+  advantage 0; 5e-4, 0.0: only an exactly flat group, the paper's)."""
+  clip = float(train.get("advantage_clip", 5.0))
+  min_std = float(train.get("min_reward_std", MIN_REWARD_STD))
+  if clip < 0 or min_std < 0:
+    raise ValueError(f"config.train.advantage_clip and min_reward_std must be >= 0, got "
+                     f"{clip!r}, {min_std!r}")
+  return ts.StepConfig(estimator="grpo", kl_coef=train.kl_coef,
+                       micro_batches=train.micro_batches,
+                       aggregation=choice(train.get("aggregation", "token-mean"),
+                                          "train.aggregation", AGGREGATIONS),
+                       advantage_clip=clip or None, min_reward_std=min_std)
 
 
 def _field(c, dotted: str):

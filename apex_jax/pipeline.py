@@ -16,9 +16,20 @@ test questions with EM, F1, answered rate and context tokens per episode:
   without_iteration             the experts after TTRL, the bank one memory-building pass left
                                 before any evolution: its memories, no skill document, nothing
                                 TTRL added (evolution and TTRL's additions are the iterations)
-  without_<module>_training     the full system with that module's role adapter as it was before
-                                its stage (the initial one: each stage trains only its own role,
-                                TTRL only the planner's)
+  without_<module>_training     the system that module's training was left out of: its role
+                                adapter the initial one (each stage trains only its own role,
+                                TTRL only the planner's), and, when TTRL runs, the bank that
+                                system's TTRL builds: TTRL rerun from the bank before TTRL with
+                                the module's initial adapter (`rebuilt_module_rows`) -- distiller:
+                                its summaries and skill evolution untrained, the planner trained
+                                by TTRL as in full; executor: TTRL's episodes executed untrained,
+                                the planner trained by TTRL; planner: TTRL's episodes, stored
+                                and evolved, with the planner never updated (FrozenUpdater).
+                                Memory building runs the untrained system, so its bank is every
+                                row's; what is not rerun: the planner stage, whose rollouts ran
+                                the trained executor (w/o executor keeps the planner it trained).
+                                Without TTRL (or eval.rebuild_module_banks False) the row swaps
+                                the adapter into the full system and reads the full bank.
 Pieces that need a model run in `apex_jax.training.rollouts`; this module only wires them.
 """
 
@@ -44,6 +55,7 @@ from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank
 from apex_jax.memory.consolidation import Judged, consolidate, count_evolutions
 from apex_jax.training import judging, rollouts
 from apex_jax.training.accuracy import AccuracyItem
+from apex_jax.training.grpo import FrozenUpdater
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
 
@@ -99,9 +111,10 @@ def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None
   return stats
 
 
-# The name of the module memory building was first written in: a new one would refuse every
-# earlier run's snapshot.
-_MEMORY_BUILD_FORMAT = "apex_jax.experiment/memory_build/1"
+# The name of the module memory building was first written in, and a version: 2 since a failed
+# episode's memory starts at win rate 0 (a version-1 snapshot holds such memories at 1), so an
+# earlier snapshot is refused rather than resumed with other win rates.
+_MEMORY_BUILD_FORMAT = "apex_jax.experiment/memory_build/2"
 
 
 def memory_build_identity(c) -> dict:
@@ -240,6 +253,9 @@ class AblationInputs:
   final: Any
   one_pass_bank: str | None = None  # memory_build's episodes stored, before any evolution
   before_ttrl_bank: str | None = None
+  # without_<module>_training -> (experts, bank file) of TTRL rerun with that module untrained
+  # (`rebuilt_module_rows`); a row absent here swaps the adapter into the full system
+  rebuilt: dict = dataclasses.field(default_factory=dict)
 
 
 def ablation_names(config) -> tuple[str, ...]:
@@ -249,6 +265,22 @@ def ablation_names(config) -> tuple[str, ...]:
   if unknown:
     raise ValueError(f"config.eval.ablations {unknown[0]!r} not in {ABLATIONS}")
   return tuple(dict.fromkeys(names))
+
+
+def row_module(name: str) -> str:
+  """The module of a without_<module>_training row."""
+  return name[len("without_"):-len("_training")]
+
+
+def rebuilt_module_rows(config, names) -> tuple[str, ...]:
+  """The without_<module>_training rows among `names` whose bank is rebuilt: all of them when
+  TTRL runs (its episodes, summaries and evolution run on every module, so the bank the full
+  system evaluates with depends on each) and config.eval.rebuild_module_banks (default True);
+  none otherwise. Memory building runs the untrained system, so its bank is every row's."""
+  t = config.ttrl
+  if not (t.steps or t.get("epochs")) or not config.eval.get("rebuild_module_banks", True):
+    return ()
+  return tuple(n for n in names if n.endswith("_training"))
 
 
 def untrained_module(experts, initial, lora, module: str):
@@ -263,9 +295,12 @@ def ablation_system(name: str, inputs: AblationInputs, lora) -> tuple[Any, str |
   """(experts, bank snapshot file or None for the live bank, use_memories, use_skills)."""
   if name not in ABLATIONS:
     raise ValueError(f"ablation {name!r} not in {ABLATIONS}")
+  if name in inputs.rebuilt:
+    experts, path = inputs.rebuilt[name]
+    return experts, path, True, True
   if name.endswith("_training"):
-    module = name[len("without_"):-len("_training")]
-    return untrained_module(inputs.final, inputs.initial, lora, module), None, True, True
+    return untrained_module(inputs.final, inputs.initial, lora, row_module(name)), None, True, \
+        True
   if name in ("without_ttrl", "without_iteration"):
     path = inputs.before_ttrl_bank if name == "without_ttrl" else inputs.one_pass_bank
     if path is None:
@@ -318,7 +353,8 @@ def stages(exp: Experiment) -> list[Stage]:
                                                     accuracy=judging.reward_accuracy(exp))
     else:
       data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(
-          exp.bank, agents, skill_judge=judging.skill_judge(exp))
+          exp.bank, agents, skill_judge=judging.skill_judge(exp),
+          term_judges=judging.skill_term_judges(exp))
       if not data:
         raise ValueError("the distiller stage has no bucket with memories: run memory_build "
                          "first (config.memory_build.questions > 0)")
@@ -338,7 +374,7 @@ def judges(exp: Experiment) -> JudgeBackends:
 def ttrl_config(t, n: int) -> TtrlConfig:
   """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
   return TtrlConfig(phase_steps(t, n), t.batch_size, t.group_size, t.learning_rate,
-                    t.temperature, t.max_new_tokens)
+                    t.temperature, t.max_new_tokens, store=t.get("store", "all"))
 
 
 def judge_panel(chat, max_tokens: int) -> JudgeBackends:
@@ -351,10 +387,39 @@ def judge_panel(chat, max_tokens: int) -> JudgeBackends:
   return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16))))
 
 
+def judge_failures(panel: JudgeBackends, ttrl) -> dict:
+  """Replies the judges could not parse (scored by their fallbacks), then calls that failed."""
+  return {"evaluator": panel.nogt.evaluator_failures.snapshot(),
+          "arbiter": panel.nogt.arbiter_failures.snapshot(),
+          "align": panel.align.failures.snapshot(), "calls": dict(ttrl.judge_failures)}
+
+
+def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends, *,
+               rng: jax.Array, logdir: str, checkpoint_dir: str,
+               continue_other_run: bool = False, frozen: bool = False):
+  """config.ttrl on the test questions (answers unused), reading and growing `bank`, with
+  `experts` for every module (its episodes, summaries and evolution run on them). frozen: the
+  planner is not updated (FrozenUpdater): the bank grows as that system's TTRL would grow it."""
+  t = exp.config.ttrl
+  queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
+  updater = exp.updater
+  if frozen:
+    updater = FrozenUpdater(**{f.name: getattr(updater, f.name)
+                               for f in dataclasses.fields(updater)})
+  return run_ttrl(updater, experts, queries, bank, exp.generator,
+                  rollouts.TtrlEpisodes(exp.searcher, bank, agents_for(exp, t), t.summarize),
+                  panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
+                  config=ttrl_config(t, len(queries)), rng=rng, logdir=logdir,
+                  checkpoint_dir=checkpoint_dir, checkpoint_every=t.get("checkpoint_every", 1),
+                  continue_other_run=continue_other_run)
+
+
 def run(config) -> dict:
   """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
   ablation table, with the untrained system (initial experts, the built memories) as the first
-  row (unless config.eval.untrained is False); stages with steps 0 and TTRL with steps 0 are
+  row (unless config.eval.untrained is False), each without_<module>_training row on its own
+  TTRL rerun (`rebuilt_module_rows`: histories in results["ablation_ttrl"], banks under
+  <workdir>/banks, checkpoints under <workdir>/checkpoints/ttrl_<row>); stages with steps 0 and TTRL with steps 0 are
   left out (none at all: the experts stay the initial ones); everything in
   <workdir>/results.json, curves under <workdir>/logs and in <workdir>/rewards.png, the
   ablations' bank snapshots in <workdir>/banks, seconds per phase in results["seconds"].
@@ -405,36 +470,49 @@ def run(config) -> dict:
   before_ttrl = (exp.bank.backup(os.path.join(banks, "before_ttrl.db"))
                  if "without_ttrl" in names else None)
   t = config.ttrl
+  rebuilt_rows = rebuilt_module_rows(config, names)
+  row_banks = {name: exp.bank.backup(os.path.join(banks, f"{name}.db")) for name in rebuilt_rows}
   if t.steps or t.get("epochs"):
-    queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
     panel = judges(exp)
-    ttrl = run_ttrl(exp.updater, experts, queries, exp.bank, exp.generator,
-                    rollouts.TtrlEpisodes(exp.searcher, exp.bank, agents_for(exp, t),
-                                          t.summarize),
-                    panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
-                    config=ttrl_config(t, len(queries)),
-                    rng=k_ttrl, logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "ttrl"),
-                    checkpoint_every=t.get("checkpoint_every", 1), continue_other_run=other)
+    ttrl = ttrl_phase(exp, experts, exp.bank, panel, rng=k_ttrl, logdir=logdir,
+                      checkpoint_dir=os.path.join(checkpoints, "ttrl"), continue_other_run=other)
     results["ttrl"] = ttrl.history
-    # replies the judges could not parse (scored by their fallbacks), then calls that failed
-    results["judge_failures"] = {"evaluator": panel.nogt.evaluator_failures.snapshot(),
-                                 "arbiter": panel.nogt.arbiter_failures.snapshot(),
-                                 "align": panel.align.failures.snapshot(),
-                                 "calls": dict(ttrl.judge_failures)}
+    results["judge_failures"] = judge_failures(panel, ttrl)
     experts_ttrl = ttrl.experts
     lap("ttrl")
   else:
     experts_ttrl = experts
+  rebuilt = {}
+  for name in rebuilt_rows:  # each with its own bank copy, checkpoints and curves
+    module = row_module(name)
+    row_bank = MemoryBank(row_banks[name], exp.bank.embedder, config=exp.bank.config)
+    try:
+      panel = judges(exp)
+      row = ttrl_phase(exp, untrained_module(experts, exp.experts, exp.updater.lora, module),
+                       row_bank, panel, rng=k_ttrl, logdir=os.path.join(logdir, name),
+                       checkpoint_dir=os.path.join(checkpoints, f"ttrl_{name}"),
+                       continue_other_run=other, frozen=module == "planner")
+    finally:
+      row_bank.close()
+    results.setdefault("ablation_ttrl", {})[name] = {
+        "history": row.history, "judge_failures": judge_failures(panel, row)}
+    rebuilt[name] = (row.experts, row_banks[name])
+  if rebuilt:
+    lap("ablation_ttrl")
   results["eval"] = {**({} if untrained is None else {"untrained": untrained}), **ablations(
-      exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl), names,
-      rng=k_eval)}
+      exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl, rebuilt),
+      names, rng=k_eval)}
   lap("eval")
   results["distiller_errors"] = dict(exp.bank.distiller_errors)
   results["unknown_absorbed_ids"] = exp.bank.unknown_absorbed_ids  # dropped, replies applied
   results["bucket_overwrites"] = exp.bank.bucket_overwrites  # category / modality, replies applied
   results["adapters"] = export_adapters(exp, experts_ttrl, os.path.join(config.workdir, "adapters"))
   try:
-    results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"))
+    evals = results["eval"]
+    held_out = {"label": "held-out F1", "before": evals.get("untrained", {}).get("f1"),
+                "after": evals.get("full", {}).get("f1")}
+    results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"),
+                                          held_out=held_out)
   except ValueError as e:  # no stage logged a reward: nothing to draw, say so in the results
     results["plot"] = f"not drawn: {e}"
   with open(os.path.join(config.workdir, "results.json"), "w") as f:

@@ -1,6 +1,7 @@
 """PNG plots of an APEx run from the metrics.jsonl files run_stages and run_ttrl write under
 `<workdir>/logs`: one panel per stage (stage<i>_<module>) and one for TTRL, each the mean
-rollout reward per update with its rolling mean, in the order the run trained them."""
+rollout reward per update (raw, faint) with its moving average, in the order the run trained
+them, and the held-out evaluation before and after on the last panel."""
 
 from __future__ import annotations
 
@@ -22,18 +23,17 @@ def stage_logs(logdir: str) -> list[tuple[str, str]]:
   return [(n, p) for n, p in out if os.path.exists(p)]
 
 
-def _rolling(y: np.ndarray, window: int) -> np.ndarray:
-  return np.asarray([y[max(0, i - window + 1):i + 1].mean() for i in range(len(y))])
-
-
-def reward_curves(logdir: str, path: str, key: str = "reward_mean", window: int = 5) -> str:
-  """Writes the panels to `path` (PNG); returns it. Raises if no stage wrote a metric."""
-  import matplotlib
-
-  matplotlib.use("Agg")  # files only, no display
-  import matplotlib.pyplot as plt
+def reward_curves(logdir: str, path: str, key: str = "reward_mean", weight: float = 0.8,
+                  held_out: dict | None = None) -> str:
+  """Writes the panels to `path` (PNG); returns it. Raises if no stage wrote a metric. Each
+  panel: the per-update reward raw (faint) and its EMA (`morse_jax.mas.plots.ema`). held_out:
+  {"label": ..., "before": value, "after": value} (e.g. held-out F1 of the untrained and the
+  full system), drawn on the last panel at update 0 and at its last update."""
   from matplotlib.ticker import MaxNLocator
 
+  from morse_jax.mas import plots as mas_plots
+
+  plt = mas_plots._pyplot()
   logs = [(n, [r for r in read_jsonl(p) if r.get(key) is not None]) for n, p in stage_logs(logdir)]
   logs = [(n, rows) for n, rows in logs if rows]
   if not logs:
@@ -42,12 +42,18 @@ def reward_curves(logdir: str, path: str, key: str = "reward_mean", window: int 
   for ax, (name, rows) in zip(axes[0], logs):
     x = np.asarray([r["step"] for r in rows])
     y = np.asarray([r[key] for r in rows], np.float64)
-    ax.plot(x, y, marker=".", lw=0.8, label="per update")
-    ax.plot(x, _rolling(y, window), lw=2, label=f"mean of last {window}")
+    mas_plots.curve(ax, x, y, weight=weight, label="per update")
     ax.set_title(name.split("_", 1)[-1] if name.startswith("stage") else name)
     ax.set_xlabel("update")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.05, 1.05)
+  if held_out:
+    last = axes[0][len(logs) - 1]
+    points = [(0, held_out["before"])] if held_out.get("before") is not None else []
+    if held_out.get("after") is not None:
+      points.append((int(logs[-1][1][-1]["step"]), held_out["after"]))
+    mas_plots.held_out_points(last, points, held_out.get("label", "held-out"))
+    last.legend(fontsize=7)
   axes[0][0].set_ylabel("mean rollout reward")
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()

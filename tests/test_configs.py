@@ -82,3 +82,29 @@ def test_missing_model_folder_is_named_with_how_to_make_it(tmp_path):
                      r"folder or a .gguf file"):
     experiment.build(config)
   assert common.SMOLLM2_PATH.endswith("/SmolLM2-135M-Instruct")  # the name build() recognises
+
+
+def test_router_switches_reach_the_router_config():
+  """config.router's loss and sampling switches: ours by default, the paper's plain loss with
+  the regularisers at 0, the draw-consistent log-probability by name."""
+  from morse_jax.lora import router as router_lib
+
+  config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "srdd")
+  assert experiment.router_config(config) == router_lib.RouterConfig(
+      dim=config.router.dim, top_k=config.router.top_k)  # the defaults: ours
+  config.router.update(proto_l2=0.0, orthogonality=0.0, diversity=0.0,
+                       log_prob="distinct_plackett_luce", max_resample=3)
+  got = experiment.router_config(config)
+  assert (got.proto_l2, got.orthogonality, got.diversity) == (0.0, 0.0, 0.0)
+  assert (got.log_prob, got.max_resample) == ("distinct_plackett_luce", 3)
+  del config.router["max_resample"]  # a config written before the switch: ours
+  assert experiment.router_config(config).max_resample == router_lib.RouterConfig().max_resample
+
+
+def test_advantage_switches_reach_the_step_config():
+  config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "srdd")
+  step = experiment.step_config(config)
+  assert (step.advantage_clip, step.min_reward_std) == (5.0, 5e-4)  # the reference code's
+  config.train.update(advantage_clip=0.0, min_reward_std=0.0)
+  step = experiment.step_config(config)
+  assert (step.advantage_clip, step.min_reward_std) == (None, 0.0)

@@ -10,7 +10,8 @@
   scores numerically.
 - `SKILL_ALIGNMENT`: `SKILL_ALIGNMENT_PROMPT` of TTRL/TTRL-nogt/local_search/mmsearch_skill.py.
 - `SKILL_QUALITY` is ours: the Distiller's quality grader (skill_judge.py), the authors' A / B / C
-  grades.
+  grades; `SKILL_FORMAT` and `SKILL_EVOLUTION` are ours too: the paper's J_skill grading the
+  reply's format and the rationality of its operation (the authors score both by rules).
 
 Placeholders use `str.format`; literal braces are doubled.
 """
@@ -185,5 +186,42 @@ Grades:
 - A: a good skill document by every point above.
 - B: usable, but vague, partly unsupported by the experiences, or missing pitfalls.
 - C: not usable: generic, wrong, contradicted by the experiences, or not a procedure.
+
+Output ONLY one letter: A, B or C."""
+
+
+SKILL_FORMAT = """You check the format of a reply that an agent wrote to update its skill document. A well-formed reply is one JSON object with an "operation" (one of synthesize, refine, create, skip), a "skill" object (skill_name, description, a "procedure" list of steps each with step, action and purpose, a "pitfalls" list, win_rate, version, evidence_count) and an "absorbed_ids" list, with nothing else around it.
+
+**Experiences it was written from:**
+{memories}
+
+**Current skill (null: there was none):**
+{current_skill}
+
+**Reply to check:**
+{generated_skill}
+
+Grades:
+- A: well-formed by every point above.
+- B: parseable, but a field is missing, misnamed or of the wrong kind.
+- C: not the asked object.
+
+Output ONLY one letter: A, B or C."""
+
+SKILL_EVOLUTION = """You judge whether an agent chose the right operation when it updated its skill document from new experiences. synthesize: there was no skill yet. refine: the experiences expose a defect in the current procedure, fixed while keeping the steps that worked. create: the experiences show an effective strategy the current skill does not cover. skip: the experiences do not justify a change, and the procedure is left as it was.
+
+**Experiences it was written from:**
+{memories}
+
+**Current skill (null: there was none):**
+{current_skill}
+
+**Reply to judge:**
+{generated_skill}
+
+Grades:
+- A: the operation fits the current skill and the experiences, and the change matches it.
+- B: a defensible operation, but the change is larger or smaller than the experiences justify.
+- C: the wrong operation for this state (e.g. synthesize over an existing skill, skip with a changed procedure).
 
 Output ONLY one letter: A, B or C."""

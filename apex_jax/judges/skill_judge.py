@@ -1,4 +1,6 @@
-"""The Distiller's quality term: an LLM grades a skill document A / B / C (1.0 / 0.5 / 0.0).
+"""The Distiller's quality term: an LLM grades a skill document A / B / C (1.0 / 0.5 / 0.0);
+with `SkillJudgeConfig.term` "format" or "evolution", the same judge grades that term instead
+(the paper's J_skill judges each term; the authors score those two by rules).
 
 The paper's distiller reward is 0.5 quality + 0.1 format + 0.4 evolution rationality, quality
 judged by an LLM (the authors' `_score_llm_quality`, J-Ding519/APEx Writer-Train/Train/
@@ -22,12 +24,19 @@ FAILURES = replies.BACKEND_FAILURES + ("empty_reply", "unparseable")
 GRADES = {"A": 1.0, "B": 0.5, "C": 0.0}
 
 
+# the term of the distiller reward a judge grades -> its prompt (the paper's J_skill grades each)
+TERMS = {"quality": "SKILL_QUALITY", "format": "SKILL_FORMAT", "evolution": "SKILL_EVOLUTION"}
+
+
 @dataclasses.dataclass(frozen=True)
 class SkillJudgeConfig:
   max_tokens: int = 16  # one letter; room for a short preamble
   temperature: float = 0.1  # the authors'
+  term: str = "quality"  # which reward term it grades (TERMS)
 
   def __post_init__(self):
+    if self.term not in TERMS:
+      raise ValueError(f"SkillJudgeConfig.term {self.term!r} not in {tuple(TERMS)}")
     if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
       raise ValueError(f"SkillJudgeConfig.max_tokens must be a positive integer, "
                        f"got {self.max_tokens!r}")
@@ -50,8 +59,9 @@ class SkillJudge:
     self.failures = replies.FailureCounts(FAILURES)
 
   def messages(self, item: SkillItem) -> list[dict]:
-    text = prompts.SKILL_QUALITY.format(memories=item.memories, current_skill=item.current_skill,
-                                        generated_skill=item.generated_skill)
+    text = getattr(prompts, TERMS[self.config.term]).format(
+        memories=item.memories, current_skill=item.current_skill,
+        generated_skill=item.generated_skill)
     return [{"role": "user", "content": text}]
 
   def grade_many(self, items: Sequence[SkillItem]) -> list[float | None]:

@@ -20,6 +20,7 @@ class Judged:
   memory: NewMemory
   correct: bool
   shown: tuple[int, ...] = ()
+  store: bool = True  # False: its outcome still moves the shown win rates, nothing is stored
 
 
 def consolidate(bank, judged: Sequence[Judged], stats: MutableMapping[str, float], *,
@@ -30,7 +31,7 @@ def consolidate(bank, judged: Sequence[Judged], stats: MutableMapping[str, float
   for j in judged:
     if j.shown:
       bank.record_outcome(j.shown, j.correct)
-  added = bank.add_many([j.memory for j in judged])
+  added = bank.add_many([j.memory for j in judged if j.store])
   stats["memories_stored"] += sum(r.id is not None for r in added)
   if evolve is not None:
     count_evolutions(stats, evolve())

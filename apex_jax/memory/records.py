@@ -8,9 +8,16 @@ from typing import Any
 from apex_jax.memory.schema import Bucket
 
 
+def initial_success(correct: bool) -> int:
+  """A new memory's success count: its own episode is its first use (usage 1), a win when the
+  episode was correct; so a memory starts with win rate 1 if correct, 0 if not."""
+  return int(bool(correct))
+
+
 @dataclasses.dataclass(frozen=True)
 class Memory:
-  """One experience. Win rate w = success_count / usage_count; both start at 1 (w = 1)."""
+  """One experience. Win rate w = success_count / usage_count, starting at 1 / 1 for a correct
+  episode's memory and 0 / 1 for a failed one's (`initial_success`)."""
   id: int
   category: str
   modality: str

@@ -49,7 +49,7 @@ from apex_jax.memory import exchange, skills
 from apex_jax.memory.buckets import CentroidClassifier, modality_of
 from apex_jax.memory.evolution import SkillOps
 from apex_jax.memory.records import (AddResult, Memory, NewMemory, OutcomeResult, PlannerContext,
-                                     Retrieval, ScoredMemory)
+                                     Retrieval, ScoredMemory, initial_success)
 from apex_jax.memory.retrieval import BucketCache, rank, unit
 from apex_jax.memory.schema import (Bucket, MemoryBankDatabaseError, MemoryBankError,
                                     MemoryConfig, as_bucket, as_outcome, check_category,
@@ -429,18 +429,22 @@ class MemoryBank(SkillOps):
           return AddResult("dropped", None, old_id, best)
     if action == "replaced":
       conn.execute("DELETE FROM memories WHERE id = ?", (old_id,))
+    correct = mem.outcome == "correct"
+    # The episode that made it is its first use: a win (1 / 1) or a loss (0 / 1).
+    success = initial_success(correct)
     cur = conn.execute(
         "INSERT INTO memories (category, modality, question, caption, workflow_summary, outcome,"
-        " q_emb, c_emb, data_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (*bucket, mem.question, mem.caption, mem.workflow_summary, mem.outcome,
+        " success_count, usage_count, q_emb, c_emb, data_id) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
+        (*bucket, mem.question, mem.caption, mem.workflow_summary, mem.outcome, success,
          np.asarray(q_raw, np.float32).tobytes(),
          None if c_raw is None else np.asarray(c_raw, np.float32).tobytes(), mem.data_id))
     new_id = cur.lastrowid
     self._cache_changed = True
     if action == "replaced":
-      cache.replace(old_id, new_id, q, c, mem.outcome == "correct")
+      cache.replace(old_id, new_id, q, c, correct, success=success)
     else:
-      cache.append(new_id, q, c, mem.outcome == "correct")
+      cache.append(new_id, q, c, correct, success=success)
     if self.after_insert is not None:
       self.after_insert(new_id)
     return AddResult(action, new_id, old_id, best)

@@ -149,3 +149,22 @@ class ModuleUpdater:
     new = keep_only_expert(new, experts, expert)
     metrics.update(step_metrics)
     return new, (new_state, opt_state[1]), metrics
+
+
+@dataclasses.dataclass
+class FrozenUpdater(ModuleUpdater):
+  """A ModuleUpdater that leaves every adapter as it is: its `update` returns the experts and
+  optimiser state unchanged, with the rollouts' reward metrics (and `frozen` 1). A phase run
+  with it keeps only its side effects on the memory bank (TTRL's stored episodes and evolved
+  skills with the planner untrained: the w/o-planner-training ablation)."""
+
+  def update(self, experts, opt_state, module: str, groups: Sequence[Sequence[Trajectory]],
+             rewards: Sequence[Sequence[float]]):
+    if module not in MODULES:
+      raise ValueError(f"FrozenUpdater.update: module {module!r} not in {MODULES}")
+    flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
+    group_ids = np.concatenate([np.full(len(r), g) for g, r in enumerate(rewards)])
+    metrics = dict(metrics_lib.reward_stats(flat, group_ids, self.step.min_reward_std))
+    metrics["generated_tokens"] = float(sum(t.generated_tokens() for g in groups for t in g))
+    metrics.update(skipped=1.0, frozen=1.0)
+    return experts, opt_state, metrics

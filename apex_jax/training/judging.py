@@ -9,9 +9,12 @@
                 could not (an unreadable reply, a failed call), counted as judge_fallbacks.
   skill_quality the distiller stage's quality term: "judge" (`SkillJudge`; the paper's) or
                 "rule" (the authors' rule-based score).
+  skill_terms   its format and evolution-rationality terms: "judge" (a `SkillJudge` per term,
+                the paper's J_skill) or "rule" (the authors' rules; the demos').
   max_tokens    the judges' reply cap.
 TTRL's no-ground-truth panel and alignment judge use the same backend (pipeline.judges).
-Missing keys take the paper's defaults: accuracy "judge", rule "em", skill_quality "judge".
+Missing keys take the paper's defaults: accuracy "judge", rule "em", skill_quality "judge",
+skill_terms "judge".
 """
 
 from __future__ import annotations
@@ -79,3 +82,14 @@ def skill_judge(exp):
   if _choice(c, "skill_quality", "judge", CHOICES) == "rule":
     return None
   return SkillJudge(judge_chat(exp), SkillJudgeConfig(max_tokens=c.max_tokens))
+
+
+def skill_term_judges(exp) -> dict:
+  """The distiller stage's judges of its format and evolution terms ({}: the rules)."""
+  from apex_jax.judges import SkillJudge, SkillJudgeConfig
+
+  c = exp.config.judges
+  if _choice(c, "skill_terms", "judge", CHOICES) == "rule":
+    return {}
+  return {term: SkillJudge(judge_chat(exp), SkillJudgeConfig(max_tokens=c.max_tokens, term=term))
+          for term in ("format", "evolution")}

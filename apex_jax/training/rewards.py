@@ -275,12 +275,15 @@ def _without_think(reply: str) -> str:
 
 
 def distiller_reward(text: str, current_skill: Mapping | None,
-                     quality: float | None = None) -> Reward:
+                     quality: float | None = None, *, format_grade: float | None = None,
+                     evolution_grade: float | None = None) -> Reward:
   """R = 0.5 quality + 0.1 format + 0.4 evolution rationality.
 
   quality: the skill judge's grade (`judge_grade`), None when the judge call failed (then the
-  rule-based `skill_quality_rules`, as the authors fall back). A reply without JSON gets
-  quality 0 whatever the judge said. current_skill: the bucket's skill as `Skill.to_dict()`.
+  rule-based `skill_quality_rules`, as the authors fall back). format_grade / evolution_grade:
+  a judge's grade of that term (the paper's J_skill), None: the rule (`distiller_format`,
+  `evolution_rationality`; the authors'). A reply without JSON gets 0 on every term whatever
+  a judge said. current_skill: the bucket's skill as `Skill.to_dict()`.
   """
   parsed = parse_skill_reply(text)
   if parsed is None:
@@ -288,6 +291,10 @@ def distiller_reward(text: str, current_skill: Mapping | None,
   else:
     q = skill_quality_rules(parsed) if quality is None else _unit(quality, "distiller quality")
   fmt, evo = distiller_format(parsed), evolution_rationality(parsed, current_skill)
+  if parsed is not None and format_grade is not None:
+    fmt = _unit(format_grade, "distiller format")
+  if parsed is not None and evolution_grade is not None:
+    evo = _unit(evolution_grade, "distiller evolution")
   return Reward(0.5 * q + 0.1 * fmt + 0.4 * evo, {"quality": q, "format": fmt, "evolution": evo})
 
 

@@ -131,30 +131,35 @@ class DistillerRollout:
   bank: object
   agent_config: AgentConfig
   skill_judge: object = None
+  # "format" / "evolution" -> a SkillJudge grading that term (the paper's J_skill); absent: rules
+  term_judges: dict = dataclasses.field(default_factory=dict)
   metrics: dict = dataclasses.field(default_factory=dict, init=False)
 
   def _qualities(self, texts, inputs) -> list:
     """Per reply: the judge's grade, or None (no judge, or it gave none: rule fallback)."""
     if self.skill_judge is None:
-      self.metrics = {}
       return [None] * len(texts)
     if not hasattr(self.skill_judge, "grade_many"):
-      self.metrics = {}
       return [self.skill_judge(t, b, mems) for t, (b, mems, _) in zip(texts, inputs)]
+    return self._grades(self.skill_judge, "skill_judge", texts, inputs)
+
+  def _grades(self, judge, name: str, texts, inputs) -> list:
+    """`judge`'s grade per reply with JSON (None: no grade, the rule's), counted in metrics as
+    <name>_calls / <name>_fallbacks."""
     from apex_jax.judges.skill_judge import SkillItem
 
     parsed = [rw.parse_skill_reply(t) for t in texts]
     ask = [i for i, p in enumerate(parsed) if p is not None]
-    grades = self.skill_judge.grade_many([
+    grades = judge.grade_many([
         SkillItem(json.dumps(parsed[i], ensure_ascii=False), format_batch(inputs[i][1]),
                   _skill_doc(inputs[i][2])) for i in ask])
     if len(grades) != len(ask):
-      raise RuntimeError(f"skill judge returned {len(grades)} grades for {len(ask)} replies")
+      raise RuntimeError(f"{name} returned {len(grades)} grades for {len(ask)} replies")
     out = [None] * len(texts)
     for i, grade in zip(ask, grades):
       out[i] = grade
-    self.metrics = {"skill_judge_calls": float(len(ask)),
-                    "skill_judge_fallbacks": float(sum(g is None for g in grades))}
+    self.metrics.update({f"{name}_calls": float(len(ask)),
+                         f"{name}_fallbacks": float(sum(g is None for g in grades))})
     return out
 
   def __call__(self, batch, generator, rng, stage):
@@ -176,10 +181,22 @@ class DistillerRollout:
       raise RuntimeError(f"generator returned {len(gens)} generations for {len(convs)} prompts")
     for conv, gen in zip(convs, gens):
       conv.add_generated(gen)
-    qualities = self._qualities([gen.text for gen in gens], _repeat(inputs, g))
+    texts, repeated = [gen.text for gen in gens], _repeat(inputs, g)
+    self.metrics = {}
+    qualities = self._qualities(texts, repeated)
+    unknown = set(self.term_judges) - {"format", "evolution"}
+    if unknown:
+      raise ValueError(f"DistillerRollout.term_judges: {sorted(unknown)} not in "
+                       f"('format', 'evolution')")
+    terms = {term: self._grades(judge, f"skill_{term}_judge", texts, repeated)
+             for term, judge in self.term_judges.items()}
+    none = [None] * len(texts)
     trajs, rewards = [], []
-    for conv, gen, (b, mems, skill), quality in zip(convs, gens, _repeat(inputs, g), qualities):
-      reward = rw.distiller_reward(gen.text, None if skill is None else skill.to_dict(), quality)
+    for j, (conv, gen, (b, mems, skill), quality) in enumerate(zip(convs, gens, repeated,
+                                                                    qualities)):
+      reward = rw.distiller_reward(gen.text, None if skill is None else skill.to_dict(), quality,
+                                   format_grade=terms.get("format", none)[j],
+                                   evolution_grade=terms.get("evolution", none)[j])
       trajs.append(Trajectory("distiller", conv.segments, gen.text, gen.text,
                               {"llm_calls": 1.0, "truncated": float(not gen.finished)},
                               info={"bucket": tuple(b), "reward": dict(reward.parts)}))

@@ -12,7 +12,8 @@ memory server it posts to):
    with the hard skill gate on (off by default, as the authors'), a group whose skill passes
    `rewards.skill_gate` gets R = confidence for every episode: zero advantage, update skipped;
 4. one GRPO update of the planner expert (executor and distiller frozen);
-5. memories consolidated: every episode stored with its judged outcome, the win rates of the
+5. memories consolidated: every episode (`TtrlConfig.store` "all"; "best": only each query's
+   highest-reward one) stored with its judged outcome, the win rates of the
    memories shown to it updated (the plan's, and the replan's when it replanned); every touched
    bucket due for evolution gets a Distiller reply applied.
 A judge that fails or answers out of range is a counted failure with fallback 0 (the authors'
@@ -51,6 +52,9 @@ from apex_jax.training.grpo import ModuleUpdater
 log = logging.getLogger(__name__)
 
 
+STORE = ("all", "best")
+
+
 @dataclasses.dataclass(frozen=True)
 class TtrlConfig:
   steps: int
@@ -64,8 +68,14 @@ class TtrlConfig:
   gate_threshold: float = 0.98
   gate_min_evidence: int = 20
   gate_require_procedure: bool = True
+  # which judged episodes become memories: "all" (ours; every complete one) or "best" (per
+  # query, the first complete episode with the group's highest reward: our reading of the
+  # paper's "selected" episodes). Every episode's outcome moves its shown memories' win rates.
+  store: str = "all"
 
   def __post_init__(self):
+    if self.store not in STORE:
+      raise ValueError(f"TtrlConfig.store {self.store!r} not in {STORE}")
     for name in ("steps", "batch_size", "group_size", "max_new_tokens", "gate_min_evidence"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -282,13 +292,16 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
       group_rewards, outcomes = _group_rewards(group, query, skill, conf, config, judging,
                                                stats, bank.config.skill_evidence_n, ctx.skill)
       rewards.append(group_rewards)
-      for ep, correct in zip(group, outcomes):
+      complete = [i for i, c in enumerate(outcomes) if c is not None]
+      best = max(complete, key=lambda i: (group_rewards[i], -i)) if complete else None
+      for i, (ep, correct) in enumerate(zip(group, outcomes)):
         if correct is None:
           continue
         memory = NewMemory(query.question, ep.summary or ep.workflow, correct, *ctx.bucket,
                            caption=query.caption, data_id=query.data_id)
         shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
-        judged_episodes.append(Judged(memory, correct, shown))
+        judged_episodes.append(Judged(memory, correct, shown,
+                                      store=config.store == "all" or i == best))
         stats["correct"] += correct
     trajectories = [[ep.trajectory for ep in g] for g in groups]
     experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)

@@ -44,7 +44,10 @@ def get_config(arg=None):
   c.lora = dict(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0)
   # checkpoint_every: the stages save every n updates (0: at each stage's end), TTRL every n
   # steps with a snapshot of the memory bank; a killed run resumes (experiment.run)
-  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1)
+  # aggregation / advantage_clip / min_reward_std: ours (token-mean, clip 5, flat below 5e-4);
+  # configs/apex/paper.py has the paper's (seq-mean-token-mean, 0: no clip, 0.0)
+  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1, aggregation="token-mean",
+                 advantage_clip=5.0, min_reward_std=5e-4)
   c.agents = dict(max_turns=5, max_llm_calls=10, max_tool_tokens=512, max_context_tokens=2048,
                   topk=2, planner_max_new_tokens=96, executor_max_new_tokens=80,
                   distiller_max_new_tokens=400, temperature=1.0, top_p=1.0,
@@ -52,15 +55,20 @@ def get_config(arg=None):
   c.memory_build = dict(questions=12, batch_size=6, force_evolve=True)
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),
                   planner=_stage(3, 1e-3, 96))
+  # store: "all" judged episodes become memories (ours) or "best", each query's best one (our
+  # reading of the paper's "selected" episodes; apex_jax.training.ttrl.TtrlConfig)
   c.ttrl = dict(steps=2, batch_size=4, group_size=4, learning_rate=1e-4, temperature=1.0,
-                max_new_tokens=96, summarize=True, checkpoint_every=1)
-  # accuracy / skill_quality "judge" (the paper's: an LLM judge on this backend) or "rule": the
+                max_new_tokens=96, summarize=True, checkpoint_every=1, store="all")
+  # accuracy / skill_quality / skill_terms "judge" (the paper's: an LLM judge on this backend) or "rule": the
   # toy was taught the TTRL judges' replies but not the correctness or skill grades, so the
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)
   c.judges = dict(kind="inprocess", url="", model="", max_tokens=32, accuracy="rule", rule="em",
-                  skill_quality="rule")
+                  skill_quality="rule", skill_terms="rule")
   # ablations: the table's rows (apex_jax.pipeline.ABLATIONS); () gives every row
   # untrained: the untrained system's row (initial experts, built memories) before the table
+  # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial
+  # adapter, so it reads the bank that system builds (apex_jax.pipeline); False: the adapter
+  # swapped into the full system, reading the full bank (cheaper: no TTRL rerun per row)
   c.eval = dict(questions=16, batch_size=16, temperature=0.0, ablations=(),
-                untrained=True)
+                untrained=True, rebuild_module_banks=True)
   return ml_collections.ConfigDict(c)

@@ -12,7 +12,9 @@ JSON files: train and dev_distractor / dev splits, read as cached array_record t
 apex_jax.datasets.sources), index (a search index folder, launchers.build_index).
 The config always builds; `apex_jax.experiment.build` refuses an empty path, naming its field.
 
-The numbers are the authors' run scripts (J-Ding519/APEx), which the paper's tables report:
+The numbers are the authors' run scripts (J-Ding519/APEx), which the paper's tables report,
+except where the paper says otherwise (the paper's value taken, the script's named beside it:
+the planner's group size, the loss aggregation and the advantages):
   executor  Executor-Train/Train/local_search/run_mmsearch_grpo.sh
   distiller Writer-Train/Train/writer_skill/run_writer_grpo.sh (the paper's Writer)
   planner   Planner-Train/mem-plan/local_search/run_mmsearch_grpo.sh
@@ -76,8 +78,11 @@ def get_config(arg=None):
   c.memory = dict(embedder="sentence", embedder_path=paths["embedder"], path="",
                   evolve_temperature=None, bank=dict())
   c.lora = dict(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0)  # ours
-  # kl 0 in every script (algorithm.kl_ctrl.kl_coef=0.0, use_kl_loss=False)
-  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1)  # a killed run resumes
+  # kl 0 in every script (algorithm.kl_ctrl.kl_coef=0.0, use_kl_loss=False); the paper's loss
+  # (Eq. 5: per-sequence token mean, then 1/G) and advantages (no clip, no near-flat cut; the
+  # scripts set no loss_agg_mode: verl's default); ours: "token-mean", 5.0, 5e-4
+  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1,  # a killed run resumes
+                 aggregation="seq-mean-token-mean", advantage_clip=0.0, min_reward_std=0.0)
   # multi_turn.max_assistant_turns 10; MAX_LLM_CALL_PER_RUN 20 (the agent servers); the
   # executor stage's tool outputs 4096 tokens; prompts verbatim; replans see k_replan memories
   c.agents = dict(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,
@@ -92,14 +97,18 @@ def get_config(arg=None):
       # train_batch_size 64, rollout.n 8, lr 1e-6, prompt 4096, response 2048 (one turn),
       # 8 epochs
       distiller=_stage(64, 8, 1e-6, 4096, 2048, 8),
-      # train_batch_size 48, rollout.n 8, lr 1e-6, prompt 24576, response 8192, tool
-      # responses 8192, 5 epochs
-      planner=_stage(48, 8, 1e-6, 24576, 8192, 5, max_tool_tokens=8192))
+      # train_batch_size 48, lr 1e-6, prompt 24576, response 8192, tool responses 8192,
+      # 5 epochs; group size 4, the paper's Table 6 (the script's rollout.n is 8:
+      # --config.stages.planner.group_size=8 runs the script's)
+      planner=_stage(48, 4, 1e-6, 24576, 8192, 5, max_tool_tokens=8192))
   # TTRL: train_batch_size 8 x rollout.n 4 at lr 2e-7, prompt 24576, response 8192, tool
   # responses 8192, one epoch over the test queries; SKILL_LAMBDA 0.1 (TtrlConfig.base_lambda);
   # stored workflows are summarised (Memory-Serve get_trace_prompt)
   ttrl = _stage(8, 4, 2e-7, 24576, 8192, 1, max_tool_tokens=8192)
-  c.ttrl = dict(ttrl, summarize=True, checkpoint_every=1)  # with the memory bank's snapshot
+  # store "best": each query's best episode becomes a memory (our reading of the paper's
+  # "selected" episodes; the authors' server stores what is posted; "all": every judged one)
+  c.ttrl = dict(ttrl, summarize=True, checkpoint_every=1,  # with the memory bank's snapshot
+                store="best")
   # the judges: Qwen3-32B (the authors' vLLM server, served name "qwen"); replies up to 1000
   # tokens (the authors' call_llm; NoGtConfig), panel weights 0.5 / 0.3 / 0.2 (NoGtConfig)
   c.judges = dict(kind="http" if judge_url else "inprocess",
@@ -108,9 +117,15 @@ def get_config(arg=None):
                   max_tokens=1000,
                   # R_acc and the Writer's quality judged by the LLM (the paper's); EM scores a
                   # reply the judge could not give (counted: judge_fallbacks)
-                  accuracy="judge", rule="em", skill_quality="judge")
+                  accuracy="judge", rule="em", skill_quality="judge",
+                  # the Writer's format and evolution terms judged too (the paper's J_skill;
+                  # the authors' code scores them by rules: skill_terms="rule")
+                  skill_terms="judge")
   # ours: all test questions, greedy; every ablation row (apex_jax.pipeline.ABLATIONS), or a
   # subset: --config.eval.ablations="('full','without_ttrl')"
+  # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial
+  # adapter, so it reads the bank that system builds (apex_jax.pipeline); False: the adapter
+  # swapped into the full system, reading the full bank (cheaper: no TTRL rerun per row)
   c.eval = dict(questions=0, batch_size=64, temperature=0.0, ablations=(),
-                untrained=True)
+                untrained=True, rebuild_module_banks=True)
   return ml_collections.ConfigDict(c)

@@ -72,12 +72,22 @@ def base() -> ml_collections.ConfigDict:
   # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
   c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,
                                           alpha=16.0, num_subtask_experts=4))
+  # log_prob: "plackett_luce" (the paper's log pi(E)), "sum_log_p" (the reference code's) or
+  # "distinct_plackett_luce" (the probability of the draw as made: the B routes of a node are
+  # redrawn up to max_resample times until their sets differ; max_resample 0: no redraw, where
+  # plain Plackett-Luce is exact). proto_l2 / orthogonality / diversity: ours, added to the
+  # router loss; 0 each gives the paper's plain -alpha_pi sum_b A_cross_b log pi(E_b).
   c.router = ml_collections.ConfigDict(dict(dim=128, top_k=2, log_prob="plackett_luce",
-                                            merge_experts="union", embedder="backbone_mean"))
+                                            merge_experts="union", embedder="backbone_mean",
+                                            max_resample=8, proto_l2=1e-4, orthogonality=0.05,
+                                            diversity=0.02))
   c.train = ml_collections.ConfigDict(dict(
       steps=200, tasks_per_step=4, routes_per_node=4, group_size=4, max_new_tokens=1024,
       temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
       aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
+      # the reference code's advantages, in neither paper: clipped to +-5 (0: no clip), a node
+      # whose reward std is below 5e-4 skipped (0.0: only an exactly flat one)
+      advantage_clip=5.0, min_reward_std=5e-4,
       epochs=1,  # PPO epochs per rollout (experts; the router takes one step)
       # recompute each layer in the update's backward pass: one layer's attention scores live at
       # a time instead of all layers' (StepConfig.remat; the accelerator presets turn it on)

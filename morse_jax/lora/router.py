@@ -8,10 +8,14 @@
 Training draws an ordered top-K route without replacement (Gumbel top-k, i.e. a Plackett-Luce
 sample); inference takes the K most probable. The route log-probability is the exact
 Plackett-Luce one, log pi(e_1..e_K) = sum_j [log pi_{e_j} - log(1 - sum_{i<j} pi_{e_i})], or the
-reference code's approximation sum_j log pi_{e_j} (`sum_log_p`).
+reference code's approximation sum_j log pi_{e_j} (`sum_log_p`), or the probability of the draw
+as `distinct_routes` makes it (`distinct_plackett_luce`, below): the B routes of a node are
+redrawn until their expert sets differ, which the plain Plackett-Luce form ignores.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import dataclasses
 from typing import Sequence
@@ -20,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-LOG_PROBS = ("plackett_luce", "sum_log_p")
+LOG_PROBS = ("plackett_luce", "sum_log_p", "distinct_plackett_luce")
 MERGE_MODES = ("union", "random_subset")
 
 
@@ -87,11 +91,17 @@ def log_probs(params: RouterParams, emb, config: RouterConfig):
   return jax.nn.log_softmax(logits, axis=-1)
 
 
-def route_log_prob(logp, route, mode: str = "plackett_luce"):
-  """logp [n, Ks], route [n, K] ordered expert indices (0-based subtask ids) -> [n]."""
+def route_log_prob(logp, route, mode: str = "plackett_luce", *,
+                   routes_per_node: int | None = None, max_resample: int = 0):
+  """logp [n, Ks], route [n, K] ordered expert indices (0-based subtask ids) -> [n].
+  distinct_plackett_luce needs routes_per_node (and the sampler's max_resample)."""
   chosen = jnp.take_along_axis(logp, route, axis=-1)  # [n, K]
   if mode == "sum_log_p":
     return chosen.sum(-1)
+  if mode == "distinct_plackett_luce":
+    if routes_per_node is None:
+      raise ValueError("route_log_prob: distinct_plackett_luce needs routes_per_node")
+    return distinct_route_log_prob(logp, route, routes_per_node, max_resample)
   if mode != "plackett_luce":
     raise ValueError(f"route_log_prob: mode {mode!r} not in {LOG_PROBS}")
   # log of the mass left before draw j: logsumexp over experts not drawn at steps < j.
@@ -99,6 +109,38 @@ def route_log_prob(logp, route, mode: str = "plackett_luce"):
   before = jnp.cumsum(drawn, axis=1) - drawn  # drawn strictly before step j
   remaining = jax.nn.logsumexp(jnp.where(before > 0, -jnp.inf, logp[:, None, :]), axis=-1)
   return (chosen - remaining).sum(-1)
+
+
+def distinct_route_log_prob(logp, route, routes_per_node: int, max_resample: int):
+  """The log-probability of each route under `distinct_routes`' draw, given the routes drawn
+  before it for the same node (rows g = node * B + b, in draw order):
+
+    P(r_b | r_<b) = PL(r_b) * (1 - q^(R+1)) / (1 - q)   if set(r_b) is not among the earlier sets
+                  = PL(r_b) * q^R                        if it is (the last of R + 1 tries kept)
+
+  with R = max_resample and q = the Plackett-Luce mass of the earlier distinct sets (a set's
+  mass: PL summed over its K! orders). R = 0 gives plain Plackett-Luce. logp [n, Ks], route
+  [n, K], n a multiple of routes_per_node -> [n]."""
+  n, k = route.shape
+  b = routes_per_node
+  if n % b:
+    raise ValueError(f"distinct_route_log_prob: {n} routes is not a multiple of "
+                     f"routes_per_node={b}")
+  pl = route_log_prob(logp, route)  # [n]
+  orders = [route[:, list(p)] for p in itertools.permutations(range(k))]
+  set_logp = jax.nn.logsumexp(jnp.stack([route_log_prob(logp, o) for o in orders]), axis=0)
+  sets = jnp.sort(route, axis=-1).reshape(n // b, b, k)
+  same = jnp.all(sets[:, :, None, :] == sets[:, None, :, :], axis=-1)  # [N, B, B]: j vs b
+  earlier = jnp.tril(jnp.ones((b, b), bool), -1).T  # [j, b]: j < b
+  first = ~jnp.any(same & earlier[None], axis=1)  # [N, B]: no earlier route has its set
+  q = jnp.einsum("njb,nj->nb", (earlier[None] & first[:, :, None]).astype(logp.dtype),
+                 jnp.exp(set_logp).reshape(n // b, b))
+  q = jnp.clip(q, 0.0, 1.0 - 1e-7)
+  seen = ~first  # its set was drawn before
+  r = max_resample
+  new_factor = jnp.log1p(-q ** (r + 1)) - jnp.log1p(-q)
+  seen_factor = r * jnp.log(jnp.maximum(q, 1e-30))
+  return pl + jnp.where(seen, seen_factor, new_factor).reshape(n)
 
 
 def sample_routes(key, logp, k: int):

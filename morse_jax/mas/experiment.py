@@ -149,16 +149,24 @@ def router_config(config) -> router_lib.RouterConfig | None:
   if config.mixture != "mole":
     return None
   c = config.router
+  defaults = router_lib.RouterConfig()  # a config written before a field existed: ours
+  extra = {f: c.get(f, getattr(defaults, f))
+           for f in ("max_resample", "proto_l2", "orthogonality", "diversity")}
   return router_lib.RouterConfig(dim=c.dim, top_k=c.top_k, log_prob=c.log_prob,
-                                 merge_experts=c.merge_experts)
+                                 merge_experts=c.merge_experts, **extra)
 
 
 def step_config(config) -> ts.StepConfig:
   c = config.train
+  # advantage_clip (0: none) and min_reward_std (0.0: only an exactly flat node): the reference
+  # code's 5 and 5e-4 unless set (in neither paper)
+  clip = float(c.get("advantage_clip", 5.0))
   return ts.StepConfig(expert_lr=c.expert_lr, router_lr=c.router_lr, estimator=config.algo,
                        micro_batches=c.micro_batches, epochs=c.epochs, kl_coef=c.kl_coef,
                        aggregation=c.aggregation, alpha_pi=c.alpha_pi,
-                       remat=c.get("remat", False))
+                       remat=c.get("remat", False),
+                       advantage_clip=clip or None,
+                       min_reward_std=float(c.get("min_reward_std", ts.MIN_REWARD_STD)))
 
 
 @dataclasses.dataclass

@@ -308,7 +308,10 @@ def demo(config) -> dict:
   print(f"{steps} updates\n{'metric':<16} {'before':>8} {'after':>8}")
   for k in rows:
     print(f"{k:<16} {before[k]:8.3f} {after[k]:8.3f}")
-  written = plots.training_plots(os.path.join(workdir, "metrics.jsonl"), workdir)
+  held_out = {key: [(0, before[metric]), (steps, after[metric])]
+              for key, metric in (("reward_mean", "step_reward"), ("problem_pass", "problem_pass"))
+              if metric in before and metric in after}
+  written = plots.training_plots(os.path.join(workdir, "metrics.jsonl"), workdir, held_out)
   summary = {"before": before, "after": after, "plots": written, "before_identity": identity,
              "steps": steps}
   with open(os.path.join(workdir, "demo.json"), "w") as f:

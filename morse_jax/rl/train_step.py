@@ -178,7 +178,9 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
   def total_router_loss(router_params):
     logp = router_lib.log_probs(router_params, router_batch.embeddings, router_config)
     route_logp = router_lib.route_log_prob(logp, router_batch.subtask_routes,
-                                           router_config.log_prob)
+                                           router_config.log_prob,
+                                           routes_per_node=routes_per_node,
+                                           max_resample=router_config.max_resample)
     regs = router_lib.regularisers(router_params, logp, router_config, router_batch.mask)
     loss = router_loss(route_logp, adv.route, step_config.alpha_pi, router_batch.mask)
     mask = router_batch.mask.astype(jnp.float32)

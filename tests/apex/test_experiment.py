@@ -288,8 +288,14 @@ def test_config_judges_select_the_stage_scorers_on_one_chat(exp):
   # the demo: EM and the rule-based quality (the toy cannot grade)
   assert isinstance(stages["executor"].scorer, accuracy.RuleAccuracy)
   assert stages["planner"].scorer.metric == "em" and judging.skill_judge(exp) is None
-  exp.config.judges.update(accuracy="judge", rule="f1", skill_quality="judge")
+  assert judging.skill_term_judges(exp) == {}  # the demo: the format / evolution rules
+  exp.config.judges.update(accuracy="judge", rule="f1", skill_quality="judge",
+                           skill_terms="judge")
   acc, skill = judging.reward_accuracy(exp), judging.skill_judge(exp)
+  terms = judging.skill_term_judges(exp)
+  assert {t: j.config.term for t, j in terms.items()} == {"format": "format",
+                                                          "evolution": "evolution"}
+  assert all(j.backend is skill.backend for j in terms.values())
   assert isinstance(acc, accuracy.JudgedAccuracy) and acc.fallback == "f1"
   assert acc.judge.config.max_tokens == skill.config.max_tokens == 32
   # one backend for R_acc, the skill judge and TTRL's panel
@@ -347,7 +353,9 @@ def test_whole_pipeline_on_a_tiny_random_model(tmp_path):
   for role, path in results["adapters"].items():  # each module's expert, servable by peft/vLLM
     assert os.path.exists(os.path.join(path, "adapter_model.safetensors")), role
   assert set(results["adapters"]) == {"planner", "executor", "distiller"}
-  assert set(results["seconds"]) == {"memory_build", "eval_untrained", "stages", "ttrl", "eval"}
+  assert set(results["seconds"]) == {"memory_build", "eval_untrained", "stages", "ttrl",
+                                     "ablation_ttrl", "eval"}
+  assert set(results["ablation_ttrl"]) == {f"without_{m}_training" for m in STAGE_ORDER}
 
 
 @pytest.mark.slow  # minutes of CPU: one update compile per stage on a tiny random model
@@ -414,7 +422,8 @@ class _FakeChat:
 
 def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
   """pipeline.run killed in the planner stage, restarted, killed in TTRL's second step,
-  restarted: the stages' and TTRL's histories, the memory-building stats, the ablation table
+  restarted, killed in the second step of a module row's TTRL rerun, restarted: the stages'
+  and TTRL's histories (the rows' reruns too), the memory-building stats, the ablation table
   and the final bank equal an unbroken run's."""
   from apex_jax.training import judging, rollouts
 
@@ -451,7 +460,9 @@ def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
   monkeypatch.setattr(rollouts.TtrlEpisodes, "__call__", episodes)
 
   def config(workdir):
-    c = small_config(workdir)
+    # one module row (its TTRL rerun resumes like TTRL's; more rows only cost time)
+    c = small_config(workdir, ablations=("full", "without_ttrl", "without_iteration",
+                                         "without_distiller_training"))
     for m in STAGE_ORDER:
       c.stages[m].update(steps=2)
     c.ttrl.update(steps=2)
@@ -462,6 +473,8 @@ def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
     results = json.loads(json.dumps(results).replace(str(workdir), "<workdir>"))
     out = {k: v for k, v in results.items() if k not in ("seconds", "judge_failures", "plot")}
     out["judge_calls"] = results["judge_failures"]["calls"]  # the panel's own counts restart
+    for row in out.get("ablation_ttrl", {}).values():
+      row["judge_failures"] = row["judge_failures"]["calls"]
     from apex_jax.memory import MemoryBank
     b = MemoryBank(str(workdir / "memory.db"), HashEmbedder(64))  # as the run left it
     b.export_json(str(workdir / "bank.json"))
@@ -480,11 +493,18 @@ def test_a_killed_run_resumes_step_for_step(tiny_model, tmp_path, monkeypatch):
   with pytest.raises(_Killed):
     pipeline.run(config(workdir))
   kill.clear()
+  kill.update(ttrl=3)  # TTRL's second step, then the module row's rerun: its second step
+  with pytest.raises(_Killed):
+    pipeline.run(config(workdir))
+  kill.clear()
   resumed = pipeline.run(config(workdir))
-  assert kill["ttrl_calls"] == 1  # only TTRL's second step ran again
+  assert kill["ttrl_calls"] == 1  # only that row's second step ran again
   assert len(unbroken["stages"]) == 6 and len(unbroken["ttrl"]) == 2
   assert len(unbroken["bank"]["memories"]) > unbroken["memory_build"]["memories_stored"]
-  assert comparable(resumed, workdir) == unbroken
+  resumed = comparable(resumed, workdir)
+  for name, row in unbroken["ablation_ttrl"].items():
+    assert resumed["ablation_ttrl"][name] == row, name
+  assert resumed == unbroken
 
 
 class _Forward:

@@ -17,7 +17,7 @@ def test_paper_numbers_and_overrides():
   assert c.ttrl.agents.max_tool_tokens == 8192 and c.ttrl.summarize
   s = c.stages
   assert [(s[m].batch_size, s[m].group_size, s[m].learning_rate) for m in STAGE_ORDER] == [
-      (128, 8, 1e-6), (64, 8, 1e-6), (48, 8, 1e-6)]
+      (128, 8, 1e-6), (64, 8, 1e-6), (48, 4, 1e-6)]  # planner: Table 6's G 4 (script: 8)
   assert s.executor.agents.max_tool_tokens == 4096 and s.planner.agents.max_tool_tokens == 8192
   assert [s[m].agents.max_context_tokens for m in STAGE_ORDER] == [32768, 6144, 32768]
   assert [s[m].max_new_tokens for m in STAGE_ORDER] == [16384, 2048, 8192]
@@ -29,6 +29,29 @@ def test_paper_numbers_and_overrides():
   assert paper.get_config("/just/a/model").model.path == "/just/a/model"
   with pytest.raises(ValueError, match="unknown key 'modle'"):
     paper.get_config("modle=/m")
+
+
+def test_the_step_takes_the_papers_loss_and_advantages_or_ours():
+  from morse_jax.rl.advantages import MIN_REWARD_STD
+
+  ours, theirs = (experiment.step_config(m.get_config().train) for m in (demo_cpu, paper))
+  assert (ours.aggregation, ours.advantage_clip, ours.min_reward_std) == (
+      "token-mean", 5.0, MIN_REWARD_STD)
+  assert (theirs.aggregation, theirs.advantage_clip, theirs.min_reward_std) == (
+      "seq-mean-token-mean", None, 0.0)
+  old = demo_cpu.get_config().train
+  for key in ("aggregation", "advantage_clip", "min_reward_std"):
+    del old[key]  # a config written before the switches: ours
+  assert experiment.step_config(old) == ours
+  bad = demo_cpu.get_config().train
+  bad.aggregation = "sum"
+  with pytest.raises(ValueError, match=r"config.train.aggregation 'sum' not in"):
+    experiment.step_config(bad)
+  bad = demo_cpu.get_config().train
+  bad.advantage_clip = -1.0
+  with pytest.raises(ValueError, match=r"advantage_clip and min_reward_std must be >= 0, got "
+                                       r"-1.0"):
+    experiment.step_config(bad)
 
 
 @pytest.mark.parametrize("arg, field", [

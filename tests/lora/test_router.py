@@ -12,6 +12,9 @@ from morse_jax import llm
 from morse_jax.lora import embedders, router
 
 CONFIG = router.RouterConfig(dim=8, top_k=2, temperature=0.5)
+# compiled once per shape: the distinct form runs a few dozen small ops
+route_log_prob = jax.jit(router.route_log_prob,
+                         static_argnames=("mode", "routes_per_node", "max_resample"))
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +41,62 @@ def test_plackett_luce_by_hand():
                              rtol=1e-6)
   np.testing.assert_allclose(jnp.exp(router.route_log_prob(logp, route, "sum_log_p")), 0.15,
                              rtol=1e-6)
+
+
+def test_distinct_route_probabilities_by_hand():
+  """pi = (0.5, 0.3, 0.2), K 2, R = max_resample 1. Node 0 draws (0, 1) then (2, 0); node 1
+  draws (0, 1) then (1, 0), a repeat of the set {0, 1}, kept only at the last try.
+    PL(0,1) = 0.5 * 0.3 / 0.5 = 0.3      PL(1,0) = 0.3 * 0.5 / 0.7 = 0.2142857
+    PL(2,0) = 0.2 * 0.5 / 0.8 = 0.125    q = mass of {0, 1} = 0.3 + 0.2142857 = 0.5142857
+    first routes: q = 0, P = PL
+    (2,0) after {0,1}: PL * (1 - q^2) / (1 - q) = 0.125 * 1.5142857 = 0.1892857
+    (1,0) after {0,1}: PL * q^1 = 0.2142857 * 0.5142857 = 0.1102041"""
+  logp = jnp.log(jnp.tile(jnp.asarray([[0.5, 0.3, 0.2]]), (4, 1)))
+  routes = jnp.asarray([[0, 1], [2, 0], [0, 1], [1, 0]])
+  got = jnp.exp(route_log_prob(logp, routes, "distinct_plackett_luce", routes_per_node=2,
+                                      max_resample=1))
+  np.testing.assert_allclose(got, [0.3, 0.1892857, 0.3, 0.1102041], rtol=1e-5)
+  # no redraw (R = 0): the plain Plackett-Luce probabilities
+  plain = route_log_prob(logp, routes, "distinct_plackett_luce", routes_per_node=2,
+                                max_resample=0)
+  np.testing.assert_allclose(plain, route_log_prob(logp, routes), rtol=1e-6)
+  with pytest.raises(ValueError, match="needs routes_per_node"):
+    router.route_log_prob(logp, routes, "distinct_plackett_luce")
+
+
+@pytest.mark.parametrize("resample", [1, 3])
+def test_distinct_route_probabilities_sum_to_one_given_the_earlier_routes(params, resample):
+  """For each earlier pair of routes, the probabilities of every ordered third route sum to 1
+  (K 2 of 4 experts, B 3)."""
+  emb = jnp.tile(jax.random.normal(jax.random.key(5), (1, 12)), (3, 1))
+  logp = router.log_probs(params, emb, CONFIG)
+  ordered = list(itertools.permutations(range(4), 2))
+  for first, second in [((0, 1), (2, 3)), ((0, 1), (1, 0)), ((3, 2), (0, 2))]:
+    routes = jnp.asarray([[first, second, third] for third in ordered])  # [12, B, K]
+    flat = routes.reshape(-1, 2)
+    got = route_log_prob(jnp.tile(logp, (len(ordered), 1)), flat,
+                                "distinct_plackett_luce", routes_per_node=3,
+                                max_resample=resample).reshape(len(ordered), 3)
+    np.testing.assert_allclose(jnp.exp(got[:, 2]).sum(), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow  # 600 host-loop draws
+def test_distinct_routes_draws_follow_the_distinct_probabilities():
+  """distinct_routes' second route, drawn 600 times after its first: frequencies within
+  0.06 of the distinct Plackett-Luce probabilities."""
+  logp = jnp.log(jnp.asarray([0.5, 0.3, 0.2]))
+  counts = {}
+  for i in range(600):
+    routes = router.distinct_routes(jax.random.key(i), logp, 2, 2, max_resample=1)
+    if tuple(routes[0]) == (0, 1):
+      counts[tuple(routes[1])] = counts.get(tuple(routes[1]), 0) + 1
+  total = sum(counts.values())
+  for second, c in counts.items():
+    pair = jnp.asarray([[0, 1], list(second)])
+    expected = float(jnp.exp(route_log_prob(
+        jnp.tile(logp[None], (2, 1)), pair, "distinct_plackett_luce", routes_per_node=2,
+        max_resample=1))[1])
+    assert abs(c / total - expected) < 0.06, (second, c / total, expected)
 
 
 def test_gumbel_top_k_draws_follow_plackett_luce():

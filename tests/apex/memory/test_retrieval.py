@@ -17,16 +17,16 @@ def test_text_only_scores_by_hand(tmp_path):
   #   m1 (2, 0)   correct    cos = 1
   #   m2 (1, 1)   correct    cos = 1/sqrt2 = 0.70711   then judged wrong once: w = 1/2
   #   m5 (1, 2)   correct    cos = 1/sqrt5 = 0.44721   w = 1
-  #   m3 (0, 3)   incorrect  cos = 0                   w = 1
-  #   m4 (-1, 0)  incorrect  cos = -1                  then judged wrong once: w = 1/2
+  #   m3 (0, 3)   incorrect  cos = 0                   w = 0 / 1 (a failed episode's memory)
+  #   m4 (-1, 0)  incorrect  cos = -1                  then judged wrong once: w = 0 / 2
   # min = -1, max = 1, span 2: sim~ = (cos + 1) / 2
   #   m1 1   m2 0.85355   m5 0.72361   m3 0.5   m4 0
   # f = 0.7 sim~ + 0.3 w
   #   m1 0.7 + 0.3 = 1.0
   #   m2 0.7 * 0.85355 + 0.15 = 0.74749
   #   m5 0.7 * 0.72361 + 0.3  = 0.80652   (beats m2 on win rate)
-  #   m3 0.35 + 0.3 = 0.65
-  #   m4 0 + 0.15 = 0.15
+  #   m3 0.35 + 0 = 0.35
+  #   m4 0 + 0 = 0
   emb = TableEmbedder({"q": (1, 0), "m1": (2, 0), "m2": (1, 1), "m5": (1, 2), "m3": (0, 3),
                        "m4": (-1, 0)})
   bank = MemoryBank(str(tmp_path / "m.db"), emb)
@@ -39,7 +39,7 @@ def test_text_only_scores_by_hand(tmp_path):
   assert [s.memory.question for s in got.correct] == ["m1", "m5"]
   assert [s.memory.question for s in got.incorrect] == ["m3", "m4"]
   expect = {"m1": (1.0, 1.0, 1.0), "m5": (1 / R5, (1 / R5 + 1) / 2, 0.7 * (1 / R5 + 1) / 2 + 0.3),
-            "m3": (0.0, 0.5, 0.65), "m4": (-1.0, 0.0, 0.15)}
+            "m3": (0.0, 0.5, 0.35), "m4": (-1.0, 0.0, 0.0)}
   for s in got.correct + got.incorrect:
     sim, norm, f = expect[s.memory.question]
     assert s.sim == pytest.approx(sim, abs=1e-6)
@@ -61,7 +61,8 @@ def test_caption_scores_by_hand(tmp_path):
   #   m3 q(1,1) no cap  correct    sim = cos(q, q3) only = 0.70711
   #   m4 q(1,0) c(1,0)  correct    sim = 0.8 * 1 + 0.2 * 0 = 0.8
   # min 0.2, max 1.0, span 0.8: sim~ = (sim - 0.2) / 0.8 -> m1 1, m2 0, m3 0.63388, m4 0.75
-  # all w = 1: f = 0.7 sim~ + 0.3 -> m1 1.0, m2 0.3, m3 0.74372, m4 0.825
+  # w = 1 for the correct ones, 0 for m1: f = 0.7 sim~ + 0.3 w -> m1 0.7, m2 0.3, m3 0.74372,
+  # m4 0.825
   emb = TableEmbedder({"q": (1, 0), "c": (0, 1), "m1": (1, 0), "c1": (0, 1), "m2": (0, 1),
                        "c2": (0, 1), "m3": (1, 1), "m4": (1, 0), "c4": (1, 0)})
   bank = MemoryBank(str(tmp_path / "m.db"), emb)
@@ -74,7 +75,7 @@ def test_caption_scores_by_hand(tmp_path):
   assert got.bucket == ("time", "text-image")
   assert [(s.memory.question, round(s.score, 5)) for s in got.correct] == [
       ("m4", 0.825), ("m3", round(0.7 * (1 / R2 - 0.2) / 0.8 + 0.3, 5)), ("m2", 0.3)]
-  assert [(s.memory.question, s.score) for s in got.incorrect] == [("m1", pytest.approx(1.0))]
+  assert [(s.memory.question, s.score) for s in got.incorrect] == [("m1", pytest.approx(0.7))]
 
   # Without a query caption every memory scores cos(q, q_i): m1 1, m2 0, m3 0.70711, m4 1.
   plain = bank.retrieve("q", category="time", modality="text-image", k=3)

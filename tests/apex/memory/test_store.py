@@ -73,6 +73,25 @@ def test_dedup_within_one_batch_and_across_buckets(tmp_path):
   assert bank.add_many([NewMemory(Q, "x", True, "time")], dedup=False)[0].action == "added"
 
 
+def test_a_new_memory_counts_its_own_episode_as_its_first_use(tmp_path):
+  """A correct episode's memory starts at 1 win in 1 use (w = 1), a failed one's at 0 in 1
+  (w = 0), in the stored row and in the retrieval cache that ranks by w."""
+  bank = _bank(tmp_path)
+  won = bank.add("who founded the city", "1. search founder", True, category="human").id
+  lost = bank.add("who built the bridge", "1. search builder", False, category="human").id
+  assert [(bank.get(i).success_count, bank.get(i).usage_count, bank.get(i).win_rate)
+          for i in (won, lost)] == [(1, 1, 1.0), (0, 1, 0.0)]
+  got = bank.retrieve("who built the bridge", category="human")
+  assert [(s.memory.id, s.memory.win_rate) for s in got.incorrect] == [(lost, 0.0)]
+  # f = alpha sim~ + (1 - alpha) w: the only incorrect memory has sim~ 1 (its own question)
+  alpha = bank.config.alpha
+  assert got.incorrect[0].score == pytest.approx(alpha * 1.0 + (1 - alpha) * 0.0)
+  # a replacement (dedup of the same question) starts afresh too
+  again = bank.add("who built the bridge", "1. search", False, category="human")
+  assert again.action == "replaced" and bank.get(again.id).win_rate == 0.0
+  bank.close()
+
+
 def test_record_outcome_updates_win_rates(tmp_path):
   bank = _bank(tmp_path)
   a = bank.add("a question", "s", True, category="human").id
@@ -82,10 +101,10 @@ def test_record_outcome_updates_win_rates(tmp_path):
   res = bank.record_outcome([a], False)
   assert (bank.get(a).success_count, bank.get(a).usage_count, bank.get(a).win_rate) == (
       2, 3, pytest.approx(2 / 3))
-  assert (bank.get(b).success_count, bank.get(b).usage_count) == (2, 2)
+  assert (bank.get(b).success_count, bank.get(b).usage_count) == (1, 2)  # started 0 / 1
   res = bank.record_outcome([b, 12345], "incorrect")
   assert res.missing == (12345,) and bank.counters["outcome_missing_id"] == 1
-  assert bank.get(b).win_rate == pytest.approx(2 / 3)
+  assert bank.get(b).win_rate == pytest.approx(1 / 3)
   with pytest.raises(MemoryBankError, match="memory id must be an integer; got 'x'"):
     bank.record_outcome(["x"], True)
   with pytest.raises(MemoryBankError, match="correct must be True/False"):

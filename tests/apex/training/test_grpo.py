@@ -71,6 +71,21 @@ def test_equal_rewards_skip_and_count(tiny):
   assert metrics["skipped"] == 1.0 and "skipped_total" not in metrics
 
 
+def test_frozen_updater_changes_nothing_and_reports_the_rewards(tiny):
+  import dataclasses
+
+  upd = tiny.updater()
+  frozen = grpo.FrozenUpdater(**{f.name: getattr(upd, f.name) for f in dataclasses.fields(upd)})
+  opt = frozen.init_opt_state(tiny.experts)
+  new, new_opt, metrics = frozen.update(tiny.experts, opt, "planner", tiny.groups("planner"),
+                                        [[1.0, 0.0], [0.5, 0.5]])
+  assert new is tiny.experts and new_opt is opt
+  assert metrics["frozen"] == metrics["skipped"] == 1.0
+  assert metrics["reward_mean"] == pytest.approx(0.5)  # (1 + 0 + 0.5 + 0.5) / 4
+  with pytest.raises(ValueError, match="module 'writer' not in"):
+    frozen.update(tiny.experts, opt, "writer", tiny.groups("planner"), [[1.0, 0.0]] * 2)
+
+
 def test_wrong_module_or_roles_rejected(tiny):
   upd = tiny.updater()
   with pytest.raises(ValueError, match="holds 'executor' trajectories, training 'planner'"):

@@ -289,3 +289,41 @@ def test_distiller_rollout_quality_from_the_skill_judge(gen, tmp_path, letter, q
   prompt = chat.prompts[0]
   assert "searched" in prompt and '"skill_name": "dates"' in prompt  # memories and the reply
   assert "**Current skill (null: there was none):**\nnull" in prompt
+
+
+def test_distiller_rollout_format_and_evolution_judged_per_term(gen, tmp_path):
+  """judges.skill_terms "judge": a SkillJudge per term replaces its rule. SKILL on an empty
+  bucket: rule quality 1, format B -> 0.5, evolution C -> 0:
+    R = 0.5 * 1 + 0.1 * 0.5 + 0.4 * 0 = 0.55 (the rules' 0.5 + 0.1 + 0.4 = 1.0)."""
+  from apex_jax.judges import SkillJudge, SkillJudgeConfig
+  from tests.apex.judges.fakes import ScriptedChat
+
+  chats = {"format": ScriptedChat(lambda prompt: "B"),
+           "evolution": ScriptedChat(lambda prompt: "C")}
+  fn = rollouts.DistillerRollout(bank_with_memories(tmp_path), AgentConfig(), term_judges={
+      term: SkillJudge(chat, SkillJudgeConfig(term=term)) for term, chat in chats.items()})
+  groups, rewards = fn([TIME, TIME], gen, RNG, stage("distiller"))
+  assert rewards == [[pytest.approx(0.55), 0.0]] * 2  # no JSON: 0, never sent
+  assert groups[0][0].info["reward"] == {"quality": 1.0, "format": 0.5, "evolution": 0.0}
+  assert fn.metrics == {"skill_format_judge_calls": 2.0, "skill_format_judge_fallbacks": 0.0,
+                        "skill_evolution_judge_calls": 2.0,
+                        "skill_evolution_judge_fallbacks": 0.0}
+  assert "check the format" in chats["format"].prompts[0]
+  assert "chose the right operation" in chats["evolution"].prompts[0]
+  with pytest.raises(ValueError, match=r"SkillJudgeConfig.term 'style' not in"):
+    SkillJudgeConfig(term="style")
+  (tmp_path / "b").mkdir()
+  bad = rollouts.DistillerRollout(bank_with_memories(tmp_path / "b"), AgentConfig(),
+                                  term_judges={"style": None})
+  with pytest.raises(ValueError, match=r"term_judges: \['style'\] not in"):
+    bad([TIME, TIME], gen, RNG, stage("distiller"))
+
+
+def test_distiller_reward_term_grades_by_hand():
+  text = json.dumps(SKILL)
+  # no current skill, synthesize: rules give format 1, evolution 1, quality 1 (SKILL)
+  assert rw.distiller_reward(text, None).total == pytest.approx(1.0)
+  got = rw.distiller_reward(text, None, 0.5, format_grade=0.0, evolution_grade=0.5)
+  assert got.total == pytest.approx(0.5 * 0.5 + 0.1 * 0.0 + 0.4 * 0.5)
+  assert rw.distiller_reward("no json", None, 1.0, format_grade=1.0,
+                             evolution_grade=1.0).total == 0.0

@@ -96,6 +96,22 @@ def test_ttrl_writes_memories_and_evolves_a_skill(tiny, tmp_path):
   assert len(bank) == 4 and all(m.correct for m in bank.memories(BUCKET))
 
 
+@pytest.mark.parametrize("store, stored, memories", [("all", 4, 2), ("best", 2, 2)])
+def test_store_all_or_each_querys_best_episode(tiny, tmp_path, store, stored, memories):
+  """Per query a wrong then a right episode (rewards 0.1, 1.0). "all": both stored, the right
+  one replacing the wrong one (same question: dedup), 2 stores per query; "best": only the
+  right one. Either way the bank ends with one correct memory per question."""
+  bank = make_bank(tmp_path)
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, learning_rate=LR, store=store)
+  result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(2), bank, object(),
+                         episode_fn_for(tiny, ["wrong", "right"]), FakeJudges(), distill,
+                         config=cfg, rng=jax.random.key(0))
+  assert result.history[0]["memories_stored"] == stored
+  assert len(bank) == memories and all(m.correct for m in bank.memories(BUCKET))
+  with pytest.raises(ValueError, match=r"TtrlConfig.store 'some' not in \('all', 'best'\)"):
+    ttrl.TtrlConfig(steps=1, batch_size=1, group_size=2, store="some")
+
+
 def test_skill_alignment_and_lambda_enter_the_reward(tiny, tmp_path):
   bank = make_bank(tmp_path)
   for i in range(10):  # a skill with w = 1, n = 10: confidence 1, l_s = 0.1
