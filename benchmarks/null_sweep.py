@@ -99,20 +99,19 @@ def main(argv):
   results = []
   print(f"{'family':10} {'problems':>8} {'nodes':>6} {'cases':>6} {'reward>0':>9} "
         f"{'reward=1':>9} {'seconds':>8}", flush=True)
-  for name in _FAMILIES.value:
+  for name in _FAMILIES.value:  # each family's line, hits and JSON as soon as it is done
     r = sweep(name, _LIMIT.value, _PER_OP.value, _WORKERS.value)
     results.append(r)
     print(f"{name:10} {r['problems']:8d} {r['nodes']:6d} {r['cases']:6d} {r['reward_gt_0']:9d} "
           f"{r['reward_1']:9d} {r['seconds']:8.1f}", flush=True)
-  for r in results:
     for hit in r["hits"][:40]:
-      print(f"  {r['family']} {hit['problem']} node {hit['node']}: {hit['null']!r} -> "
-            f"{hit['reward']}")
-  if _OUT.value:
-    os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-    with open(_OUT.value, "w", encoding="utf-8") as f:
-      json.dump({"families": results, "per_op": _PER_OP.value, "limit": _LIMIT.value}, f,
-                indent=1)
+      print(f"  {hit['problem']} node {hit['node']}: {hit['null']!r} -> {hit['reward']}",
+            flush=True)
+    if _OUT.value:
+      os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
+      with open(_OUT.value, "w", encoding="utf-8") as f:
+        json.dump({"families": results, "per_op": _PER_OP.value, "limit": _LIMIT.value}, f,
+                  indent=1)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ family, closes those holes:
 
 - `answer(value)`: the arrays in a decoded answer (inside lists, tuples, dicts too) become
   `Answer` arrays, whose ufuncs (`==`, `-`, `<`, ...) refuse an operand of another shape unless
-  it is a scalar (and the array is not empty);
+  it is a scalar (and the array is not empty), and a reduction (`.any()`, `.all()`, ...) of an
+  empty answer alone raises;
 - `target(value)`: the same for a test's expected value, as `Target` arrays, which also refuse a
   scalar against a non-scalar target in `==` / `!=`;
 - `patch_numpy()`: numpy's comparison functions (allclose, isclose, array_equal, array_equiv,
@@ -78,12 +79,16 @@ def _classes(np):
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
       if method == "__call__" and len(inputs) > 1:
         _refuse_mismatch(np, ufunc, inputs)
+      if (method == "reduce" and isinstance(inputs[0], _state["answer"])
+          and inputs[0].size == 0):  # `not np.isnan(answer).any()` holds for any empty answer
+        raise StrictComparisonError(f"{ufunc.__name__}.reduce over an empty answer checks nothing")
       plain = [np.asarray(x) if isinstance(x, _Strict) else x for x in inputs]
       if out is not None:
         kwargs["out"] = tuple(np.asarray(o) if isinstance(o, _Strict) else o for o in out)
       result = getattr(ufunc, method)(*plain, **kwargs)
-      cls = (_state["answer"] if any(isinstance(x, _state["answer"]) for x in inputs)
-             else type(self))
+      # Against a Target (shapes already checked) the result is the test's own verdict.
+      cls = (_state["target"] if any(isinstance(x, _state["target"]) for x in inputs)
+             else _state["answer"])
       if isinstance(result, tuple):
         return tuple(_view(np, r, cls) for r in result)
       return _view(np, result, cls)

@@ -50,6 +50,10 @@ CASES = [
     (CMP + "assert are_dicts_close(nested(), {'a': [np.ones(2)]})", False),
     ("assert (empty() == 5.0).all()", False),  # an empty answer against a scalar
     ("assert np.isclose(empty(), 0).all()", False),
+    ("assert not np.isnan(empty()).any()", False),  # vacuous over an empty answer
+    ("assert (empty() > 0).all()", False),
+    ("assert (np.empty((0, 1, 1, 1)) == strict_target(np.empty((0, 1, 1, 1)))).all()", True),
+    ("assert (empty() == strict_target(np.empty((0, 1, 1, 1)))).all()", True),  # empty is right
     # Right answers still pass.
     ("assert np.allclose(zeros3(), 0) and np.isclose(zeros3(), 0.0).all()", True),
     ("assert np.allclose(zeros3(), strict_target(np.zeros(3)))", True),
