@@ -5,8 +5,8 @@ cannot show: biases on q / k / v, a 151,936-token vocabulary, an untied lm_head,
 
 Slow (each side reads 1.78B parameters; ~7 GB in float32), so the two float32 models are never
 alive together: transformers' logits and greedy tokens are computed first and its model freed,
-then ours is read from the .gguf directly (`llm.load(x.gguf)`). Skips when the file or the
-converted folder is absent.
+then ours is read from the .gguf directly (`llm.load(x.gguf)`). The process still peaked at
+12.6 GB resident (freed torch memory is not all returned). Skips when the file is absent.
 """
 
 import gc
@@ -33,8 +33,8 @@ CHATS = [
 NEW_TOKENS = 24
 EOS = 151645  # <|im_end|>
 # Measured max |ours - transformers| over the CHATS' prompt logits (XLA:CPU vs PyTorch float32):
-# see the test's printed line; about five times that:
-LOGIT_ATOL = 2e-3
+# 2.36e-4 (per chat 2.36e-4, 4.7e-5). About five times that:
+LOGIT_ATOL = 1.2e-3
 
 
 def _gguf_path() -> str:
