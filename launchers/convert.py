@@ -16,7 +16,8 @@ import os
 
 from absl import app, flags
 
-_GGUF = flags.DEFINE_string("gguf", None, "A .gguf file, or a known name: smollm2.")
+_GGUF = flags.DEFINE_string("gguf", None, "A .gguf file, or a known name: smollm2, "
+                            "qwen25_coder_15b.")
 _OUT = flags.DEFINE_string("out", None, "The Hugging Face folder to write (replaced if it is one).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights dtype.")
 

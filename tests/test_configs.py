@@ -82,6 +82,13 @@ def test_missing_model_folder_is_named_with_how_to_make_it(tmp_path):
                      r"folder or a .gguf file"):
     experiment.build(config)
   assert common.SMOLLM2_PATH.endswith("/SmolLM2-135M-Instruct")  # the name build() recognises
+  config = common.apply(common.base(), "single,qwen25_coder_15b,cpu", "humaneval")
+  assert (config.model.name, config.model.dtype) == ("Qwen2.5-Coder-1.5B-Instruct", "bfloat16")
+  assert config.model.path == common.QWEN25_CODER_15B_PATH
+  config.model.path = str(tmp_path / "models" / "Qwen2.5-Coder-1.5B-Instruct")
+  with pytest.raises(experiment.ConfigError, match=r"Qwen2.5-Coder-1.5B-Instruct does not exist; "
+                     r"it is the qwen25_coder_15b preset's folder: run `make real-model-qwen`"):
+    experiment.build(config)
 
 
 def test_router_switches_reach_the_router_config():

