@@ -39,29 +39,51 @@ def _readable_by_all(path: str) -> bool:
   return True
 
 
+@pytest.fixture(scope="module")
+def readable_code():
+  """A folder holding morse_jax that any uid can read: the checkout, or (a checkout in a private
+  folder, as CI's fresh clone is) a copy of the package in a temp folder, owned by us."""
+  if _readable_by_all(REPO):
+    yield REPO
+    return
+  top = tempfile.mkdtemp(prefix="repo-copy-")
+  try:
+    shutil.copytree(os.path.join(REPO, "morse_jax"), os.path.join(top, "morse_jax"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for root, dirs, files in os.walk(top):
+      for name in dirs + files:
+        os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
+    os.chmod(top, 0o755)
+    yield top if _readable_by_all(top) else None
+  finally:
+    shutil.rmtree(top, ignore_errors=True)
+
+
 @pytest.fixture
-def unprivileged():
-  """(command prefix, uid, a temp dir that uid owns): how to run the scorer as a non-root uid."""
+def unprivileged(readable_code):
+  """(command prefix, uid, a temp dir that uid owns, the code's folder): how to run the scorer
+  as a non-root uid."""
   top = tempfile.mkdtemp(prefix="morse-unpriv-")
   try:
     if os.geteuid() != 0:
-      yield [sys.executable], os.getuid(), top
+      yield [sys.executable], os.getuid(), top, REPO
       return
     interpreter = next((c for c in ("/usr/bin/python3", "/usr/local/bin/python3")
                         if os.path.exists(c) and _readable_by_all(c)), None)
-    if interpreter is None or shutil.which("setpriv") is None or not _readable_by_all(REPO):
-      pytest.skip("as root this needs setpriv, an interpreter and a checkout readable by all")
+    if interpreter is None or shutil.which("setpriv") is None or readable_code is None:
+      pytest.skip("as root this needs setpriv, an interpreter and code readable by all")
     uid = 0x48000000 + secrets.randbelow(1 << 20)
     os.chown(top, uid, uid)
-    yield ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", interpreter], uid, top
+    yield (["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", interpreter], uid,
+           top, readable_code)
   finally:
     shutil.rmtree(top, ignore_errors=True)
 
 
 def _score(unprivileged, program, tests, prelude="", upstream=None, files=None):
-  prefix, uid, top = unprivileged
+  prefix, uid, top, code = unprivileged
   env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": top, "TMPDIR": top,
-         "PYTHONPATH": REPO, "MORSE_SANDBOX": "reduced", "LANG": "C.UTF-8"}
+         "PYTHONPATH": code, "MORSE_SANDBOX": "reduced", "LANG": "C.UTF-8"}
   job = {"program": textwrap.dedent(program), "tests": tests, "prelude": prelude,
          "upstream": upstream, "files": files or {}}
   proc = subprocess.run(prefix + ["-c", SCORER], input=json.dumps(job), capture_output=True,
