@@ -188,13 +188,8 @@ class Intake:
       p.need = p.header_end + body_length(bytes(p.buffer[:p.header_end]),
                                           self.limits.max_body_bytes)
     if len(p.buffer) >= p.need:
-      self._forget(p)
-      try:
-        p.sock.setblocking(True)
-      except OSError:
-        p.sock.close()
-        return
-      self._on_complete(p.sock, p.address, bytes(p.buffer))
+      if self._hand_off(p):
+        self._on_complete(p.sock, p.address, bytes(p.buffer))
 
   def _forget(self, p: _Pending) -> None:
     try:
@@ -209,13 +204,19 @@ class Intake:
     self._bytes -= len(p.buffer)
 
   def _reject(self, p: _Pending, status: int, message: str) -> None:
+    if self._hand_off(p):
+      self._on_reject(p.sock, status, message)
+
+  def _hand_off(self, p: _Pending) -> bool:
+    """Takes p out of the intake with its socket blocking again, for a worker to answer;
+    False (socket closed) when the socket is already unusable."""
     self._forget(p)
     try:
       p.sock.setblocking(True)
     except OSError:
       p.sock.close()
-      return
-    self._on_reject(p.sock, status, message)
+      return False
+    return True
 
   def _expire(self, now: float) -> None:
     while self._pending:

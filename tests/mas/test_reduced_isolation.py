@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+from tests.mas.test_sandbox import _readable_by_all
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The scoring process: one run_tests under reduced isolation; the job on stdin, the run on stdout.
@@ -28,15 +30,6 @@ print(json.dumps({"passed": run.passed, "total": run.total, "errors": run.errors
                   "isolation": run.isolation, "pid": os.getpid(), "uid": os.getuid(),
                   "dumpable_after": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)}))
 """
-
-
-def _readable_by_all(path: str) -> bool:
-  path = os.path.realpath(path)
-  while path not in ("/", ""):
-    if not os.stat(path).st_mode & 0o005:
-      return False
-    path = os.path.dirname(path)
-  return True
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
-import zlib
 
 import numpy as np
 import pytest
@@ -14,13 +12,7 @@ from morse_jax.tasks import srdd
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "srdd_mini.csv")
 
 
-def bag_of_words(texts):
-  """A deterministic stand-in for a sentence embedder: hashed word counts."""
-  out = np.zeros((len(texts), 64))
-  for row, text in enumerate(texts):
-    for word in re.findall(r"[a-z]+", text.lower()):
-      out[row, zlib.crc32(word.encode()) % 64] += 1.0
-  return out
+from benchmarks.null_sweep import bag_of_words  # a deterministic stand-in embedder
 
 
 GOOD = ("```python\nexpenses = {}\n\ndef record(category, amount):\n"
