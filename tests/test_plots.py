@@ -91,6 +91,12 @@ def test_variant_panels_one_panel_per_run(tmp_path, monkeypatch):
   panels = drawn[0]
   assert len(panels) == 3 and [len(p) for p in panels] == [2, 2, 3]
   assert panels[1][0][1] == [0.3, 0.1, 0.5] and panels[2][2][1] == [0.2, 0.7]
+  seeds = {f"seed {k}": _run(tmp_path / f"s{k}", r) for k, r in ((0, [0.1, 0.3]), (1, [0.9]))}
+  drawn.clear()
+  plots.variant_panels({"mole_hgrpo": seeds}, str(tmp_path / "seeds.png"))
+  lines = drawn[0][0]  # raw and EMA per seed, in order
+  assert [c[1] for c in lines[::2]] == [[0.1, 0.3], [0.9]]
+  assert [c[2] for c in lines[1::2]] == ["seed 0: EMA 0.8", "seed 1: EMA 0.8"]
   with pytest.raises(ValueError, match="'empty' .* has no 'reward_mean'"):
     with open(tmp_path / "empty.jsonl", "w"):
       pass

@@ -98,24 +98,28 @@ def training_plots(jsonl: str, out_dir: str, held_out: dict | None = None,
 def variant_panels(runs: dict, path: str, key: str = "reward_mean",
                    held_out: dict | None = None, weight: float = 0.8,
                    ylabel: str = "mean step reward") -> str:
-  """One panel per variant, side by side on one y axis: runs {variant: metrics.jsonl path}
-  (e.g. the Table 2 run's single / morse_base / fixed_grpo / mole_grpo / mole_hgrpo), each
-  `key` raw and as its EMA; held_out {variant: [(update, value), ...]} as points. Writes the
-  PNG to `path`; returns it. A variant whose log has no `key` is refused by name."""
+  """One panel per variant, side by side on one y axis: runs {variant: metrics.jsonl path, or
+  {label: path} for several runs of it, e.g. one per seed} (the Table 2 run's fixed_grpo /
+  mole_grpo / mole_hgrpo), each run's `key` raw and as its EMA, one curve per run; held_out {variant: [(update, value), ...]}
+  as points. Writes the PNG to `path`; returns it. A run whose log has no `key` is refused by
+  name."""
   plt = _pyplot()
   if not runs:
     raise ValueError("variant_panels: no runs")
   series = {}
-  for name, jsonl in runs.items():
-    x, y = _series(read_jsonl(jsonl), key)
-    if not len(x):
-      raise ValueError(f"variant_panels: {name!r} ({jsonl}) has no {key!r}")
-    series[name] = (x, y)
+  for name, jsonls in runs.items():
+    series[name] = []
+    for label, jsonl in (jsonls.items() if isinstance(jsonls, dict) else [(None, jsonls)]):
+      x, y = _series(read_jsonl(jsonl), key)
+      if not len(x):
+        raise ValueError(f"variant_panels: {name!r} ({jsonl}) has no {key!r}")
+      series[name].append((label, x, y))
   held_out = held_out or {}
   fig, axes = plt.subplots(1, len(series), figsize=(3.2 * len(series), 2.8), squeeze=False,
                            sharey=True)
-  for ax, (name, (x, y)) in zip(axes[0], series.items()):
-    curve(ax, x, y, weight=weight)
+  for ax, (name, seeds) in zip(axes[0], series.items()):
+    for label, x, y in seeds:
+      curve(ax, x, y, weight=weight, label=label)
     held_out_points(ax, held_out.get(name))
     ax.set_title(name)
     ax.set_xlabel("update")

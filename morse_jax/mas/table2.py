@@ -3,7 +3,7 @@ with the same number of updates, one shared measurement of each untrained system
 test per comparison.
 
 `run(config)` reads `config.table2` (`variants`, `seeds`, `steps`, `comparisons`) and writes
-`<workdir>/table2.json`; each run's workdir is `<workdir>/<variant>/seed<k>` (the untrained
+`<workdir>/table2.json` and `<workdir>/table2_rewards.png` (`plot`); each run's workdir is `<workdir>/<variant>/seed<k>` (the untrained
 systems: `<workdir>/<variant>`), holding its metrics, checkpoints and per-node records.
 
 The paired tests are over held-out nodes and over held-out problems: for each node (problem), a
@@ -160,7 +160,28 @@ def run(config) -> dict:
   with open(os.path.join(root, "table2.json"), "w") as f:
     json.dump(result, f, indent=2)
   print_table(result)
+  if any(r["variant"] in TRAINED for r in result["runs"]):
+    print(f"plot: {plot(result, os.path.join(root, 'table2_rewards.png'))}")
   return result
+
+
+def plot(result: dict, path: str) -> str:
+  """The trained variants' reward curves, one panel per variant with one curve per seed (raw
+  and EMA), and each variant's held-out step pass as points: the untrained `morse_base` at
+  update 0 (when measured) and the variant's mean over seeds after its updates."""
+  from morse_jax.mas import plots
+
+  runs, held_out = {}, {}
+  base = result["rows"].get("morse_base")
+  for variant, row in result["rows"].items():
+    if variant not in TRAINED:
+      continue
+    runs[variant] = {f"seed {r['seed']}": os.path.join(r["workdir"], "metrics.jsonl")
+                     for r in result["runs"] if r["variant"] == variant}
+    points = [(0, base["step_pass"]["mean"])] if base else []
+    held_out[variant] = points + [(float(np.mean(row["updates"])), row["step_pass"]["mean"])]
+  return plots.variant_panels(runs, path, held_out=held_out,
+                              ylabel="step reward; held-out step pass")
 
 
 def print_table(result: dict) -> None:

@@ -95,4 +95,5 @@ def test_table2_end_to_end_on_a_tiny_model(tmp_path):
   assert {(t["a"], t["b"]) for t in result["tests"]} == {tuple(c) for c in
                                                           config.table2.comparisons}
   assert os.path.exists(os.path.join(config.workdir, "table2.json"))
+  assert os.path.getsize(os.path.join(config.workdir, "table2_rewards.png")) > 1000
   assert os.path.exists(os.path.join(config.workdir, "mole_hgrpo", "seed1", "eval_test.jsonl"))
