@@ -3,8 +3,10 @@ with the same number of updates, one shared measurement of each untrained system
 test per comparison.
 
 `run(config)` reads `config.table2` (`variants`, `seeds`, `steps`, `comparisons`) and writes
-`<workdir>/table2.json` and `<workdir>/table2_rewards.png` (`plot`); each run's workdir is `<workdir>/<variant>/seed<k>` (the untrained
-systems: `<workdir>/<variant>`), holding its metrics, checkpoints and per-node records.
+`<workdir>/table2.json` and `<workdir>/table2_rewards.png` (`plot`); each run's workdir is
+`<workdir>/<variant>/seed<k>` (the untrained systems: `<workdir>/<variant>`), holding its
+metrics, checkpoints, per-node records and, once finished, `table2_run.json`: the same command
+run again skips the finished runs and resumes the table.
 
 The paired tests are over held-out nodes and over held-out problems: for each node (problem), a
 system's score is its pass rate over the seeds (0 or 1 for an untrained system, which is greedy
@@ -30,6 +32,8 @@ UNTRAINED = ("single", "morse_base")
 TRAINED = ("fixed_grpo", "mole_grpo", "mole_hgrpo")
 _EXACT_UP_TO = 16
 _RANDOM_FLIPS = 20_000
+DONE = "table2_run.json"
+UNITS = ("nodes", "problems", "problem_steps")
 
 
 def sign_flip_test(differences: Sequence[float], seed: int = 0) -> float:
@@ -49,9 +53,11 @@ def sign_flip_test(differences: Sequence[float], seed: int = 0) -> float:
 
 
 def passes(records_path: str) -> dict[str, dict[str, float]]:
-  """{"nodes": {problem/node: 1.0 or 0.0}, "problems": {problem: 1.0 or 0.0}} from an
-  evaluation's records (records.write)."""
-  out = {"nodes": {}, "problems": {}}
+  """{"nodes": {problem/node: 1.0 or 0.0}, "problems": {problem: 1.0 or 0.0},
+  "problem_steps": {problem: the family's step pass}} from an evaluation's records
+  (records.write). The family's step pass scores a problem's steps whatever the system's graph
+  (`single` answers the whole problem in one node), so it pairs every system."""
+  out = {"nodes": {}, "problems": {}, "problem_steps": {}}
   with open(records_path) as f:
     for line in f:
       row = json.loads(line)
@@ -59,9 +65,37 @@ def passes(records_path: str) -> dict[str, dict[str, float]]:
         out["nodes"][f"{row['problem_id']}/{row['node_id']}"] = float(bool(row["passed"]))
       elif row.get("kind") == "problem":
         out["problems"][row["problem_id"]] = float(bool(row["passed"]))
+        out["problem_steps"][row["problem_id"]] = _family_step_pass(row)
   if not out["problems"]:
     raise ValueError(f"table2: no problem records in {records_path}")
   return out
+
+
+def _family_step_pass(problem_row: dict) -> float:
+  metrics = problem_row.get("metrics") or {}
+  return float(metrics.get("step_pass", bool(problem_row["passed"])))
+
+
+def summary_from_records(records_path: str) -> dict[str, float]:
+  """The evaluation summary's pass figures recomputed from its records (as
+  `evaluation.summarize` computes them from the outcomes)."""
+  nodes, problems, family, per_problem = [], [], [], {}
+  with open(records_path) as f:
+    for line in f:
+      row = json.loads(line)
+      if row.get("kind") == "node":
+        nodes.append((float(bool(row["passed"])), float(row["reward"])))
+        per_problem.setdefault(row["problem_id"], []).append(float(bool(row["passed"])))
+      elif row.get("kind") == "problem":
+        problems.append(float(bool(row["passed"])))
+        family.append(_family_step_pass(row))
+  if not problems or not nodes:
+    raise ValueError(f"table2: no node or problem records in {records_path}")
+  return {"step_pass": float(np.mean([p for p, _ in nodes])),
+          "mean_step_pass": float(np.mean([np.mean(v) for v in per_problem.values()])),
+          "problem_pass": float(np.mean(problems)),
+          "family_step_pass": float(np.mean(family)),
+          "step_reward": float(np.mean([r for _, r in nodes]))}
 
 
 def _variant_config(config, variant: str, seed: int, workdir: str):
@@ -83,6 +117,10 @@ def _one_run(config, variant: str, seed: int | None, root: str) -> dict:
 
   workdir = os.path.join(root, variant) if seed is None else os.path.join(root, variant,
                                                                             f"seed{seed}")
+  done = os.path.join(workdir, DONE)
+  if os.path.exists(done):  # finished by an earlier invocation: the table resumes
+    with open(done) as f:
+      return json.load(f)
   c = _variant_config(config, variant, config.seed if seed is None else seed, workdir)
   updates = 0
   if seed is not None:
@@ -92,34 +130,43 @@ def _one_run(config, variant: str, seed: int | None, root: str) -> dict:
   pipeline.banner(f"{variant}" + ("" if seed is None else f", seed {seed}") + ": evaluate")
   checkpoint = os.path.join(workdir, "ckpt") if seed is not None else None
   summary = pipeline.evaluate(c, checkpoint, "test", name="eval_test")
-  return {"variant": variant, "seed": seed, "updates": updates, "workdir": workdir,
-          "summary": {k: summary[k] for k in ("step_pass", "mean_step_pass", "problem_pass",
-                                              "step_reward") if k in summary},
-          **passes(summary["records"])}
+  return finish(variant, seed, updates, workdir, summary["records"])
+
+
+def finish(variant: str, seed: int | None, updates: int, workdir: str, records_path: str) -> dict:
+  """The run's row from its evaluation records, also written to `<workdir>/table2_run.json`
+  (atomically) so that a later invocation reuses it instead of running it again."""
+  from morse_jax import atomic
+
+  run = {"variant": variant, "seed": seed, "updates": updates, "workdir": workdir,
+         "summary": summary_from_records(records_path), **passes(records_path)}
+  atomic.write_text(os.path.join(workdir, DONE), json.dumps(run))
+  return run
 
 
 def summarize(runs: Sequence[dict], comparisons: Sequence[Sequence[str]]) -> dict:
-  """Mean and spread (sample std over seeds, 0 for one run) of held-out step and problem pass
-  per variant, and the paired node-level test of each (a, b) comparison: a - b."""
+  """Mean and spread (sample std over seeds, 0 for one run) of held-out step pass (nodes), the
+  family's step pass (mean over problems) and problem pass per variant, and the paired tests of
+  each (a, b) comparison, a - b, over nodes, problems and the problems' family step pass."""
   by_variant: dict[str, list[dict]] = {}
   for r in runs:
     by_variant.setdefault(r["variant"], []).append(r)
   rows = {}
   for variant, rs in by_variant.items():
     row = {"seeds": [r["seed"] for r in rs], "updates": [r["updates"] for r in rs]}
-    for k in ("step_pass", "problem_pass"):
+    for k in ("step_pass", "family_step_pass", "problem_pass"):
       values = np.array([r["summary"][k] for r in rs], np.float64)
       row[k] = {"mean": float(values.mean()),
                 "std": float(values.std(ddof=1)) if values.size > 1 else 0.0,
                 "runs": values.tolist()}
     rows[variant] = row
   means = {(v, unit): _seed_means(rs, unit) for v, rs in by_variant.items()
-           for unit in ("nodes", "problems")}
+           for unit in UNITS}
   tests = []
   for a, b in comparisons:
     if a not in by_variant or b not in by_variant:
       continue
-    for unit in ("nodes", "problems"):
+    for unit in UNITS:
       (ka, ma), (kb, mb) = means[a, unit], means[b, unit]
       if ka != kb:  # `single` runs one node per problem: only its problems pair with MoRSE's
         continue
@@ -155,7 +202,7 @@ def run(config) -> dict:
   result = {"config": {"variants": list(t.variants), "seeds": list(t.seeds),
                        "steps": int(t.steps)},
             **summarize(runs, [tuple(c) for c in t.comparisons]),
-            "runs": [{k: v for k, v in r.items() if k not in ("nodes", "problems")}
+            "runs": [{k: v for k, v in r.items() if k not in UNITS}
                      for r in runs]}
   with open(os.path.join(root, "table2.json"), "w") as f:
     json.dump(result, f, indent=2)
@@ -185,13 +232,15 @@ def plot(result: dict, path: str) -> str:
 
 
 def print_table(result: dict) -> None:
-  print("\n==== Table 2: held-out step pass / problem pass, mean +- std over seeds")
-  print(f"{'system':<12} {'seeds':>5} {'updates':>9} {'step pass':>17} {'problem pass':>17}")
+  print("\n==== Table 2: held-out step pass (nodes) / family step pass (per problem) / problem "
+        "pass, mean +- std over seeds")
+  print(f"{'system':<12} {'seeds':>5} {'updates':>9} {'step pass':>17} {'family step':>17} "
+        f"{'problem pass':>17}")
   for variant, row in result["rows"].items():
-    sp, pp = row["step_pass"], row["problem_pass"]
     updates = "-" if not any(row["updates"]) else "/".join(str(u) for u in row["updates"])
-    print(f"{variant:<12} {len(row['seeds']):>5} {updates:>9} "
-          f"{sp['mean']:>8.3f} +- {sp['std']:.3f} {pp['mean']:>8.3f} +- {pp['std']:.3f}")
+    cells = " ".join(f"{row[k]['mean']:>8.3f} +- {row[k]['std']:.3f}"
+                     for k in ("step_pass", "family_step_pass", "problem_pass"))
+    print(f"{variant:<12} {len(row['seeds']):>5} {updates:>9} {cells}")
   for test in result["tests"]:
     print(f"{test['a']} - {test['b']} over {test['paired']} {test['unit']}: "
           f"{test['mean_difference']:+.3f} ({test['a_better']} better, {test['b_better']} "
