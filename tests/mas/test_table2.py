@@ -3,6 +3,7 @@
 import json
 import os
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -24,16 +25,19 @@ def test_sign_flip_test_by_hand():
   assert 0.0 < p < 0.05
 
 
-def _run(variant, seed, nodes, problems):
+def _run(variant, seed, nodes, problems, steps=None):
+  steps = steps or {k: float(v) for k, v in problems.items()}
   return {"variant": variant, "seed": seed, "updates": 0 if seed is None else 10,
           "summary": {"step_pass": float(np.mean(list(nodes.values()))),
+                      "family_step_pass": float(np.mean(list(steps.values()))),
                       "problem_pass": float(np.mean(list(problems.values())))},
-          "nodes": nodes, "problems": problems}
+          "nodes": nodes, "problems": problems, "problem_steps": steps}
 
 
 def test_summarize_means_spreads_and_paired_tests():
   base = _run("morse_base", None, {"p1/a": 0.0, "p1/b": 0.0, "p2/a": 1.0}, {"p1": 0, "p2": 1})
-  single = _run("single", None, {"p1/whole": 0.0, "p2/whole": 0.0}, {"p1": 0, "p2": 0})
+  single = _run("single", None, {"p1/whole": 0.0, "p2/whole": 0.0}, {"p1": 0, "p2": 0},
+                {"p1": 0.5, "p2": 0.25})
   seeds = [_run("mole_hgrpo", 0, {"p1/a": 1.0, "p1/b": 0.0, "p2/a": 1.0}, {"p1": 0, "p2": 1}),
            _run("mole_hgrpo", 1, {"p1/a": 1.0, "p1/b": 1.0, "p2/a": 1.0}, {"p1": 1, "p2": 1})]
   out = table2.summarize([base, single] + seeds,
@@ -52,6 +56,11 @@ def test_summarize_means_spreads_and_paired_tests():
   # single's nodes are whole problems: only its problems pair with MoRSE's
   assert ("morse_base", "single", "nodes") not in tests
   assert tests[("morse_base", "single", "problems")]["mean_difference"] == pytest.approx(0.5)
+  # the family's step pass per problem pairs them too: (0 - 0.5 + 1 - 0.25) / 2
+  family = tests[("morse_base", "single", "problem_steps")]
+  assert family["mean_difference"] == pytest.approx(0.125)
+  assert (family["a_better"], family["b_better"]) == (1, 1)
+  assert out["rows"]["single"]["family_step_pass"]["mean"] == pytest.approx(0.375)
 
 
 def test_summarize_refuses_runs_on_other_problems():
@@ -66,12 +75,41 @@ def test_passes_reads_the_evaluation_records(tmp_path):
   path.write_text("\n".join(json.dumps(r) for r in [
       {"kind": "node", "problem_id": "t1", "node_id": "n1", "passed": True},
       {"kind": "node", "problem_id": "t1", "node_id": "n2", "passed": False},
-      {"kind": "problem", "problem_id": "t1", "passed": False}]) + "\n")
-  assert table2.passes(str(path)) == {"nodes": {"t1/n1": 1.0, "t1/n2": 0.0},
-                                      "problems": {"t1": 0.0}}
+      {"kind": "problem", "problem_id": "t1", "passed": False},
+      {"kind": "node", "problem_id": "t2", "node_id": "n1", "passed": True},
+      {"kind": "problem", "problem_id": "t2", "passed": True,
+       "metrics": {"step_pass": 0.75}}]) + "\n")
+  assert table2.passes(str(path)) == {"nodes": {"t1/n1": 1.0, "t1/n2": 0.0, "t2/n1": 1.0},
+                                      "problems": {"t1": 0.0, "t2": 1.0},
+                                      "problem_steps": {"t1": 0.0, "t2": 0.75}}
   (tmp_path / "empty.jsonl").write_text("")
   with pytest.raises(ValueError, match="no problem records"):
     table2.passes(str(tmp_path / "empty.jsonl"))
+
+
+def test_finished_runs_are_reused_from_their_records(tmp_path, monkeypatch):
+  workdir = tmp_path / "mole_hgrpo" / "seed1"
+  workdir.mkdir(parents=True)
+  records = workdir / "eval_test.jsonl"
+  records.write_text("\n".join(json.dumps(r) for r in [
+      {"kind": "node", "problem_id": "t1", "node_id": "n1", "passed": True, "reward": 1.0},
+      {"kind": "node", "problem_id": "t1", "node_id": "n2", "passed": False, "reward": 0.5},
+      {"kind": "node", "problem_id": "t2", "node_id": "n1", "passed": False, "reward": 0.0},
+      {"kind": "problem", "problem_id": "t1", "passed": False, "metrics": {"step_pass": 0.5}},
+      {"kind": "problem", "problem_id": "t2", "passed": False,
+       "metrics": {"step_pass": 0.0}}]) + "\n")
+  run = table2.finish("mole_hgrpo", 1, 60, str(workdir), str(records))
+  assert run["summary"] == pytest.approx({"step_pass": 1 / 3, "mean_step_pass": 0.25,
+                                          "problem_pass": 0.0, "family_step_pass": 0.25,
+                                          "step_reward": 0.5})
+  from morse_jax.mas import pipeline
+
+  def train(config):
+    raise AssertionError("a finished run was trained again")
+
+  monkeypatch.setattr(pipeline, "train", train)
+  config = ml_collections.ConfigDict({"seed": 0, "table2": {"steps": 60}})
+  assert table2._one_run(config, "mole_hgrpo", 1, str(tmp_path)) == run
 
 
 @pytest.mark.slow  # ~3 min: five systems, two seeds, one update each, on a tiny random model
