@@ -92,6 +92,9 @@ def test_update_step_exports_with_the_intended_shardings(name):
   assert declared(exported, args, kwargs, ".layers.w_down") == ((), (), (model,))
   assert declared(exported, args, kwargs, ".embed") == ((model,), ())  # tied: the head too
   assert declared(exported, args, kwargs, "[0][1]['q'].a") == ((), (), (), ())  # replicated
+  # q's B splits its output rows as wq does, and so does its Adam state
+  assert declared(exported, args, kwargs, "[0][1]['q'].b") == ((), (), (), (model,))
+  assert declared(exported, args, kwargs, "mu['q'].b") == ((), (), (), (model,))
   assert declared(exported, args, kwargs, "[0][4].loss_mask") == (("data",), ())
   # the eight KV heads split 2-way on tpu_v5e8; gpu8's model axis has size 1
   assert exported.in_avals[[p for p, _ in aot.flat_inputs(args, kwargs)].index(

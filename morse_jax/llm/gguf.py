@@ -7,9 +7,10 @@ the same `Model` a Hugging Face folder gives, the way transformers reads them:
   config     transformers' GGUF metadata-key table applied to the same reader (what
              AutoConfig(gguf_file=) does, without parsing the file again), then
              LlmConfig.from_hf_dict as for a folder
-  weights    every tensor hf.py names, found under its GGUF name (gguf's tensor-name map, the one
-             transformers uses) and dequantized by `gguf.dequantize` (what transformers' loader
-             calls for these families); Llama's q / k rows un-permuted
+  weights    every tensor `llm.params.WEIGHTS` declares, under its declared GGUF name (the names
+             of gguf's tensor-name map, which transformers uses; tests/llm/test_gguf.py checks
+             them) and dequantized by `gguf.dequantize` (what transformers' loader calls for
+             these families); Llama's q / k rows un-permuted
   tokenizer  AutoTokenizer with gguf_file=: vocabulary, merges, special tokens, chat template
   stop ids   transformers' generation config for a GGUF (built from the config's token ids), plus
              the tokenizer's EOS
@@ -167,32 +168,25 @@ def load(path: str, dtype=None) -> Model:
                     "transformers does; the model runs with %s rope", path, config.rope.type)
 
   tensors = {t.name: t for t in reader.tensors}
-  arch_ids = {name: arch_id for arch_id, name in gguf.MODEL_ARCH_NAMES.items()}
-  names = gguf.get_tensor_name_map(arch_ids[arch], config.num_layers)
 
-  def get(hf_name: str, shape: tuple[int, ...]) -> np.ndarray:
-    module, suffix = hf_name.rsplit(".", 1)
-    base = names.get_name(module)
-    name = f"{base}.{suffix}" if base else None
+  def read(weight, layer: int | None, shape: tuple[int, ...]) -> np.ndarray:
+    name, hf_name = weight.gguf.format(i=layer), weight.hf.format(i=layer)
     if name not in tensors:
-      raise CheckpointError(f"{path}: tensor {name or hf_name!r} (transformers' {hf_name!r}) "
-                            "is missing")
+      raise CheckpointError(f"{path}: tensor {name!r} (transformers' {hf_name!r}) is missing")
     tensor = tensors[name]
     try:
       weights = gguf.dequantize(tensor.data, tensor.tensor_type)
     except Exception as e:  # numpy reshape errors on a truncated / inconsistent tensor
       raise CheckpointError(f"{path}: cannot dequantize tensor {name!r} "
                             f"({tensor.tensor_type.name}): {e}") from e
-    if arch == "llama" and ".attn_q." in name:
-      weights = _unpermute(weights, config.num_heads)
-    elif arch == "llama" and ".attn_k." in name:
-      weights = _unpermute(weights, config.num_kv_heads)
+    if arch == "llama" and weight.gguf_heads is not None:
+      weights = _unpermute(weights, getattr(config, weight.gguf_heads))
     if tuple(weights.shape) != tuple(shape):
       raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(weights.shape)}, "
                             f"expected {tuple(shape)} from the GGUF metadata")
     return weights
 
-  params = assemble_params(config, jnp.float32 if dtype is None else dtype, get)
+  params = assemble_params(config, jnp.float32 if dtype is None else dtype, read)
   try:
     hf_tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
   except Exception as e:  # transformers raises many types; keep the cause, name the file

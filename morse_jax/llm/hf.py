@@ -16,29 +16,9 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from morse_jax.llm.config import ConfigError, LlmConfig
-from morse_jax.llm.params import LayerParams, Params, param_shapes
+from morse_jax.llm.params import Params, Weight, declared
 from morse_jax.llm.tokenizer import Tokenizer, load_tokenizer, stop_ids
 
-# field -> Hugging Face tensor name ({i}: layer). Our layout is theirs ([out, in]): no transposes.
-_LAYER_NAMES = {
-    "attn_norm": "model.layers.{i}.input_layernorm.weight",
-    "wq": "model.layers.{i}.self_attn.q_proj.weight",
-    "wk": "model.layers.{i}.self_attn.k_proj.weight",
-    "wv": "model.layers.{i}.self_attn.v_proj.weight",
-    "wo": "model.layers.{i}.self_attn.o_proj.weight",
-    "bq": "model.layers.{i}.self_attn.q_proj.bias",
-    "bk": "model.layers.{i}.self_attn.k_proj.bias",
-    "bv": "model.layers.{i}.self_attn.v_proj.bias",
-    "bo": "model.layers.{i}.self_attn.o_proj.bias",
-    "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
-    "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
-    "mlp_norm": "model.layers.{i}.post_attention_layernorm.weight",
-    "w_gate": "model.layers.{i}.mlp.gate_proj.weight",
-    "w_up": "model.layers.{i}.mlp.up_proj.weight",
-    "w_down": "model.layers.{i}.mlp.down_proj.weight",
-}
-_TOP_NAMES = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
-              "lm_head": "lm_head.weight"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 SHARD_BYTES = 2 * 1024**3
 
@@ -128,7 +108,9 @@ def load(path: str, dtype=None) -> Model:
   config = LlmConfig.from_hf_dict(hf_config, source=config_path)
   if dtype is None:
     dtype = _DTYPES.get(str(hf_config.get("dtype") or hf_config.get("torch_dtype")), jnp.float32)
-  params = assemble_params(config, dtype, _TensorReader(_weight_files(path)).get)
+  reader = _TensorReader(_weight_files(path))
+  params = assemble_params(config, dtype,
+                           lambda w, layer, shape: reader.get(w.hf.format(i=layer), shape))
   tokenizer = load_tokenizer(path)
   gen_path = os.path.join(path, "generation_config.json")
   generation_config = _read_json(gen_path) if os.path.exists(gen_path) else None
@@ -137,50 +119,41 @@ def load(path: str, dtype=None) -> Model:
                generation_config=generation_config)
 
 
-def assemble_params(config: LlmConfig, dtype, get: Callable[[str, tuple[int, ...]], np.ndarray]
-                    ) -> Params:
-  """Our Params from `get(hf_tensor_name, expected_shape)`, which returns that tensor as numpy
-  (shape-checked, errors naming its file); one tensor at a time, layers stacked per field.
+def assemble_params(config: LlmConfig, dtype,
+                    read: Callable[[Weight, int | None, tuple[int, ...]], np.ndarray]) -> Params:
+  """Our Params from `read(weight, layer, expected_shape)`, which returns one tensor (of layer
+  `layer` of a stacked weight, else None) as numpy, shape-checked, errors naming its file; one
+  tensor at a time, layers stacked per field, every tensor `llm.params.WEIGHTS` declares.
 
   Each layer's tensor is cast into a preallocated stacked array of `dtype`, so loading holds the
   weights plus one field in `dtype` and one layer as read (a GGUF's float32 dequantization),
   not a whole field in float32 as well (1.5 GB more for Qwen2.5-1.5B's MLP fields)."""
-  shapes = param_shapes(config)
   np_dtype = np.dtype(dtype)  # jnp.bfloat16 is ml_dtypes' numpy bfloat16
 
-  def top(field):
-    return jnp.asarray(get(_TOP_NAMES[field], getattr(shapes, field)).astype(np_dtype, copy=False))
-
-  layer_fields = {}
-  for field, template in _LAYER_NAMES.items():
-    shape = getattr(shapes.layers, field)
-    if shape is None:
-      layer_fields[field] = None
-      continue
+  def build(weight: Weight) -> jax.Array:
+    shape = weight.shape(config)
+    if not weight.stacked:
+      return jnp.asarray(read(weight, None, shape).astype(np_dtype, copy=False))
     stacked = np.empty(shape, np_dtype)
     for i in range(config.num_layers):
-      stacked[i] = get(template.format(i=i), shape[1:])
-    layer_fields[field] = jnp.asarray(stacked)
-    del stacked
-  return Params(embed=top("embed"), layers=LayerParams(**layer_fields),
-                final_norm=top("final_norm"),
-                lm_head=None if config.tie_word_embeddings else top("lm_head"))
+      stacked[i] = read(weight, i, shape[1:])
+    return jnp.asarray(stacked)
+
+  return jax.tree.map(build, declared(config))
 
 
 def hf_tensors(params: Params, config: LlmConfig) -> dict[str, np.ndarray]:
   """Our params as a flat dict of Hugging Face tensor names -> numpy arrays."""
   out: dict[str, np.ndarray] = {}
-  host = jax.device_get(params)
-  for field, name in _TOP_NAMES.items():
-    array = getattr(host, field)
-    if array is not None:
-      out[name] = np.ascontiguousarray(array)
-  for field, template in _LAYER_NAMES.items():
-    stacked = getattr(host.layers, field)
-    if stacked is None:
-      continue
+
+  def add(weight: Weight, array) -> None:
+    if not weight.stacked:
+      out[weight.hf] = np.ascontiguousarray(array)
+      return
     for i in range(config.num_layers):
-      out[template.format(i=i)] = np.ascontiguousarray(stacked[i])
+      out[weight.hf.format(i=i)] = np.ascontiguousarray(array[i])
+
+  jax.tree.map(add, declared(config), jax.device_get(params))
   return out
 
 

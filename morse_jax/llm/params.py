@@ -1,5 +1,10 @@
 """Backbone weights as pytrees of registered dataclasses, per-layer tensors stacked on axis 0.
 
+Each tensor is declared once, in `WEIGHTS`: a `Weight` names its logical axes, its initialiser
+and its tensor names in Hugging Face and GGUF checkpoints; its shape (`axis_sizes`), its sharding
+(`sharding.param_shardings`), the checkpoint mapping (`hf.assemble_params`, `hf.hf_tensors`,
+`gguf.load`) and `init_random` are derived from it.
+
 Projection weights are stored [out, in], as torch.nn.Linear and PEFT store them: loading needs no
 transpose, and checkpoints, sharding rules and adapters all speak this layout. The CPU decode loop
 runs on `FusedLayer` copies instead ([in, out], q/k/v and gate/up fused), made once per generate
@@ -12,6 +17,7 @@ h query heads, k kv heads, g heads per kv head, x head_dim, f mlp, v vocab, l la
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,30 +28,32 @@ from morse_jax.llm.config import LlmConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerParams:
-  attn_norm: jax.Array  # [l, d]
-  wq: jax.Array  # [l, h*x, d]
-  wk: jax.Array  # [l, k*x, d]
-  wv: jax.Array  # [l, k*x, d]
-  wo: jax.Array  # [l, d, h*x]
-  mlp_norm: jax.Array  # [l, d]
-  w_gate: jax.Array  # [l, f, d]
-  w_up: jax.Array  # [l, f, d]
-  w_down: jax.Array  # [l, d, f]
-  bq: jax.Array | None = None  # [l, h*x]
-  bk: jax.Array | None = None  # [l, k*x]
-  bv: jax.Array | None = None  # [l, k*x]
-  bo: jax.Array | None = None  # [l, d]
-  q_norm: jax.Array | None = None  # [l, x]
-  k_norm: jax.Array | None = None  # [l, x]
+  """Per-layer tensors, each stacked over the layers on axis 0; shapes and names in `WEIGHTS`."""
+
+  attn_norm: jax.Array
+  wq: jax.Array
+  wk: jax.Array
+  wv: jax.Array
+  wo: jax.Array
+  mlp_norm: jax.Array
+  w_gate: jax.Array
+  w_up: jax.Array
+  w_down: jax.Array
+  bq: jax.Array | None = None
+  bk: jax.Array | None = None
+  bv: jax.Array | None = None
+  bo: jax.Array | None = None
+  q_norm: jax.Array | None = None
+  k_norm: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Params:
-  embed: jax.Array  # [v, d]
+  embed: jax.Array
   layers: LayerParams
-  final_norm: jax.Array  # [d]
-  lm_head: jax.Array | None = None  # [v, d]; None when tied to embed
+  final_norm: jax.Array
+  lm_head: jax.Array | None = None  # None when tied to embed
 
 
 @jax.tree_util.register_dataclass
@@ -74,49 +82,118 @@ def fuse_layer(lp: LayerParams) -> FusedLayer:
                     bqkv=bias, bo=lp.bo, q_norm=lp.q_norm, k_norm=lp.k_norm)
 
 
+INITS = ("normal", "norm")  # scale * N(0, 1); 1 + jitter * N(0, 1) (see init_random)
+
+
+@dataclasses.dataclass(frozen=True)
+class Weight:
+  """One backbone tensor's declaration.
+
+  axes: logical axis names (sizes from `axis_sizes`; mesh axes from `sharding.ShardingRules`).
+  hf, gguf: its tensor names in a Hugging Face / GGUF checkpoint, "{i}" the layer of a stacked
+    tensor; both [out, in] as stored here.
+  gguf_heads: the LlmConfig field whose head count llama.cpp's converter interleaves the rows of
+    (Llama's q / k projections; `gguf.load` undoes it).
+  present: for an optional tensor, whether a config has it.
+  """
+
+  axes: tuple[str, ...]
+  init: str
+  hf: str
+  gguf: str
+  gguf_heads: str | None = None
+  present: Callable[[LlmConfig], bool] | None = None
+
+  def __post_init__(self):
+    if self.init not in INITS:
+      raise ValueError(f"Weight.init {self.init!r} not in {INITS}")
+
+  @property
+  def stacked(self) -> bool:
+    return self.axes[0] == "layers"
+
+  def shape(self, config: LlmConfig) -> tuple[int, ...]:
+    sizes = axis_sizes(config)
+    return tuple(sizes[axis] for axis in self.axes)
+
+
+def axis_sizes(config: LlmConfig) -> dict[str, int]:
+  """Size of each logical axis in a weight; head axes are head-major rows (heads * head_dim)."""
+  c = config
+  return {"layers": c.num_layers, "embed": c.hidden_size, "heads": c.q_size,
+          "kv_heads": c.kv_size, "head_dim": c.head_dim, "mlp": c.intermediate_size,
+          "vocab": c.vocab_size}
+
+
+def _layer(axes, init, hf, gguf, **kw):
+  """A per-layer tensor: the layer axis in front, names under model.layers.{i} / blk.{i}."""
+  return Weight(("layers",) + axes, init, f"model.layers.{{i}}.{hf}", f"blk.{{i}}.{gguf}", **kw)
+
+
+_QKV_BIAS = lambda c: c.qkv_bias
+_O_BIAS = lambda c: c.o_bias
+_QK_NORM = lambda c: c.qk_norm
+
+WEIGHTS = Params(
+    embed=Weight(("vocab", "embed"), "normal", "model.embed_tokens.weight", "token_embd.weight"),
+    layers=LayerParams(
+        attn_norm=_layer(("embed",), "norm", "input_layernorm.weight", "attn_norm.weight"),
+        wq=_layer(("heads", "embed"), "normal", "self_attn.q_proj.weight", "attn_q.weight",
+                  gguf_heads="num_heads"),
+        wk=_layer(("kv_heads", "embed"), "normal", "self_attn.k_proj.weight", "attn_k.weight",
+                  gguf_heads="num_kv_heads"),
+        wv=_layer(("kv_heads", "embed"), "normal", "self_attn.v_proj.weight", "attn_v.weight"),
+        wo=_layer(("embed", "heads"), "normal", "self_attn.o_proj.weight", "attn_output.weight"),
+        mlp_norm=_layer(("embed",), "norm", "post_attention_layernorm.weight", "ffn_norm.weight"),
+        w_gate=_layer(("mlp", "embed"), "normal", "mlp.gate_proj.weight", "ffn_gate.weight"),
+        w_up=_layer(("mlp", "embed"), "normal", "mlp.up_proj.weight", "ffn_up.weight"),
+        w_down=_layer(("embed", "mlp"), "normal", "mlp.down_proj.weight", "ffn_down.weight"),
+        bq=_layer(("heads",), "normal", "self_attn.q_proj.bias", "attn_q.bias",
+                  gguf_heads="num_heads", present=_QKV_BIAS),
+        bk=_layer(("kv_heads",), "normal", "self_attn.k_proj.bias", "attn_k.bias",
+                  gguf_heads="num_kv_heads", present=_QKV_BIAS),
+        bv=_layer(("kv_heads",), "normal", "self_attn.v_proj.bias", "attn_v.bias",
+                  present=_QKV_BIAS),
+        bo=_layer(("embed",), "normal", "self_attn.o_proj.bias", "attn_output.bias",
+                  present=_O_BIAS),
+        q_norm=_layer(("head_dim",), "norm", "self_attn.q_norm.weight", "attn_q_norm.weight",
+                      present=_QK_NORM),
+        k_norm=_layer(("head_dim",), "norm", "self_attn.k_norm.weight", "attn_k_norm.weight",
+                      present=_QK_NORM),
+    ),
+    final_norm=Weight(("embed",), "norm", "model.norm.weight", "output_norm.weight"),
+    lm_head=Weight(("vocab", "embed"), "normal", "lm_head.weight", "output.weight",
+                   present=lambda c: not c.tie_word_embeddings),
+)
+
+
+def declared(config: LlmConfig) -> Params:
+  """`WEIGHTS` with the tensors `config` does not have set to None."""
+  return jax.tree.map(lambda w: w if w.present is None or w.present(config) else None, WEIGHTS)
+
+
 def param_shapes(config: LlmConfig) -> Params:
-  """The expected shape of every tensor, as a Params of tuples (None where absent)."""
-  c, layers = config, config.num_layers
-  opt = lambda flag, shape: shape if flag else None
-  return Params(
-      embed=(c.vocab_size, c.hidden_size),
-      layers=LayerParams(
-          attn_norm=(layers, c.hidden_size),
-          wq=(layers, c.q_size, c.hidden_size),
-          wk=(layers, c.kv_size, c.hidden_size),
-          wv=(layers, c.kv_size, c.hidden_size),
-          wo=(layers, c.hidden_size, c.q_size),
-          mlp_norm=(layers, c.hidden_size),
-          w_gate=(layers, c.intermediate_size, c.hidden_size),
-          w_up=(layers, c.intermediate_size, c.hidden_size),
-          w_down=(layers, c.hidden_size, c.intermediate_size),
-          bq=opt(c.qkv_bias, (layers, c.q_size)),
-          bk=opt(c.qkv_bias, (layers, c.kv_size)),
-          bv=opt(c.qkv_bias, (layers, c.kv_size)),
-          bo=opt(c.o_bias, (layers, c.hidden_size)),
-          q_norm=opt(c.qk_norm, (layers, c.head_dim)),
-          k_norm=opt(c.qk_norm, (layers, c.head_dim)),
-      ),
-      final_norm=(c.hidden_size,),
-      lm_head=opt(not c.tie_word_embeddings, (c.vocab_size, c.hidden_size)),
-  )
+  """The shape of every tensor, as a Params of tuples (None where absent)."""
+  return jax.tree.map(lambda w: w.shape(config), declared(config))
+
+
+def abstract_params(config: LlmConfig, dtype=jnp.bfloat16) -> Params:
+  """Params of `jax.ShapeDtypeStruct`s (None where absent): the weights without allocating them."""
+  return jax.tree.map(lambda w: jax.ShapeDtypeStruct(w.shape(config), dtype), declared(config))
 
 
 def init_random(config: LlmConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02,
                 norm_jitter: float = 0.0) -> Params:
-  """Random weights (normal * scale; norms 1 + jitter*normal) for tests, demos and benchmarks."""
-  shapes = param_shapes(config)
-  leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda s: isinstance(s, tuple))
-  paths = [jax.tree_util.keystr(p) for p, _ in
-           jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))[0]]
-  keys = jax.random.split(key, len(leaves))
+  """Random weights by each Weight's init ("normal": scale * N(0, 1), "norm":
+  1 + norm_jitter * N(0, 1)), one key per tensor in the Params order; for tests, demos and
+  benchmarks."""
+  weights = declared(config)
+  leaves, treedef = jax.tree.flatten(weights)
   out = []
-  for path, shape, k in zip(paths, leaves, keys):
-    noise = jax.random.normal(k, shape, jnp.float32)
-    if "norm" in path:
-      out.append((1.0 + norm_jitter * noise).astype(dtype))
-    else:
-      out.append((scale * noise).astype(dtype))
+  for w, k in zip(leaves, jax.random.split(key, len(leaves))):
+    noise = jax.random.normal(k, w.shape(config), jnp.float32)
+    value = 1.0 + norm_jitter * noise if w.init == "norm" else scale * noise
+    out.append(value.astype(dtype))
   return jax.tree.unflatten(treedef, out)
 
 

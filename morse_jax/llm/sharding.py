@@ -2,6 +2,9 @@
 
 Weights are split Megatron-style over `model` (heads, kv heads, mlp, vocab); rows over `data`.
 A logical axis whose size the mesh axis does not divide stays replicated rather than failing.
+Every array declares its logical axes once: the backbone's in `llm.params.WEIGHTS`, the cache's
+in `CACHE_AXES`, the LoRA experts' and the router's beside them (`lora.experts.expert_axes`,
+`lora.router.ROUTER_AXES`); `shardings` / `shard` apply the rules to any such pair of trees.
 """
 
 from __future__ import annotations
@@ -13,33 +16,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from morse_jax.llm.model import KVCache
-from morse_jax.llm.params import LayerParams, Params
-
-LOGICAL_AXES = ("batch", "sequence", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab",
-                "layers")
-
-PARAM_AXES = Params(
-    embed=("vocab", "embed"),
-    layers=LayerParams(
-        attn_norm=("layers", "embed"),
-        wq=("layers", "heads", "embed"),
-        wk=("layers", "kv_heads", "embed"),
-        wv=("layers", "kv_heads", "embed"),
-        wo=("layers", "embed", "heads"),
-        mlp_norm=("layers", "embed"),
-        w_gate=("layers", "mlp", "embed"),
-        w_up=("layers", "mlp", "embed"),
-        w_down=("layers", "embed", "mlp"),
-        bq=("layers", "heads"),
-        bk=("layers", "kv_heads"),
-        bv=("layers", "kv_heads"),
-        bo=("layers", "embed"),
-        q_norm=("layers", "head_dim"),
-        k_norm=("layers", "head_dim"),
-    ),
-    final_norm=("embed",),
-    lm_head=("vocab", "embed"),
-)
+from morse_jax.llm.params import WEIGHTS, Params
 
 CACHE_AXES = KVCache(k=("layers", "batch", "kv_heads", "sequence", "head_dim"),
                      v=("layers", "batch", "kv_heads", "sequence", "head_dim"),
@@ -59,6 +36,9 @@ class ShardingRules:
   mlp: str | None = "model"
   vocab: str | None = "model"
   layers: str | None = None
+  experts: str | None = None  # LoRA experts, the router's prototypes
+  lora_rank: str | None = None
+  router: str | None = None  # the router's projection width
 
   def spec(self, logical: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     """PartitionSpec for an array (None names a replicated axis); axes the mesh axis does not divide evenly stay replicated."""
@@ -88,9 +68,25 @@ def make_mesh(data: int, model: int = 1, devices=None) -> Mesh:
   return Mesh(grid, ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
 
 
-def param_shardings(params: Params, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+LOGICAL_AXES = tuple(f.name for f in dataclasses.fields(ShardingRules))
+PARAM_AXES = jax.tree.map(lambda w: w.axes, WEIGHTS)  # a Params of axis-name tuples
+
+
+def shardings(tree, axes, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  """NamedShardings for the arrays (or abstract arrays) of `tree`, from `axes`: the same tree with
+  a tuple of logical axis names where `tree` has an array (None stays None)."""
   return jax.tree.map(lambda a, ax: None if a is None else rules.sharding(ax, a.shape, mesh),
-                      params, PARAM_AXES, is_leaf=lambda x: x is None or isinstance(x, tuple))
+                      tree, axes, is_leaf=lambda x: x is None)
+
+
+def shard(tree, axes, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  """`tree` placed on `mesh` by `shardings`."""
+  return jax.tree.map(lambda a, s: None if a is None else put(a, s), tree,
+                      shardings(tree, axes, mesh, rules), is_leaf=lambda x: x is None)
+
+
+def param_shardings(params: Params, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  return shardings(params, PARAM_AXES, mesh, rules)
 
 
 def put(x, sharding: NamedSharding) -> jax.Array:
@@ -106,8 +102,7 @@ def put(x, sharding: NamedSharding) -> jax.Array:
 
 
 def shard_params(params: Params, mesh: Mesh, rules: ShardingRules = ShardingRules()) -> Params:
-  return jax.tree.map(lambda a, s: None if a is None else put(a, s), params,
-                      param_shardings(params, mesh, rules), is_leaf=lambda x: x is None)
+  return shard(params, PARAM_AXES, mesh, rules)
 
 
 def cache_shardings(cache: KVCache, mesh: Mesh, rules: ShardingRules = ShardingRules()):

@@ -3,6 +3,8 @@
   A[target]: [la, K, d_in, r] ~ N(0, init_std)     B[target]: [la, K, r, d_out] = 0
 la = adapted layers, K = roles + subtask experts (experts 0..len(roles)-1 are the role experts).
 The adapted projection is  x W + (alpha / r) * sum_k w_k (x A_k) B_k.
+d_in, d_out and their logical axes are the adapted weight's (`llm.params.WEIGHTS`, [out, in]), so
+the experts are sharded as that weight is (`expert_axes`, `shard_experts`).
 """
 
 from __future__ import annotations
@@ -12,22 +14,30 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from morse_jax.llm import sharding
 from morse_jax.llm.config import LlmConfig
+from morse_jax.llm.params import WEIGHTS, Weight
 from morse_jax.lora.mixture import Adapter, uniform_routes
 
-# target name -> (weight field in LayerParams, d_in, d_out as functions of the model config)
-TARGETS = {
-    "q": ("wq", lambda c: c.hidden_size, lambda c: c.q_size),
-    "k": ("wk", lambda c: c.hidden_size, lambda c: c.kv_size),
-    "v": ("wv", lambda c: c.hidden_size, lambda c: c.kv_size),
-    "o": ("wo", lambda c: c.q_size, lambda c: c.hidden_size),
-    "gate": ("w_gate", lambda c: c.hidden_size, lambda c: c.intermediate_size),
-    "up": ("w_up", lambda c: c.hidden_size, lambda c: c.intermediate_size),
-    "down": ("w_down", lambda c: c.intermediate_size, lambda c: c.hidden_size),
-}
-PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-                "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
-                "down": "mlp.down_proj"}
+# target name -> the LayerParams field it adapts
+TARGETS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w_gate", "up": "w_up",
+           "down": "w_down"}
+
+
+def target_weight(target: str) -> Weight:
+  """The declaration of the weight that `target` adapts."""
+  return getattr(WEIGHTS.layers, TARGETS[target])
+
+
+def target_dims(target: str, model: LlmConfig) -> tuple[int, int]:
+  """(d_in, d_out) of the adapted projection."""
+  _, d_out, d_in = target_weight(target).shape(model)
+  return d_in, d_out
+
+
+# target -> the module PEFT names in a layer ("self_attn.q_proj"), from the weight's HF name
+PEFT_MODULES = {t: target_weight(t).hf.removeprefix("model.layers.{i}.").removesuffix(".weight")
+                for t in TARGETS}
 
 
 class LoraConfigError(ValueError):
@@ -125,23 +135,39 @@ class ExpertWeights:
   b: jax.Array  # [la, K, r, d_out]
 
 
+def expert_axes(experts: dict) -> dict:
+  """{target: ExpertWeights of logical axis names} for `experts`' targets: d_in and d_out carry
+  the adapted weight's axes (q's d_out is split like wq's heads, o's d_in like wo's)."""
+  out = {}
+  for target in experts:
+    _, out_axis, in_axis = target_weight(target).axes
+    out[target] = ExpertWeights(a=("layers", "experts", in_axis, "lora_rank"),
+                                b=("layers", "experts", "lora_rank", out_axis))
+  return out
+
+
+def shard_experts(experts: dict, mesh, rules: sharding.ShardingRules = sharding.ShardingRules()):
+  """The experts placed on `mesh` by their logical axes."""
+  return sharding.shard(experts, expert_axes(experts), mesh, rules)
+
+
 def init_experts(lora: LoraConfig, model: LlmConfig, key: jax.Array,
                  dtype=jnp.float32) -> dict[str, ExpertWeights]:
   """A ~ N(0, init_std), B = 0: every expert starts as the identity edit."""
   layers = len(lora.adapted_layers(model))
   out = {}
   for target, k in zip(lora.targets, jax.random.split(key, len(lora.targets))):
-    _, d_in, d_out = TARGETS[target]
+    d_in, d_out = target_dims(target, model)
     out[target] = ExpertWeights(
         a=(lora.init_std * jax.random.normal(
-            k, (layers, lora.num_experts, d_in(model), lora.rank))).astype(dtype),
-        b=jnp.zeros((layers, lora.num_experts, lora.rank, d_out(model)), dtype))
+            k, (layers, lora.num_experts, d_in, lora.rank))).astype(dtype),
+        b=jnp.zeros((layers, lora.num_experts, lora.rank, d_out), dtype))
   return out
 
 
 def expert_param_count(lora: LoraConfig, model: LlmConfig) -> int:
   layers = len(lora.adapted_layers(model))
-  per_expert = sum(lora.rank * (TARGETS[t][1](model) + TARGETS[t][2](model)) for t in lora.targets)
+  per_expert = sum(lora.rank * sum(target_dims(t, model)) for t in lora.targets)
   return layers * lora.num_experts * per_expert
 
 

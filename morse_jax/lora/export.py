@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.params import Params
-from morse_jax.lora.experts import PEFT_MODULES, TARGETS, LoraConfig
+from morse_jax.lora.experts import PEFT_MODULES, TARGETS, LoraConfig, target_dims
 
 
 def route_as_lora(experts, lora: LoraConfig, route: Sequence[int]):
@@ -63,7 +63,7 @@ def merge_route(params: Params, experts, lora: LoraConfig, model: LlmConfig,
   merged, _ = route_as_lora(experts, lora, route)
   layers = dict(jax.device_get(dataclasses.asdict(params.layers)))
   for target, (a, b) in merged.items():
-    field = TARGETS[target][0]
+    field = TARGETS[target]
     w = np.array(layers[field], np.float32)  # [L, out, in]
     for slot, layer in enumerate(lora.adapted_layers(model)):
       w[layer] += lora.scale * (a[slot] @ b[slot]).T
@@ -140,12 +140,12 @@ def import_peft(path: str, model: LlmConfig) -> tuple[dict, LoraConfig]:
   lora.adapted_layers(model)  # raises on a layer the model does not have
   experts = {}
   for t in targets:
-    _, d_in, d_out = TARGETS[t]
+    d_in, d_out = target_dims(t, model)
     a = np.stack([found[(t, i)]["A"].T for i in layers])[:, None].astype(np.float32)
     b = np.stack([found[(t, i)]["B"].T for i in layers])[:, None].astype(np.float32)
-    if a.shape[1:] != (1, d_in(model), rank) or b.shape[1:] != (1, rank, d_out(model)):
+    if a.shape[1:] != (1, d_in, rank) or b.shape[1:] != (1, rank, d_out):
       raise PeftAdapterError(f"{weights_path}: {PEFT_MODULES[t]} A {a.shape[2:]} / B "
-                             f"{b.shape[2:]} do not fit the model ({d_in(model)} -> "
-                             f"{d_out(model)}, rank {rank})")
+                             f"{b.shape[2:]} do not fit the model ({d_in} -> {d_out}, "
+                             f"rank {rank})")
     experts[t] = ExpertWeights(jax.numpy.asarray(a), jax.numpy.asarray(b))
   return experts, lora

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from morse_jax.llm import sharding
+
 LOG_PROBS = ("plackett_luce", "sum_log_p", "distinct_plackett_luce")
 MERGE_MODES = ("union", "random_subset")
 
@@ -58,6 +60,16 @@ class RouterConfig:
 class RouterParams:
   proj: jax.Array  # [D, dim]
   prototypes: jax.Array  # [Ks, dim]
+
+
+# Logical axes (llm.sharding.ShardingRules): D is the embedder's width, Ks the subtask experts.
+ROUTER_AXES = RouterParams(proj=("embed", "router"), prototypes=("experts", "router"))
+
+
+def shard_router(params: RouterParams, mesh,
+                 rules: sharding.ShardingRules = sharding.ShardingRules()) -> RouterParams:
+  """The router's parameters placed on `mesh` by `ROUTER_AXES`."""
+  return sharding.shard(params, ROUTER_AXES, mesh, rules)
 
 
 def init_router(config: RouterConfig, input_dim: int, num_subtask_experts: int,

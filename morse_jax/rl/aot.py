@@ -1,9 +1,10 @@
 """The update step and the sampler at a run's real shapes, without an accelerator.
 
 Every argument is an abstract array (`jax.ShapeDtypeStruct`) carrying the sharding the code gives
-it on a mesh: the backbone by `llm.sharding.PARAM_AXES`, rows (update batch, prompts, routes,
-KV cache rows) over `data` (`sharding.shard_rows`, `CACHE_AXES`), experts, router and optimiser
-state replicated, as `rl.update.run` and `llm.sample` place them. Nothing is allocated, so the
+it on a mesh: the backbone, the experts and the router by their declared logical axes
+(`llm.params.WEIGHTS`, `lora.experts.expert_axes`, `lora.router.ROUTER_AXES`), the optimiser state
+as the parameters it mirrors, rows (update batch, prompts, routes, KV cache rows) over `data`
+(`sharding.shard_rows`, `CACHE_AXES`), as `rl.update.run` and `llm.sample` place them. Nothing is allocated, so the
 same arguments serve two checks:
 
 - `export`: `jax.export` for platforms "tpu" / "cuda" on an `AbstractMesh` (no devices needed);
@@ -30,11 +31,12 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 from morse_jax.llm import sharding as sharding_lib
 from morse_jax.llm.config import LlmConfig, RopeConfig
 from morse_jax.llm.model import forward, init_cache
-from morse_jax.llm.params import param_shapes
+from morse_jax.llm.params import abstract_params
 from morse_jax.llm.sampling import (SamplingConfig, bucket, generate_padded, length_bucket,
                                     prefill)
 from morse_jax.lora import router as router_lib
-from morse_jax.lora.experts import LoraConfig, init_experts
+from morse_jax.lora.experts import (LoraConfig, expert_axes, init_experts, target_dims,
+                                    target_weight)
 from morse_jax.lora.mixture import Adapter, Routes, adapted_linear
 from morse_jax.rl import train_step as ts
 from morse_jax.rl.batch import PolicyBatch, RouterBatch, padded_rows
@@ -141,18 +143,37 @@ def _replicated(mesh, tree):
                       tree)
 
 
+def _declared(mesh, tree, axes):
+  """Abstract arrays laid out by their logical axes (`sharding.shardings`)."""
+  return jax.tree.map(lambda a, s: None if a is None else _array(a.shape, a.dtype, s), tree,
+                      sharding_lib.shardings(tree, axes, mesh), is_leaf=lambda x: x is None)
+
+
+def _mirroring(mesh, state, params):
+  """Optimiser state laid out as the parameters it mirrors: a leaf whose path ends with a
+  parameter's path and has its shape (optax's mu / nu) takes that parameter's sharding; the rest
+  (step counts) is replicated."""
+  by_path = [(jax.tree_util.keystr(p), x) for p, x in
+             jax.tree_util.tree_flatten_with_path(params)[0]]
+
+  def place(path, x):
+    key = jax.tree_util.keystr(path)
+    same = [p for name, p in by_path if key.endswith(name) and p.shape == x.shape]
+    sharding = same[0].sharding if same else NamedSharding(mesh, PartitionSpec())
+    return _array(x.shape, x.dtype, sharding)
+
+  return jax.tree_util.tree_map_with_path(place, state)
+
+
 def backbone(config: LlmConfig, mesh, dtype=jnp.bfloat16):
   """Params of abstract arrays laid out by `sharding.param_shardings`."""
-  shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(config),
-                        is_leaf=lambda s: isinstance(s, tuple))
-  return jax.tree.map(lambda a, s: None if a is None else _array(a.shape, dtype, s), shapes,
-                      sharding_lib.param_shardings(shapes, mesh), is_leaf=lambda x: x is None)
+  return _declared(mesh, abstract_params(config, dtype), sharding_lib.PARAM_AXES)
 
 
 def experts(lora: LoraConfig, config: LlmConfig, mesh):
-  """The LoRA experts (float32, replicated, as `Trainer.init_state` makes them)."""
-  return _replicated(mesh, jax.eval_shape(lambda k: init_experts(lora, config, k),
-                                          jax.random.key(0)))
+  """The LoRA experts (float32, as `Trainer.init_state` makes them), laid out by `expert_axes`."""
+  tree = jax.eval_shape(lambda k: init_experts(lora, config, k), jax.random.key(0))
+  return _declared(mesh, tree, expert_axes(tree))
 
 
 def update_args(config: LlmConfig, lora: LoraConfig, router: router_lib.RouterConfig | None,
@@ -176,15 +197,17 @@ def update_args(config: LlmConfig, lora: LoraConfig, router: router_lib.RouterCo
   expert_tree = experts(lora, config, mesh)
   router_params = router_batch = None
   if router is not None:
-    router_params = _replicated(mesh, jax.eval_shape(
+    router_params = _declared(mesh, jax.eval_shape(
         lambda k: router_lib.init_router(router, shapes.embed_dim, lora.num_subtask_experts, k),
-        jax.random.key(0)))
+        jax.random.key(0)), router_lib.ROUTER_AXES)
     router_batch = _replicated(mesh, RouterBatch(
         embeddings=jax.ShapeDtypeStruct((g, shapes.embed_dim), jnp.float32),
         subtask_routes=jax.ShapeDtypeStruct((g, router.top_k), jnp.int32),
         mask=jax.ShapeDtypeStruct((g,), jnp.float32)))
-  opt_states = _replicated(mesh, jax.eval_shape(
-      lambda x, r: ts.init_opt_states(x, r, step), expert_tree, router_params))
+  expert_state, router_state = jax.eval_shape(
+      lambda x, r: ts.init_opt_states(x, r, step), expert_tree, router_params)
+  opt_states = (_mirroring(mesh, expert_state, expert_tree),
+                None if router_state is None else _mirroring(mesh, router_state, router_params))
   update_router = _array((), jnp.bool_, NamedSharding(mesh, PartitionSpec()))
   args = (backbone(config, mesh, dtype), expert_tree, router_params, opt_states, policy,
           router_batch)
@@ -268,16 +291,15 @@ def decode_args(config, lora, shapes, mesh, *, dtype=jnp.bfloat16, kernel="gathe
 def mixture_args(config: LlmConfig, lora: LoraConfig, rows: int, tokens: int, mesh, *,
                  target: str = "q", route_width: int = 3, dtype=jnp.bfloat16):
   """(x, w, bias, a, b, routes) of `adapted_linear` on one adapted projection: x rows over data,
-  w as PARAM_AXES lays the layer's weight out, experts replicated."""
-  from morse_jax.lora.experts import TARGETS  # pylint: disable=import-outside-toplevel
-  field, d_in, d_out = TARGETS[target]
-  logical = getattr(sharding_lib.PARAM_AXES.layers, field)[1:]  # one layer: no layer axis
-  w_shape = (d_out(config), d_in(config))
+  w and one layer's experts as their declared axes lay them out."""
+  d_in, d_out = target_dims(target, config)
   k, r, e = lora.num_experts, lora.rank, route_width
-  x = _rows(mesh, (rows, tokens, d_in(config)), dtype)
-  w = _array(w_shape, dtype, _spec(mesh, logical, w_shape))
-  a, b = _replicated(mesh, (jax.ShapeDtypeStruct((k, d_in(config), r), dtype),
-                            jax.ShapeDtypeStruct((k, r, d_out(config)), dtype)))
+  one_layer = lambda axes: axes[1:]  # the declared axes without the layer axis
+  ab_axes = expert_axes({target: None})[target]
+  declared = lambda axes, shape: _array(shape, dtype, _spec(mesh, one_layer(axes), shape))
+  x = _rows(mesh, (rows, tokens, d_in), dtype)
+  w = declared(target_weight(target).axes, (d_out, d_in))
+  a, b = declared(ab_axes.a, (k, d_in, r)), declared(ab_axes.b, (k, r, d_out))
   routes = Routes(idx=_rows(mesh, (rows, e), jnp.int32), w=_rows(mesh, (rows, e), jnp.float32))
   return x, w, None, a, b, routes
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from morse_jax import llm
 from morse_jax.lora import router as router_lib
-from morse_jax.lora.experts import LoraConfig, init_experts
+from morse_jax.lora.experts import LoraConfig, init_experts, shard_experts
 from morse_jax.rl import loop
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import rollout as rollout_lib
@@ -116,6 +116,9 @@ class Trainer:
     experts = init_experts(self.lora, self.model, k_experts)
     router = None if self.router is None else router_lib.init_router(
         self.router, self.embed_dim, self.lora.num_subtask_experts, k_router)
+    if self.mesh is not None:  # laid out by their declared logical axes, as the backbone is
+      experts = shard_experts(experts, self.mesh)
+      router = None if router is None else router_lib.shard_router(router, self.mesh)
     return TrainState(step=jnp.int32(0), experts=experts, router=router,
                       opt_states=ts.init_opt_states(experts, router, self.step_config),
                       rng=k_run, cursor=jnp.int32(0))

@@ -241,3 +241,33 @@ def test_sharded_step_equals_one_device(setup, data, model, eight_devices):
   for key in ("expert_loss", "router_loss", "expert_grad_norm", "kl"):
     np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-5)
+
+
+def test_sharded_experts_and_router_update_equals_one_device(setup, eight_devices):
+  """Experts and router laid out by their declared axes on a 2 x 4 mesh (q's and v's B split
+  over 'model' like wq / wv, o's A like wo; with these rules the experts axis over 'data' and
+  the router's width over 'model' too) update as on one device, and stay laid out so."""
+  from jax.sharding import PartitionSpec as P
+
+  from morse_jax.llm import sharding
+
+  backbone, experts, out = setup
+  batch = rl_rollout.policy_batch(out, REWARDS)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  rparams = router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3))
+  ref = run_steps(backbone, experts, batch, rb, 2, BASE, rparams=rparams)
+  mesh = sharding.make_mesh(2, 4)
+  rules = sharding.ShardingRules(experts="data", router="model")
+  placed = lora.shard_experts(experts, mesh, rules)
+  placed_router = lora.shard_router(rparams, mesh, rules)
+  assert placed["q"].b.sharding.spec == P(None, "data", None, "model")
+  assert placed["o"].a.sharding.spec == P(None, "data", "model", None)
+  assert placed_router.prototypes.sharding.spec == P("data", "model")
+  place = sharding.shard_rows(mesh)
+  got = run_steps(sharding.shard_params(backbone, mesh), placed,
+                  jax.tree.map(lambda x: place(x)[0], batch), rb, 2, BASE,
+                  rparams=placed_router)
+  for key in ("expert_loss", "router_loss", "expert_grad_norm"):
+    np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-5)
+  assert got[0]["q"].b.sharding.spec == placed["q"].b.sharding.spec
