@@ -126,9 +126,14 @@ def split(config, problems: list[Problem], which: str) -> list[Problem]:
   elif name == "srdd":
     from morse_jax.tasks import srdd
     problems = srdd.split(problems, which, seed=config.seed, holdout=config.task.holdout)
+  return chunk(config, problems)
+
+
+def chunk(config, problems: list[Problem]) -> list[Problem]:
+  """problems without the first task.skip, then the first task.limit of the rest (0: all)."""
   skip, limit = config.task.get("skip", 0), config.task.limit
   if skip < 0 or limit < 0:
-    raise ValueError(f"split: task.skip={skip} and task.limit={limit} must be >= 0")
+    raise ValueError(f"task.skip={skip} and task.limit={limit} must be >= 0")
   problems = problems[skip:]
   return problems[:limit] if limit else problems
 

@@ -38,10 +38,11 @@ def canonical(config) -> dict:
 
 
 def _canonical_humaneval(config) -> dict:
+  from morse_jax.mas import experiment
   from morse_jax.tasks import humaneval
 
-  family, problems = humaneval.HumanEval(), humaneval.load(config.task.path or None)
-  problems = problems[:config.task.limit] if config.task.limit else problems
+  family = humaneval.HumanEval()
+  problems = experiment.chunk(config, humaneval.load(config.task.path or None))
   start, passed = time.perf_counter(), 0
   for p in problems:
     node = dict(p.gold_graph[0])
@@ -65,11 +66,12 @@ def canonical_scicode_problem(family, problem) -> list[tuple[str, object]]:
 def _canonical_scicode(config) -> dict:
   import concurrent.futures
 
+  from morse_jax.mas import experiment
   from morse_jax.tasks import scicode
 
   family = scicode.SciCode(targets_h5=config.task.targets_h5 or None)
-  problems = [p for p in scicode.load(config.task.path or None) if scicode.has_gold(p)]
-  problems = problems[:config.task.limit] if config.task.limit else problems
+  problems = experiment.chunk(config, [p for p in scicode.load(config.task.path or None)
+                                       if scicode.has_gold(p)])
   if not problems:
     raise ValueError("config.task.oracle='canonical': no SciCode problem ships ground_truth_code "
                      f"(task.path={config.task.path!r}; the installed dev problems do)")
