@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import types
 
 from absl import app, flags
 
@@ -32,6 +33,8 @@ _BATCH = flags.DEFINE_integer("batch", 32, "Rows per generate call.")
 _PREFILL = flags.DEFINE_bool("prefill", False, "HumanEval(prefill=...): task.reply_prefix of our run.")
 # torch's OpenMP threads spin when another process holds the cores: several times slower.
 _THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "transformers' weights and compute (our run's config.model.dtype).")
 
 
 def _ours(path: str) -> dict[str, dict]:
@@ -49,14 +52,16 @@ def main(argv):
   import torch
   from transformers import AutoModelForCausalLM
 
-  from morse_jax import llm
+  from morse_jax.llm import tokenizer as tokenizer_lib
   from morse_jax.tasks import humaneval
 
   if _THREADS.value:
     torch.set_num_threads(_THREADS.value)
   folder = os.path.expanduser(_MODEL.value)
-  model = llm.load(folder)  # tokenizer, stop ids (the weights are not used here)
-  hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+  # Our tokenizer and stop ids only: loading our weights too would hold a second copy (GBs).
+  tok = tokenizer_lib.load_tokenizer(folder)
+  model = types.SimpleNamespace(tokenizer=tok, stop_ids=tokenizer_lib.stop_ids(folder, tok))
+  hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, _DTYPE.value)).eval()
   family = humaneval.HumanEval(prefill=_PREFILL.value)
   problems = humaneval.load()
   problems = problems[:_LIMIT.value] if _LIMIT.value else problems
@@ -94,7 +99,7 @@ def main(argv):
       ours_passed += rec["ours_passed"]
       equal += rec["same_reply"]
     records.append(rec)
-  summary = {"problems": len(problems), "max_new_tokens": _NEW.value,
+  summary = {"problems": len(problems), "max_new_tokens": _NEW.value, "dtype": _DTYPE.value,
              "transformers_pass@1": passed / len(problems), "transformers_seconds": seconds}
   if ours:
     summary.update({"ours_pass@1": ours_passed / len(problems), "same_replies": equal,

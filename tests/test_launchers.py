@@ -47,11 +47,13 @@ def test_evaluate_launcher_writes_records(tmp_path):
   args = ["--config=configs/morse/humaneval.py:single,qwen3_4b,cpu",
           f"--config.model.path={folder}", "--config.model.dtype=float32",
           "--config.task.limit=2", "--config.eval.max_new_tokens=4",
+          "--config.eval.tasks_per_batch=1",  # two batches: records written after each
           f"--config.workdir={workdir}", "--config.compilation_cache=", "--split=all",
           "--record_prompts"]
   done = subprocess.run([sys.executable, "-m", "launchers.evaluate", *args], cwd=test_configs.ROOT,
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
+  assert "1/2 problems run, 0 passed" in done.stdout and "2/2 problems run" in done.stdout
   summary = json.loads((workdir / "eval_all.json").read_text())
   assert summary["tasks"] == 2 and summary["records"] == str(workdir / "eval_all.jsonl")
   lines = [json.loads(line) for line in (workdir / "eval_all.jsonl").read_text().splitlines()]

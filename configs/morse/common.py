@@ -59,6 +59,7 @@ def base() -> ml_collections.ConfigDict:
   c.planner_max_new_tokens = 512
   c.model = ml_collections.ConfigDict(dict(path="", dtype="bfloat16", name=""))
   c.task = ml_collections.ConfigDict(dict(family="humaneval", path="", plans="", limit=0,
+                                          skip=0,  # the split's first `skip` problems left out
                                           oracle="", holdout=8,  # SRDD: held-out categories
                                           num_problems=0, seed=0,  # synthetic: the suite
                                           holdout_categories=("string_analysis",),

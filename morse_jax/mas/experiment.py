@@ -106,7 +106,8 @@ def load_family(config):
 
 def split(config, problems: list[Problem], which: str) -> list[Problem]:
   """The family's split: which "train" or "test" (HumanEval has none: all 164 in both), or "all"
-  (every problem, any family); then the first task.limit."""
+  (every problem, any family); then task.skip problems dropped and the first task.limit kept
+  (a long evaluation runs in chunks: skip 0 / limit 64, skip 64 / limit 64, ...)."""
   if which not in WHICH:
     raise ValueError(f"split: which={which!r} is not one of {WHICH}")
   name = config.task.family
@@ -125,7 +126,15 @@ def split(config, problems: list[Problem], which: str) -> list[Problem]:
   elif name == "srdd":
     from morse_jax.tasks import srdd
     problems = srdd.split(problems, which, seed=config.seed, holdout=config.task.holdout)
-  limit = config.task.limit
+  return chunk(config, problems)
+
+
+def chunk(config, problems: list[Problem]) -> list[Problem]:
+  """problems without the first task.skip, then the first task.limit of the rest (0: all)."""
+  skip, limit = config.task.get("skip", 0), config.task.limit
+  if skip < 0 or limit < 0:
+    raise ValueError(f"task.skip={skip} and task.limit={limit} must be >= 0")
+  problems = problems[skip:]
   return problems[:limit] if limit else problems
 
 

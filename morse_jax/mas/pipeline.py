@@ -38,10 +38,11 @@ def canonical(config) -> dict:
 
 
 def _canonical_humaneval(config) -> dict:
+  from morse_jax.mas import experiment
   from morse_jax.tasks import humaneval
 
-  family, problems = humaneval.HumanEval(), humaneval.load(config.task.path or None)
-  problems = problems[:config.task.limit] if config.task.limit else problems
+  family = humaneval.HumanEval()
+  problems = experiment.chunk(config, humaneval.load(config.task.path or None))
   start, passed = time.perf_counter(), 0
   for p in problems:
     node = dict(p.gold_graph[0])
@@ -65,11 +66,12 @@ def canonical_scicode_problem(family, problem) -> list[tuple[str, object]]:
 def _canonical_scicode(config) -> dict:
   import concurrent.futures
 
+  from morse_jax.mas import experiment
   from morse_jax.tasks import scicode
 
   family = scicode.SciCode(targets_h5=config.task.targets_h5 or None)
-  problems = [p for p in scicode.load(config.task.path or None) if scicode.has_gold(p)]
-  problems = problems[:config.task.limit] if config.task.limit else problems
+  problems = experiment.chunk(config, [p for p in scicode.load(config.task.path or None)
+                                       if scicode.has_gold(p)])
   if not problems:
     raise ValueError("config.task.oracle='canonical': no SciCode problem ships ground_truth_code "
                      f"(task.path={config.task.path!r}; the installed dev problems do)")
@@ -132,20 +134,24 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   banner("run")
   outcomes, batch = [], config.eval.tasks_per_batch
   prompts = bool(config.eval.get("record_prompts", False))
+  workdir = os.path.abspath(config.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, f"{name or 'eval_' + split}.jsonl")
   start = time.perf_counter()
   for i in range(0, len(problems), batch):
     outcomes += runner.run(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],
                            experts, router, rng=jax.random.key(config.seed),
                            merge_mode=config.router.merge_experts, seed=config.seed,
                            keep_prompts=prompts)
+    # The records so far after every batch: a run stopped part way keeps what it finished.
+    records.write(path, outcomes, prompts)
+    print(f"{len(outcomes)}/{len(problems)} problems run, "
+          f"{sum(bool(t.score and t.score.passed) for t in outcomes)} passed, "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
   summary = evaluation.summarize(outcomes)
   summary["seconds"] = time.perf_counter() - start
   if any(len(t.nodes) > 1 for t in outcomes):  # Sim_output needs two nodes (and an encoder)
     summary["sim_output"] = evaluation.heterogeneity(outcomes, embedders.SentenceEmbedder())
-  workdir = os.path.abspath(config.workdir)
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, f"{name or 'eval_' + split}.jsonl")
-  records.write(path, outcomes, prompts)
   nodes = [n for t in outcomes for n in t.nodes.values()]
   print(f"records: {path} ({len(nodes)} nodes, {sum(not n.score.passed for n in nodes)} failed, "
         f"{sum(bool(n.stats and n.stats.cut) for n in nodes)} cut at the token limit)")

@@ -155,3 +155,13 @@ def test_prefilled_reply_is_the_prompt_then_the_body(problems):
   p = problems["HumanEval/0"]
   assert off.reply_prefix(p, p.gold_graph[0]) == ""
   assert p.data["prompt"] in off.executor_instructions(p, p.gold_graph[0])
+
+
+def test_canonical_oracle_runs_a_chunk():
+  from configs.morse import humaneval_canonical
+  from morse_jax.mas import pipeline
+
+  config = humaneval_canonical.get_config()
+  config.task.skip = 162  # the last two problems
+  summary = pipeline.canonical(config)
+  assert (summary["tasks"], summary["passed"]) == (2, 2)

@@ -118,5 +118,12 @@ def test_experiment_split_and_check(problems):
                                                                                "test"))
   evals = humaneval.load()
   assert experiment.split(_config("humaneval"), evals, "all") == evals
+  # A chunk of an evaluation: skip, then limit; chunks tile the split.
+  chunk = experiment.split(_config("humaneval", skip=160, limit=3), evals, "test")
+  assert [p.id for p in chunk] == ["HumanEval/160", "HumanEval/161", "HumanEval/162"]
+  assert [p.id for p in experiment.split(_config("humaneval", skip=162), evals, "test")] == [
+      "HumanEval/162", "HumanEval/163"]
+  with pytest.raises(ValueError, match="task.skip=-1 and task.limit=0 must be >= 0"):
+    experiment.split(_config("humaneval", skip=-1), evals, "test")
   with pytest.raises(ValueError, match="which='dev'"):
     experiment.split(held, tasks, "dev")
