@@ -38,7 +38,8 @@ from apex_jax.memory import skills as skills_lib
 from apex_jax.memory.records import Memory
 from apex_jax.tools import format_results, render_tool_call
 
-ROLES = ("apex_execute", "apex_plan", "apex_distill", "apex_judge")  # judge: apex_jax.toy.judging
+# judge: apex_jax.toy.judging, read: apex_jax.toy.reading (both opt-in)
+ROLES = ("apex_execute", "apex_plan", "apex_distill", "apex_judge", "apex_read")
 CORRUPTIONS = ("early", "wrong", "no_search")
 MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
@@ -55,6 +56,7 @@ class CorpusConfig:
   # question's category, as the bank shows them at run time: the plan must not depend on them
   judge_share: float = 0.0  # runs (gold or corrupted) judged by one evaluator and the arbiter
   align_share: float = 0.0  # questions whose plan the skill-alignment judge scores
+  reading_hops: int = 0  # hops per reading drill (apex_jax.toy.reading); 0: no drills
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
@@ -62,6 +64,10 @@ class CorpusConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
+    if isinstance(self.reading_hops, bool) or not isinstance(self.reading_hops, int) \
+        or self.reading_hops < 0:
+      raise ValueError(f"CorpusConfig.reading_hops must be an integer >= 0, got "
+                       f"{self.reading_hops!r}")
     for name in ("distill_batch", "distill_batches"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -50,6 +50,8 @@ _OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here
 _PROMPTS = flags.DEFINE_enum("prompts", "compact", ["compact", "authors"], "The agents' prompt "
                              "style (AgentConfig.prompts): the toy was taught the compact ones; "
                              "a real instruct backbone may follow the authors' text better.")
+_READING = flags.DEFINE_enum("reading", "yes", ["yes", "no", "only"], "The executor reading "
+                              "its gold passages (reading_metrics); only: that and nothing else.")
 _DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
                                        "cap (0: skip the distiller check).")
 
@@ -103,6 +105,66 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str 
           "executor_with_plan": executor_metrics(guided, examples),
           "samples": {"question": qs[0], "executor": alone[0].info["messages"][1:],
                       "plan": runs[0].conv.messages[2:]}}
+
+
+def reading_metrics(model, world_seed: int, questions: int, topk: int,
+                    prompts: str = "compact") -> dict:
+  """The executor reading its gold passages: each gold run of the corpus (WordSearch, as the
+  corpus is built) teacher-forced up to each reply after a tool output, that reply generated
+  greedily. hop_query: the next search names the fact just read (its query equals the gold
+  hop's); answer_em: the final <answer> equals the gold answer (datasets.metrics EM), by hop
+  count; answer_em_any: counted over every question (a run whose search misses is wrong)."""
+  import jax
+
+  from apex_jax.agents import AgentConfig
+  from apex_jax.datasets import metrics
+  from apex_jax.datasets.world import World
+  from apex_jax.toy import corpus as C
+  from apex_jax.toy.encode import encode_rounds
+  from apex_jax.toy.search import WordSearch
+  from apex_jax.tools import Answer, ToolCall, parse_turn
+  from morse_jax import llm
+
+  world = World.generate(world_seed, 120, questions)
+  examples = world.examples[:questions]
+  config = AgentConfig(prompts=prompts, topk=topk)
+  searcher = WordSearch(world.passages, topk)
+  rows, kinds = [], []  # (prompt tokens, kind, gold, example)
+  for ex in examples:
+    gold = C.executor_rounds(ex, searcher, config)
+    if gold is None:
+      continue
+    tokens, _, ends = encode_rounds(C.executor_conversation(ex, gold, None, config),
+                                    model.tokenizer)
+    for k in range(1, len(gold)):
+      start = ends[k] - len(model.tokenizer.encode(gold[k]["text"])) - 1
+      last = k == len(gold) - 1
+      rows.append(([int(t) for t in tokens[:start]], ex))
+      kinds.append(("answer", ex.answers[0]) if last else ("query", ex.chain[k].query))
+  out = llm.sample(model.params, model.config, [r[0] for r in rows], max_new_tokens=96,
+                   rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
+                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  query_ok, answers, by_hops, samples = [], {}, collections.defaultdict(list), []
+  for i, ((_, ex), (kind, gold)) in enumerate(zip(rows, kinds)):
+    text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
+    turn = parse_turn(text)
+    if kind == "query":
+      query_ok.append(isinstance(turn, ToolCall) and list(turn.queries) == [gold])
+      continue
+    answer = turn.text if isinstance(turn, Answer) else None
+    answers[ex.id] = answer
+    em = answer is not None and metrics.evaluate({ex.id: answer}, [ex])["em"] == 1.0
+    by_hops[ex.hops].append(em)
+    if not em and len(samples) < 6:
+      samples.append({"question": ex.question, "gold": gold, "reply": text})
+  scored = {i: a for i, a in answers.items() if a is not None}
+  n_answer = sum(map(len, by_hops.values()))
+  return {"questions": len(examples), "gold_runs": n_answer,
+          "hop_query": sum(query_ok) / max(len(query_ok), 1), "hop_queries": len(query_ok),
+          "answer_em": sum(sum(v) for v in by_hops.values()) / max(n_answer, 1),
+          "answer_em_any": metrics.evaluate(scored, examples)["em"],
+          "answer_em_by_hops": {h: round(sum(v) / len(v), 3) for h, v in sorted(by_hops.items())},
+          "wrong_samples": samples}
 
 
 def distiller_metrics(model, world_seed: int, questions: int, topk: int,
@@ -183,6 +245,14 @@ def main(argv):
   model = llm.load(_MODEL.value)
   result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value, "search": _SEARCH.value,
             "prompts": _PROMPTS.value}
+  if _READING.value:
+    result["reading"] = reading_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
+                                        _PROMPTS.value)
+    print(json.dumps({k: v for k, v in result["reading"].items() if k != "wrong_samples"}),
+          flush=True)
+    if _READING.value == "only":
+      print(json.dumps(result["reading"]["wrong_samples"], indent=1), flush=True)
+      return
   result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
                                 _SEARCH.value, _PROMPTS.value)
   print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)

@@ -1,0 +1,58 @@
+"""Reading drills: every reply answers its question with the hop's gold fact, which the drill's
+tool output shows; the questions are not in the order of the searches; the corpus adds them only
+when asked."""
+
+import random
+
+import pytest
+
+from apex_jax.toy import build, corpus, reading
+from apex_jax.toy.search import WordSearch
+from apex_jax.tools import Answer, parse_turn
+from tests.apex.toy.conftest import COMPACT
+
+
+def _replies(turn):
+  return [turn["target"]] + [r["target"] for r in turn["rounds"]]
+
+
+def _questions(turn):
+  first = turn["messages"][0]["content"].rsplit("\nQuestion: ", 1)[1]
+  return [first] + [r["messages"][0]["content"].removeprefix("Question: ")
+                    for r in turn["rounds"]]
+
+
+def test_each_reply_copies_its_hops_fact_from_the_tool_output(world):
+  drills, missed = reading.drills(world.examples, WordSearch(world.passages, 2), COMPACT,
+                                  random.Random(0), per_drill=3)
+  hops = {h.query: h for h in reading.world_hops(world.examples)}
+  assert len(drills) + missed == len(hops) // 3 and len(drills) >= 0.8 * (len(hops) // 3)
+  shuffled = 0
+  for turn in drills:
+    tool = turn["messages"][0]["content"]
+    assert tool.startswith("<tool_response>\nA search for ")
+    searched = [line.split("'")[1] for line in tool.splitlines() if line.startswith("A search")]
+    asked = _questions(turn)
+    assert sorted(asked) == sorted(searched) and len(asked) == 3
+    shuffled += asked != searched
+    for query, reply in zip(asked, _replies(turn)):
+      parsed = parse_turn(reply)
+      assert isinstance(parsed, Answer) and parsed.text == hops[query].answer
+      assert parsed.think == f"{query}: {hops[query].answer}."
+      assert hops[query].answer in tool  # copyable: the fact is in the shown passages
+  assert shuffled > 0.5 * len(drills)
+
+
+def test_corpus_adds_drills_only_when_asked(world):
+  plain, stats = build.world_turns(world, COMPACT, seed=7)
+  assert "apex_read" not in {t["role"] for t in plain} and not stats["reading"]
+  drilled, stats = build.world_turns(world, COMPACT, corpus.CorpusConfig(reading_hops=2), seed=7)
+  drills = [t for t in drilled if t["role"] == "apex_read"]
+  assert len(drills) == stats["reading"] > 0
+  assert all(len(t["rounds"]) == 1 for t in drills)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_bad_hops_per_drill_is_named(bad):
+  with pytest.raises(ValueError, match="reading_hops"):
+    corpus.CorpusConfig(reading_hops=bad)
