@@ -56,3 +56,27 @@ def test_corpus_adds_drills_only_when_asked(world):
 def test_bad_hops_per_drill_is_named(bad):
   with pytest.raises(ValueError, match="reading_hops"):
     corpus.CorpusConfig(reading_hops=bad)
+
+
+def test_reading_prompts_stop_right_before_each_gold_reply(world, toy_tok):
+  """The teacher-forced prompt + the gold reply + <|im_end|> is the encoded gold run up to that
+  reply's end, for every reply after a tool output (search queries, then the answer)."""
+  from apex_jax.toy import encode
+  from apex_jax.toy.evaluate import reading_prompts
+
+  examples = world.examples[:12]
+  searcher = WordSearch(world.passages, 2)
+  rows = reading_prompts(examples, searcher, COMPACT, toy_tok)
+  im_end = toy_tok.hf.convert_tokens_to_ids("<|im_end|>")
+  runs = {e.id: corpus.executor_rounds(e, searcher, COMPACT) for e in examples}
+  assert len(rows) == sum(e.hops for e in examples if runs[e.id] is not None)
+  seen = {}
+  for prompt, kind, gold, ex in rows:
+    k = seen[ex.id] = seen.get(ex.id, 0) + 1
+    tokens, _, ends = encode.encode_rounds(
+        corpus.executor_conversation(ex, runs[ex.id], None, COMPACT), toy_tok)
+    reply = runs[ex.id][k]["text"]
+    assert prompt + toy_tok.encode(reply) + [im_end] == [int(t) for t in tokens[:ends[k]]]
+    assert kind == ("answer" if k == ex.hops else "query")
+    assert gold == (ex.answers[0] if k == ex.hops else ex.chain[k].query)
+    assert gold in reply
