@@ -34,7 +34,8 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
   stats, turns = collections.Counter(), []
   memories: dict[str, list[tuple[Memory, str | None]]] = collections.defaultdict(list)
   for ex in world.examples:
-    gold = C.executor_rounds(ex, searcher, config)
+    spaced = corpus_config.spaced_copies
+    gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
     if gold is None:
       stats["gold_missed"] += 1
       continue
@@ -44,7 +45,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     trace, searched, kind = gold, ex.hops, None
     if rng.random() < corpus_config.negative_share:
       kind = rng.choice(C.CORRUPTIONS)
-      trace, searched = C.corrupt(ex, searcher, config, kind, rng, names)
+      trace, searched = C.corrupt(ex, searcher, config, kind, rng, names, spaced)
       if trace is None:
         stats["corrupt_missed"] += 1
         continue
@@ -80,7 +81,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     stats["distill"] += len(batches)
   if corpus_config.reading_hops:
     drills, missed = reading.drills(world.examples, searcher, config, rng,
-                                    corpus_config.reading_hops)
+                                    corpus_config.reading_hops, corpus_config.spaced_copies)
     turns += drills
     stats["reading"] += len(drills)
     stats["reading_missed"] += missed

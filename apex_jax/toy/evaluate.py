@@ -52,6 +52,9 @@ _PROMPTS = flags.DEFINE_enum("prompts", "compact", ["compact", "authors"], "The 
                              "a real instruct backbone may follow the authors' text better.")
 _READING = flags.DEFINE_enum("reading", "yes", ["yes", "no", "only"], "The executor reading "
                               "its gold passages (reading_metrics); only: that and nothing else.")
+_SPACED = flags.DEFINE_bool("spaced_copies", False, "The reading check's gold runs with their "
+                            "queries and answers after a space (a toy trained with "
+                            "pretrain_toy --apex_spaced_copies).")
 _DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
                                        "cap (0: skip the distiller check).")
 
@@ -107,16 +110,18 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str 
                       "plan": runs[0].conv.messages[2:]}}
 
 
-def reading_prompts(examples, searcher, config, tok) -> list[tuple[list[int], str, str, object]]:
+def reading_prompts(examples, searcher, config, tok, spaced: bool = False,
+                    ) -> list[tuple[list[int], str, str, object]]:
   """(prompt tokens, "query" | "answer", gold, example) per reply after a tool output of each
-  gold run (executor_rounds, no plan): the conversation's tokens teacher-forced up to that
-  reply, which is the next hop's search (gold: its query) or the answer (gold: the answer)."""
+  gold run (executor_rounds, no plan; spaced: its copies after a space): the conversation's
+  tokens teacher-forced up to that reply, which is the next hop's search (gold: its query) or
+  the answer (gold: the answer)."""
   from apex_jax.toy import corpus as C
   from apex_jax.toy.encode import encode_rounds
 
   rows = []
   for ex in examples:
-    gold = C.executor_rounds(ex, searcher, config)
+    gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
     if gold is None:
       continue
     tokens, _, ends = encode_rounds(C.executor_conversation(ex, gold, None, config), tok)
@@ -129,7 +134,7 @@ def reading_prompts(examples, searcher, config, tok) -> list[tuple[list[int], st
 
 
 def reading_metrics(model, world_seed: int, questions: int, topk: int,
-                    prompts: str = "compact") -> dict:
+                    prompts: str = "compact", spaced: bool = False) -> dict:
   """The executor reading its gold passages (reading_prompts on a fresh world, WordSearch as the
   corpus is built), each reply generated greedily. hop_query: the next search's query equals
   the gold hop's (it names the fact just read); answer_em: the final <answer> is right
@@ -147,7 +152,7 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
   world = World.generate(world_seed, 120, questions)
   examples = world.examples[:questions]
   rows = reading_prompts(examples, WordSearch(world.passages, topk),
-                         AgentConfig(prompts=prompts, topk=topk), model.tokenizer)
+                         AgentConfig(prompts=prompts, topk=topk), model.tokenizer, spaced)
   out = llm.sample(model.params, model.config, [r[0] for r in rows], max_new_tokens=96,
                    rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
                    eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
@@ -156,7 +161,8 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
     text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
     turn = parse_turn(text)
     if kind == "query":
-      query_ok.append(isinstance(turn, ToolCall) and list(turn.queries) == [gold])
+      query_ok.append(isinstance(turn, ToolCall)
+                      and [q.strip() for q in turn.queries] == [gold])
       continue
     answer = turn.text if isinstance(turn, Answer) else None
     answers[ex.id] = answer
@@ -254,7 +260,7 @@ def main(argv):
             "prompts": _PROMPTS.value}
   if _READING.value:
     result["reading"] = reading_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
-                                        _PROMPTS.value)
+                                        _PROMPTS.value, _SPACED.value)
     print(json.dumps({k: v for k, v in result["reading"].items() if k != "wrong_samples"}),
           flush=True)
     if _READING.value == "only":

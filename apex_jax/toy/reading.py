@@ -39,8 +39,9 @@ def world_hops(examples: Sequence[QAExample]) -> list[Hop]:
 
 
 def drill(hops: Sequence[Hop], searcher, config: AgentConfig, rng: random.Random,
-          example_id: str) -> dict | None:
-  """One drill over `hops` (None when a search misses its hop's gold passage)."""
+          example_id: str, spaced: bool = False) -> dict | None:
+  """One drill over `hops` (None when a search misses its hop's gold passage); spaced: the
+  answers after a space (corpus.copied)."""
   results = searcher.search([h.query for h in hops], topk=config.topk)
   if any(h.passage_id not in [p.id for p in r] for h, r in zip(hops, results)):
     return None
@@ -48,13 +49,13 @@ def drill(hops: Sequence[Hop], searcher, config: AgentConfig, rng: random.Random
   rng.shuffle(order)
   tool = prompts.tool_message(C.tool_output([h.query for h in hops], results))["content"]
   opening = [{"role": "user", "content": f"{tool}\nQuestion: {order[0].query}"}]
-  replies = [C._answer_turn(f"{h.query}: {h.answer}.", h.answer) for h in order]
+  replies = [C._answer_turn(f"{h.query}: {h.answer}.", h.answer, spaced) for h in order]
   follow = [[{"role": "user", "content": f"Question: {h.query}"}] for h in order[1:]]
   return C.conversation("apex_read", opening, replies, follow, example_id)
 
 
 def drills(examples: Sequence[QAExample], searcher, config: AgentConfig, rng: random.Random,
-           per_drill: int = 3) -> tuple[list[dict], int]:
+           per_drill: int = 3, spaced: bool = False) -> tuple[list[dict], int]:
   """(drills, missed): the world's hops shuffled into groups of `per_drill`, one drill each."""
   if isinstance(per_drill, bool) or not isinstance(per_drill, int) or per_drill < 1:
     raise ValueError(f"drills: per_drill must be an integer >= 1, got {per_drill!r}")
@@ -62,7 +63,7 @@ def drills(examples: Sequence[QAExample], searcher, config: AgentConfig, rng: ra
   rng.shuffle(hops)
   out, missed = [], 0
   for i in range(0, len(hops) - per_drill + 1, per_drill):
-    d = drill(hops[i:i + per_drill], searcher, config, rng, f"read:{hops[i].query}")
+    d = drill(hops[i:i + per_drill], searcher, config, rng, f"read:{hops[i].query}", spaced)
     if d is None:
       missed += 1
     else:

@@ -80,3 +80,38 @@ def test_reading_prompts_stop_right_before_each_gold_reply(world, toy_tok):
     assert kind == ("answer" if k == ex.hops else "query")
     assert gold == (ex.answers[0] if k == ex.hops else ex.chain[k].query)
     assert gold in reply
+
+
+def test_spaced_copies_have_the_pieces_of_what_they_copy(world):
+  """With spaced copies, the committed toy's BPE splits each query and answer into the pieces of
+  the question / passages it copies (without, the first word splits differently); the parsers
+  read the same query and answer either way."""
+  from transformers import AutoTokenizer
+
+  from tests.apex.toy.conftest import REPO
+
+  tok = AutoTokenizer.from_pretrained(f"{REPO}/assets/toy_apex")
+  pieces = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+  contains = lambda seq, sub: any(seq[i:i + len(sub)] == sub  # noqa: E731
+                                  for i in range(len(seq) - len(sub) + 1))
+  searcher = WordSearch(world.passages, 2)
+  differs = 0
+  chains = [e for e in world.examples if e.kind == "chain"][:20]  # the answer is a passage's
+  for ex in chains:
+    plain = corpus.executor_rounds(ex, searcher, COMPACT)
+    spaced = corpus.executor_rounds(ex, searcher, COMPACT, spaced=True)
+    if plain is None:
+      continue
+    assert [parse_turn(t["text"]) for t in plain] == [
+        parse_turn(t["text"].replace('[" ', '["').replace("<answer> ", "<answer>"))
+        for t in spaced]
+    answer = parse_turn(spaced[-1]["text"])
+    assert answer.text == ex.answers[0] == parse_turn(plain[-1]["text"]).text
+    source = pieces(spaced[-2]["tool_output"])  # the last search's results hold the answer
+    assert contains(source, pieces(f" {ex.answers[0]}"))
+    tail = lambda turn: turn["text"].split("</think>")[1]  # noqa: E731  the <answer> block
+    assert contains(pieces(tail(spaced[-1])), pieces(f" {ex.answers[0]}"))
+    differs += not contains(pieces(tail(plain[-1])), pieces(f" {ex.answers[0]}"))
+    first = parse_turn(spaced[0]["text"]).queries[0]
+    assert first == f" {ex.chain[0].query}"
+  assert differs >= 10  # the unspaced answer's pieces are not the passage's
