@@ -32,6 +32,7 @@ no prompt or tool output (apex_jax.toy.encode):
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 
 from absl import app, flags
@@ -70,6 +71,15 @@ _APEX_ALIGN_SHARE = flags.DEFINE_float("apex_align_share", 0.0, "Share of APEx q
                                        "plan the skill-alignment judge scores.")
 _APEX_DISTILL_BATCHES = flags.DEFINE_integer("apex_distill_batches", 2, "Distiller prompts per "
                                              "category and world (a synthesis, then refines).")
+_APEX_READING_HOPS = flags.DEFINE_integer("apex_reading_hops", 0, "Hops per APEx reading drill "
+                                          "(apex_jax.toy.reading; 0: no drills).")
+_APEX_SPACED_COPIES = flags.DEFINE_bool("apex_spaced_copies", False, "The executor's search "
+                                        "queries and answers written after a space, so their "
+                                        "BPE pieces equal the question's and passages' "
+                                        "(apex_jax.toy.corpus.copied).")
+_APEX_OTHER_SHARE = flags.DEFINE_float("apex_other_share", 1.0, "Share of the APEx planner, "
+                                       "distiller and judge conversations kept (the executor's "
+                                       "and the reading drills are all kept).")
 
 
 def dose_turns(n: int, seed: int, categories) -> list[dict]:
@@ -88,9 +98,15 @@ def apex_turns(seeds, topk: int) -> list[dict]:
 
   corpus_config = CorpusConfig(judge_share=_APEX_JUDGE_SHARE.value,
                                align_share=_APEX_ALIGN_SHARE.value,
-                               distill_batches=_APEX_DISTILL_BATCHES.value)
+                               distill_batches=_APEX_DISTILL_BATCHES.value,
+                               reading_hops=_APEX_READING_HOPS.value,
+                               spaced_copies=_APEX_SPACED_COPIES.value)
   turns, stats = build.corpus(seeds, _WORLD_ENTITIES.value, _WORLD_QUESTIONS.value,
                               AgentConfig(prompts="compact", topk=topk), corpus_config)
+  if _APEX_OTHER_SHARE.value < 1:
+    rng, kept = random.Random(seeds[0]), ("apex_execute", "apex_read")
+    turns = [t for t in turns if t["role"] in kept or rng.random() < _APEX_OTHER_SHARE.value]
+    stats["other_share"] = _APEX_OTHER_SHARE.value
   print(f"apex corpus (worlds {list(seeds)}): {dict(sorted(stats.items()))}", flush=True)
   return turns
 

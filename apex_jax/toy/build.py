@@ -5,9 +5,10 @@ conversation (on the gold trace or a corrupted one) and, per category, a few dis
                               config=AgentConfig(prompts="compact"))
 
 Deterministic in (seeds, sizes, config, corpus config). With CorpusConfig.judge_share /
-align_share the TTRL judges' conversations are added too (apex_jax.toy.judging). Questions whose
-gold passage a search misses are skipped and counted (`stats["gold_missed"]`): the tool would not show the model what
-its gold run says it saw.
+align_share the TTRL judges' conversations are added too (apex_jax.toy.judging), with
+CorpusConfig.reading_hops the reading drills (apex_jax.toy.reading). Questions whose gold passage
+a search misses are skipped and counted (`stats["gold_missed"]`): the tool would not show the
+model what its gold run says it saw.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from apex_jax.agents.config import AgentConfig
 from apex_jax.datasets.world import World
 from apex_jax.memory.records import Memory
 from apex_jax.toy import corpus as C
-from apex_jax.toy import judging
+from apex_jax.toy import judging, reading
 from apex_jax.toy.search import WordSearch
 
 
@@ -33,7 +34,8 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
   stats, turns = collections.Counter(), []
   memories: dict[str, list[tuple[Memory, str | None]]] = collections.defaultdict(list)
   for ex in world.examples:
-    gold = C.executor_rounds(ex, searcher, config)
+    spaced = corpus_config.spaced_copies
+    gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
     if gold is None:
       stats["gold_missed"] += 1
       continue
@@ -43,7 +45,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     trace, searched, kind = gold, ex.hops, None
     if rng.random() < corpus_config.negative_share:
       kind = rng.choice(C.CORRUPTIONS)
-      trace, searched = C.corrupt(ex, searcher, config, kind, rng, names)
+      trace, searched = C.corrupt(ex, searcher, config, kind, rng, names, spaced)
       if trace is None:
         stats["corrupt_missed"] += 1
         continue
@@ -77,6 +79,12 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     pitfalls = [[C.PITFALLS[k] for _, k in chunk if k] for chunk in chunks]
     turns += C.distiller_conversations(category, batches, pitfalls, config)
     stats["distill"] += len(batches)
+  if corpus_config.reading_hops:
+    drills, missed = reading.drills(world.examples, searcher, config, rng,
+                                    corpus_config.reading_hops, corpus_config.spaced_copies)
+    turns += drills
+    stats["reading"] += len(drills)
+    stats["reading_missed"] += missed
   return turns, stats
 
 

@@ -38,7 +38,8 @@ from apex_jax.memory import skills as skills_lib
 from apex_jax.memory.records import Memory
 from apex_jax.tools import format_results, render_tool_call
 
-ROLES = ("apex_execute", "apex_plan", "apex_distill", "apex_judge")  # judge: apex_jax.toy.judging
+# judge: apex_jax.toy.judging, read: apex_jax.toy.reading (both opt-in)
+ROLES = ("apex_execute", "apex_plan", "apex_distill", "apex_judge", "apex_read")
 CORRUPTIONS = ("early", "wrong", "no_search")
 MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
@@ -55,6 +56,8 @@ class CorpusConfig:
   # question's category, as the bank shows them at run time: the plan must not depend on them
   judge_share: float = 0.0  # runs (gold or corrupted) judged by one evaluator and the arbiter
   align_share: float = 0.0  # questions whose plan the skill-alignment judge scores
+  reading_hops: int = 0  # hops per reading drill (apex_jax.toy.reading); 0: no drills
+  spaced_copies: bool = False  # the executor's queries and answers after a space (`copied`)
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
@@ -62,6 +65,10 @@ class CorpusConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
+    if isinstance(self.reading_hops, bool) or not isinstance(self.reading_hops, int) \
+        or self.reading_hops < 0:
+      raise ValueError(f"CorpusConfig.reading_hops must be an integer >= 0, got "
+                       f"{self.reading_hops!r}")
     for name in ("distill_batch", "distill_batches"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -114,33 +121,46 @@ def _answer_think(example: QAExample) -> str:
   return " ".join(f"{h.query}: {h.answer}." for h in example.chain)
 
 
-def _search_turn(hops_done: Sequence, hop) -> str:
+def copied(text: str, spaced: bool) -> str:
+  """A span the reply copies (a search query, an answer) as the reply writes it: with `spaced`,
+  after a space, so that a byte-level BPE splits its words as it does where they are read (after
+  a space in the question and the passages: " Desma" is one piece there, "Desma" after `>` or a
+  quote is "D" "es" "ma"); the parsers strip it (parse_turn; the searches match words)."""
+  return f" {text}" if spaced else text
+
+
+def _search_turn(hops_done: Sequence, hop, spaced: bool = False) -> str:
   prev = f"{hops_done[-1].query}: {hops_done[-1].answer}. " if hops_done else ""
-  return f"<think>{prev}Next: {hop.query}.</think>\n{render_tool_call([hop.query])}"
+  call = render_tool_call([copied(hop.query, spaced)])
+  return f"<think>{prev}Next: {hop.query}.</think>\n{call}"
 
 
-def _answer_turn(think: str, answer: str) -> str:
-  return f"<think>{think}</think>\n<answer>{answer}</answer>"
+def _answer_turn(think: str, answer: str, spaced: bool = False) -> str:
+  return f"<think>{think}</think>\n<answer>{copied(answer, spaced)}</answer>"
 
 
 def executor_rounds(example: QAExample, searcher, config: AgentConfig,
-                    stop_after: int | None = None, answer: str | None = None) -> list[dict] | None:
+                    stop_after: int | None = None, answer: str | None = None,
+                    spaced: bool = False) -> list[dict] | None:
   """[{"text", "tool_output"}] per assistant turn: the gold run, or with stop_after / answer a
   corrupted one (stops after that many searches / gives that answer). None when a search misses
-  its hop's gold passage (the gold run would not be what the tool shows)."""
+  its hop's gold passage (the gold run would not be what the tool shows). spaced: queries and
+  the answer written after a space (`copied`), the tool output showing the query as sent."""
   hops = example.chain[:stop_after] if stop_after is not None else example.chain
   turns = []
   for k, hop in enumerate(hops):
-    (passages,) = searcher.search([hop.query], topk=config.topk)
+    query = copied(hop.query, spaced)
+    (passages,) = searcher.search([query], topk=config.topk)
     if hop.passage_id not in [p.id for p in passages]:
       return None
-    turns.append({"text": _search_turn(hops[:k], hop),
-                  "tool_output": tool_output([hop.query], [passages])})
+    turns.append({"text": _search_turn(hops[:k], hop, spaced),
+                  "tool_output": tool_output([query], [passages])})
   if stop_after is None:
     think = _answer_think(example)
   else:
     think = f"{hops[-1].query}: {hops[-1].answer}." if hops else "I know this."
-  turns.append({"text": _answer_turn(think, answer or example.answers[0]), "tool_output": None})
+  turns.append({"text": _answer_turn(think, answer or example.answers[0], spaced),
+                "tool_output": None})
   return turns
 
 
@@ -165,15 +185,16 @@ def executor_conversation(example: QAExample, turns: list[dict], plan: str | Non
 # -------------------------------------------------------------------------------- planner
 
 def corrupt(example: QAExample, searcher, config: AgentConfig, kind: str,
-            rng: random.Random, names: Sequence[str]) -> tuple[list[dict] | None, int]:
-  """A wrong run of `kind` and how many hops it searched."""
+            rng: random.Random, names: Sequence[str], spaced: bool = False,
+            ) -> tuple[list[dict] | None, int]:
+  """A wrong run of `kind` and how many hops it searched (spaced: as in executor_rounds)."""
   wrong = rng.choice([n for n in names if n not in example.answers] or ["unknown"])
   if kind == "early" and example.hops > 1:
     k = rng.randrange(1, example.hops)
-    return executor_rounds(example, searcher, config, k, example.chain[k - 1].answer), k
+    return executor_rounds(example, searcher, config, k, example.chain[k - 1].answer, spaced), k
   if kind == "wrong":
-    return executor_rounds(example, searcher, config, None, wrong), example.hops
-  return executor_rounds(example, searcher, config, 0, wrong), 0
+    return executor_rounds(example, searcher, config, None, wrong, spaced), example.hops
+  return executor_rounds(example, searcher, config, 0, wrong, spaced), 0
 
 
 def planner_context(category: str, earlier: Sequence[Memory], with_skill: bool,

@@ -50,6 +50,11 @@ _OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here
 _PROMPTS = flags.DEFINE_enum("prompts", "compact", ["compact", "authors"], "The agents' prompt "
                              "style (AgentConfig.prompts): the toy was taught the compact ones; "
                              "a real instruct backbone may follow the authors' text better.")
+_READING = flags.DEFINE_enum("reading", "yes", ["yes", "no", "only"], "The executor reading "
+                              "its gold passages (reading_metrics); only: that and nothing else.")
+_SPACED = flags.DEFINE_bool("spaced_copies", False, "The reading check's gold runs with their "
+                            "queries and answers after a space (a toy trained with "
+                            "pretrain_toy --apex_spaced_copies).")
 _DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
                                        "cap (0: skip the distiller check).")
 
@@ -103,6 +108,76 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str 
           "executor_with_plan": executor_metrics(guided, examples),
           "samples": {"question": qs[0], "executor": alone[0].info["messages"][1:],
                       "plan": runs[0].conv.messages[2:]}}
+
+
+def reading_prompts(examples, searcher, config, tok, spaced: bool = False,
+                    ) -> list[tuple[list[int], str, str, object]]:
+  """(prompt tokens, "query" | "answer", gold, example) per reply after a tool output of each
+  gold run (executor_rounds, no plan; spaced: its copies after a space): the conversation's
+  tokens teacher-forced up to that reply, which is the next hop's search (gold: its query) or
+  the answer (gold: the answer)."""
+  from apex_jax.toy import corpus as C
+  from apex_jax.toy.encode import encode_rounds
+
+  rows = []
+  for ex in examples:
+    gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
+    if gold is None:
+      continue
+    tokens, _, ends = encode_rounds(C.executor_conversation(ex, gold, None, config), tok)
+    for k in range(1, len(gold)):
+      start = ends[k] - len(tok.encode(gold[k]["text"])) - 1  # the reply and its <|im_end|>
+      last = k == len(gold) - 1
+      rows.append(([int(t) for t in tokens[:start]], "answer" if last else "query",
+                   ex.answers[0] if last else ex.chain[k].query, ex))
+  return rows
+
+
+def reading_metrics(model, world_seed: int, questions: int, topk: int,
+                    prompts: str = "compact", spaced: bool = False) -> dict:
+  """The executor reading its gold passages (reading_prompts on a fresh world, WordSearch as the
+  corpus is built), each reply generated greedily. hop_query: the next search's query equals
+  the gold hop's (it names the fact just read); answer_em: the final <answer> is right
+  (datasets.metrics EM) over the gold runs, by hop count; answer_em_any: over every question
+  (a question whose search misses its gold passage counts as wrong)."""
+  import jax
+
+  from apex_jax.agents import AgentConfig
+  from apex_jax.datasets import metrics
+  from apex_jax.datasets.world import World
+  from apex_jax.toy.search import WordSearch
+  from apex_jax.tools import Answer, ToolCall, parse_turn
+  from morse_jax import llm
+
+  world = World.generate(world_seed, 120, questions)
+  examples = world.examples[:questions]
+  rows = reading_prompts(examples, WordSearch(world.passages, topk),
+                         AgentConfig(prompts=prompts, topk=topk), model.tokenizer, spaced)
+  out = llm.sample(model.params, model.config, [r[0] for r in rows], max_new_tokens=96,
+                   rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
+                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  query_ok, answers, by_hops, samples = [], {}, collections.defaultdict(list), []
+  for i, (_, kind, gold, ex) in enumerate(rows):
+    text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
+    turn = parse_turn(text)
+    if kind == "query":
+      query_ok.append(isinstance(turn, ToolCall)
+                      and [q.strip() for q in turn.queries] == [gold])
+      continue
+    answer = turn.text if isinstance(turn, Answer) else None
+    answers[ex.id] = answer
+    em = answer is not None and metrics.evaluate({ex.id: answer}, [ex])["em"] == 1.0
+    by_hops[ex.hops].append(em)
+    if not em and len(samples) < 6:
+      samples.append({"question": ex.question, "gold": gold, "reply": text})
+  scored = {i: a for i, a in answers.items() if a is not None}
+  n_answer = sum(map(len, by_hops.values()))
+  return {"questions": len(examples), "gold_runs": n_answer,
+          "hop_query": sum(query_ok) / max(len(query_ok), 1), "hop_queries": len(query_ok),
+          "answer_em": sum(sum(v) for v in by_hops.values()) / max(n_answer, 1),
+          "answer_em_any": metrics.evaluate(scored, examples)["em"],
+          "answer_em_by_hops": {h: round(sum(v) / len(v), 3) for h, v in sorted(by_hops.items())},
+          "wrong_samples": samples}
 
 
 def distiller_metrics(model, world_seed: int, questions: int, topk: int,
@@ -183,6 +258,14 @@ def main(argv):
   model = llm.load(_MODEL.value)
   result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value, "search": _SEARCH.value,
             "prompts": _PROMPTS.value}
+  if _READING.value:
+    result["reading"] = reading_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
+                                        _PROMPTS.value, _SPACED.value)
+    print(json.dumps({k: v for k, v in result["reading"].items() if k != "wrong_samples"}),
+          flush=True)
+    if _READING.value == "only":
+      print(json.dumps(result["reading"]["wrong_samples"], indent=1), flush=True)
+      return
   result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
                                 _SEARCH.value, _PROMPTS.value)
   print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)

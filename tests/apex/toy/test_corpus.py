@@ -28,7 +28,7 @@ def test_counts_and_roles(compact, world):
   assert stats["execute"] + stats["gold_missed"] == len(world.examples)
   assert stats["execute"] >= 0.8 * len(world.examples), stats
   assert stats["plan_accept"] > 0 and stats["plan_replan"] > 0 and stats["distill"] > 0
-  assert {t["role"] for t in turns} == set(corpus.ROLES) - {"apex_judge"}  # judges: opt-in
+  assert {t["role"] for t in turns} == set(corpus.ROLES) - {"apex_judge", "apex_read"}  # opt-in
   # a small share: at most distill_batches per category (2.7% of a 400-question world)
   skills = [t for t in _of(turns, "apex_distill") if not t.get("summary")]
   assert len(skills) == stats["distill"] <= corpus.CorpusConfig().distill_batches * 10
