@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from morse_jax import llm, lora
-from morse_jax.lora import mixture, router
+from morse_jax.lora import router
 from morse_jax.rl import compaction
 from morse_jax.rl import rollout as rl_rollout
 from morse_jax.rl import train_step as ts
+from morse_jax.rl import update as update_lib
 from tests import tiny_models
 
 CONFIG = llm.LlmConfig("llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -49,22 +50,25 @@ def setup():
   return backbone, experts, out
 
 
+def update_of(step=STEP, donate=()):
+  """The tests' update object. Nothing donated by default: the tests reuse their inputs."""
+  return update_lib.Update(CONFIG, LORA, step, RCFG, routes_per_node=2, donate=donate)
+
+
 def run_steps(backbone, experts, batch, rbatch, n, step=STEP, rparams=None):
   rparams = rparams or router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3))
-  states = ts.init_opt_states(experts, rparams, step)
+  update = update_of(step)
+  states = update.init_opt_states(experts, rparams)
   history = []
   for _ in range(n):
-    experts, rparams, states, metrics = ts.train_step(
-        backbone, experts, rparams, states, batch, rbatch, config=CONFIG, router_config=RCFG,
-        step_config=step, layers=LORA.adapted_layers(CONFIG), scale=LORA.scale, kernel="gather",
-        routes_per_node=2, num_routes=4)
+    experts, rparams, states, metrics = update.step_fn(
+        backbone, experts, rparams, states, batch, rbatch, update=update, num_routes=4)
     history.append(jax.device_get(metrics))
   return experts, rparams, states, history
 
 
 def adapter_of(experts, out):
-  return mixture.Adapter(experts=experts, routes=out.routes, layers=LORA.adapted_layers(CONFIG),
-                         scale=LORA.scale, kernel="gather")
+  return update_of().adapter(experts, out.routes)
 
 
 def test_rollout_layout_and_logprobs(setup):
@@ -209,10 +213,9 @@ def test_later_epochs_move_the_experts_and_not_the_router(setup):
   rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
   once = run_steps(backbone, experts, batch, rb, 1)
   twice = run_steps(backbone, experts, batch, rb, 2)
-  got_experts, got_router, got_states, metrics = ts.train_step(
-      backbone, once[0], once[1], once[2], batch, rb, config=CONFIG, router_config=RCFG,
-      step_config=STEP, layers=LORA.adapted_layers(CONFIG), scale=LORA.scale, kernel="gather",
-      routes_per_node=2, num_routes=4, update_router=jnp.asarray(False))
+  got_experts, got_router, got_states, metrics = update_of().step_fn(
+      backbone, once[0], once[1], once[2], batch, rb, jnp.asarray(False), update=update_of(),
+      num_routes=4)
   chex.assert_trees_all_close(got_experts, twice[0], rtol=1e-7, atol=1e-6)
   chex.assert_trees_all_equal((got_router, got_states[1]), (once[1], once[2][1]))
   assert float(metrics["clip_frac"]) == pytest.approx(float(twice[3][1]["clip_frac"]), abs=1e-6)
