@@ -45,7 +45,7 @@ class StepConfig:
   alpha_pi: float = 0.15
   kl_coef: float = 0.0
   estimator: str = "hgrpo"  # or "grpo" (the paper's ablation)
-  advantage_clip: float | None = 5.0
+  advantage_clip: float | None = 5.0  # 0 or None: no clip
   normalize_advantages: bool = True
   min_reward_std: float = MIN_REWARD_STD
   micro_batches: int = 1  # gradient accumulation: rows split into this many passes
@@ -71,6 +71,9 @@ class StepConfig:
     for name in ("expert_lr", "router_lr", "max_grad_norm", "epsilon"):
       if not getattr(self, name) > 0:
         raise ValueError(f"StepConfig.{name} must be > 0, got {getattr(self, name)!r}")
+    for name in ("advantage_clip", "min_reward_std", "weight_decay"):
+      if getattr(self, name) is not None and getattr(self, name) < 0:
+        raise ValueError(f"StepConfig.{name} must be >= 0, got {getattr(self, name)!r}")
     if self.temperature < 0 or self.kl_coef < 0:
       raise ValueError(f"StepConfig: temperature and kl_coef must be >= 0, got "
                        f"{self.temperature!r}, {self.kl_coef!r}")
@@ -177,7 +180,7 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
   expert_opt, router_opt = make_optimizers(step_config)
   adv = row_advantages(policy.rewards, policy.route, policy.valid,
                        num_nodes=num_routes // routes_per_node, routes_per_node=routes_per_node,
-                       estimator=step_config.estimator, clip=step_config.advantage_clip,
+                       estimator=step_config.estimator, clip=step_config.advantage_clip or None,
                        normalize=step_config.normalize_advantages,
                        min_std=step_config.min_reward_std, flat=flat)
   route_adv = adv.route if router_batch is None else adv.route * router_batch.mask

@@ -244,3 +244,35 @@ def test_sharded_step_equals_one_device(setup, data, model, eight_devices):
   for key in ("expert_loss", "router_loss", "expert_grad_norm", "kl"):
     np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-5)
+
+
+def test_the_update_object_donates_the_state_and_evaluates_the_flat_rule_once(setup,
+                                                                              monkeypatch):
+  """`Update(...)` gives up the experts, router and optimiser state it is called with (the
+  returned ones replace them); the flat-node rule runs once on the host and its result is what
+  compaction and the step use: a wrong `flat` saying every node is flat skips the update."""
+  from morse_jax.rl import advantages
+
+  backbone, experts, out = setup
+  rewards = REWARDS[:4] + [0.5] * 4  # node 1 flat
+  batch = dataclasses.replace(rl_rollout.policy_batch(out, rewards), logp_ref=None)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  rparams = router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3))
+  update = update_of(donate=ts.DONATED)
+  calls = []
+  monkeypatch.setattr(update_lib, "flat_nodes",
+                      lambda *a, **k: calls.append(1) or advantages.flat_nodes(*a, **k))
+  monkeypatch.setattr(compaction, "flat_nodes", lambda *a, **k: pytest.fail("evaluated twice"))
+  mine = jax.tree.map(jnp.copy, (experts, rparams, update.init_opt_states(experts, rparams)))
+  got = update(backbone, *mine, batch, rb, num_routes=4)
+  assert calls == [1] and got[4].compacted.dropped_nodes == 1 and got[3]["skipped"] == 0
+  assert all(x.is_deleted() for x in jax.tree.leaves(mine))
+  assert not any(x.is_deleted() for x in jax.tree.leaves(got[:3]))
+  # The same update on the whole batch, nothing donated, with the rule's result passed in.
+  ref = run_steps(backbone, experts, batch, rb, 1, rparams=rparams)
+  chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-4, atol=1e-5)
+  flat = np.ones(2, bool)
+  skipped = update_of()(backbone, experts, rparams, update.init_opt_states(experts, rparams),
+                        batch, rb, num_routes=4, flat=flat)
+  assert skipped[3]["skipped"] == 1 and calls == [1]
+  chex.assert_trees_all_equal(skipped[0], experts)
