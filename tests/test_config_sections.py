@@ -111,3 +111,33 @@ def test_a_section_round_trips_and_bad_values_are_named():
     settings(StepConfig, {"estimator": "grpo"}, "train.step", estimator="hgrpo")
   # A section written before a field existed: the field keeps its default.
   assert settings(StepConfig, ml_collections.ConfigDict({"epochs": 2}), "s") == StepConfig(epochs=2)
+
+
+def logged_toy_configs(log):
+  """The ToyConfig dicts `launchers.pretrain_toy` printed in a committed log, in order."""
+  import ast
+  import os
+  import re
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "assets", log)) as f:
+    return [ast.literal_eval(m) for m in re.findall(r"params; (\{.*?\}); setup", f.read())]
+
+
+def test_the_toy_configs_are_the_committed_toys_runs():
+  from configs.toy import apex, qwen3, qwen3_dose
+  from morse_jax.toy.sft import ToyConfig
+
+  toy = lambda c: dataclasses.asdict(settings(ToyConfig, c.toy, "toy"))
+  assert toy(qwen3.get_config()) == logged_toy_configs("toy_qwen3_pretrain.log")[0]
+  assert toy(qwen3_dose.get_config()) == logged_toy_configs("toy_qwen3_dose.log")[0]
+  logged = logged_toy_configs("toy_apex_pretrain.log")
+  assert toy(apex.get_config("1")) == logged[0]
+  used = ("buckets", "max_len", "batch", "lr", "warmup", "steps", "seed")  # runs 2-4 continue
+  for run in (2, 3, 4):
+    got = toy(apex.get_config(str(run)))
+    assert {k: got[k] for k in used} == {k: logged[run - 1][k] for k in used}, run
+  assert qwen3_dose.get_config().data.categories == ("string_analysis",)
+  c = apex.get_config("3")
+  assert (c.corpus.judge_share, c.corpus.align_share, c.corpus.distill_batches) == (0.2, 0.15, 3)
+  assert c.init == "/tmp/toy_apex_2" and apex.get_config("4").out == "assets/toy_apex"
