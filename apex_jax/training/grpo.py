@@ -127,12 +127,13 @@ class ModuleUpdater:
     expert = self.lora.role_index(module)
     batch, num_routes = packed_batch(groups, rewards, expert, pad_id=self.pad_id,
                                      rows_multiple=self.step.micro_batches)
-    flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
-    group_ids = np.concatenate([np.full(len(r), g) for g, r in enumerate(rewards)])
-    metrics = dict(metrics_lib.reward_stats(flat, group_ids, self.step.min_reward_std))
-    metrics["generated_tokens"] = float(sum(t.generated_tokens() for g in groups for t in g))
     update = self.step_update
     flat_groups = update.flat_nodes(batch, num_routes)  # the rule's one evaluation this update
+    flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
+    group_ids = np.concatenate([np.full(len(r), g) for g, r in enumerate(rewards)])
+    metrics = dict(metrics_lib.reward_stats(flat, group_ids, self.step.min_reward_std,
+                                            flat=flat_groups[:len(groups)]))
+    metrics["generated_tokens"] = float(sum(t.generated_tokens() for g in groups for t in g))
     if flat_groups[:len(groups)].all():
       metrics.update(skipped=1.0)
       return experts, opt_state, metrics

@@ -232,8 +232,8 @@ class Trainer:
     t3 = time.perf_counter()
     node_of_row = np.asarray([out.node_of_row(r) for r in range(out.num_rows)])
     metrics = {k: float(v) for k, v in step_metrics.items()}
-    metrics.update(metrics_lib.reward_stats(rewards, node_of_row,
-                                            self.step_config.min_reward_std))
+    metrics.update(metrics_lib.reward_stats(rewards, node_of_row, self.step_config.min_reward_std,
+                                            flat=info.flat[:len(nodes)]))
     metrics["expert_usage"] = metrics_lib.expert_usage(update.expert_sets, self.lora.num_experts)
     metrics["merge_rows"] = 0 if merged is None else merged.num_rows
     metrics["generated_tokens"] = update.generated_tokens()

@@ -32,6 +32,7 @@ from morse_jax.rl.batch import PolicyBatch, RouterBatch
 class UpdateInfo:
   compacted: compaction.Compaction  # what was left out
   shape: tuple[int, ...]  # the token array the step ran on ([rows, T], or the shared layout's)
+  flat: np.ndarray  # [nodes] bool: the flat-node rule's result (`Update.flat_nodes`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,4 +118,4 @@ class Update:
     metrics = compacted.whole_batch(to_host(first))
     if self.step.epochs > 1:
       metrics["clip_frac"] = to_host({"clip_frac": epoch_metrics["clip_frac"]})["clip_frac"]
-    return experts, router_params, opt_states, metrics, UpdateInfo(compacted, shape)
+    return experts, router_params, opt_states, metrics, UpdateInfo(compacted, shape, flat)
