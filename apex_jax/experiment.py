@@ -15,10 +15,9 @@ from typing import Any
 import jax
 
 from morse_jax import llm
+from morse_jax.config_sections import section, settings
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
-from morse_jax.rl.advantages import MIN_REWARD_STD
-from morse_jax.rl.losses import AGGREGATIONS
 
 from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Executor
 from apex_jax.datasets import World, read_examples
@@ -132,9 +131,7 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   if model is None:
     model = llm.load(c.model.path, dtype=c.model.dtype)
   train, test, passages = load_data(c)
-  lora = lora_lib.LoraConfig(targets=tuple(c.lora.targets), last_n_layers=c.lora.last_n_layers,
-                             rank=c.lora.rank, alpha=c.lora.alpha, roles=APEX_ROLES,
-                             num_subtask_experts=0)
+  lora = lora_config(c)
   experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
   generator = generator or AdapterGenerator(model, experts, lora)
   step = step_config(c.train)
@@ -147,22 +144,33 @@ def build(config, *, model: llm.Model | None = None, generator=None,
                     AgentConfig(**dict(c.agents)), generator, updater, experts)
 
 
-def step_config(train) -> ts.StepConfig:
-  """config.train as the modules' GRPO step. The loss and advantage forms are switches (absent:
-  the defaults, ours): aggregation "token-mean" (every generated token weighs the same) or
+def lora_section(**values):
+  """config.lora: every LoraConfig field but those the system sets (the three modules are role
+  experts, no subtask experts), `values` over the defaults."""
+  return section(lora_lib.LoraConfig(**values), exclude=("roles", "num_subtask_experts"))
+
+
+def lora_config(c) -> lora_lib.LoraConfig:
+  return settings(lora_lib.LoraConfig, c.lora, "lora", roles=APEX_ROLES, num_subtask_experts=0)
+
+
+# The step's fields set elsewhere: GRPO always, each stage's learning rate and temperature, and
+# no router.
+STEP_SET_ELSEWHERE = ("estimator", "expert_lr", "temperature", "router_lr", "alpha_pi")
+
+
+def step_section(**values):
+  """config.train.step: every other StepConfig field, `values` over the defaults (ours). The
+  loss and advantage forms: aggregation "token-mean" (every generated token weighs the same) or
   "seq-mean-token-mean" (APEx Eq. 5: each sequence's token mean, then 1/G); advantage_clip
   (5.0; 0: no clip, the paper's); min_reward_std (a group whose reward std is below it gets
   advantage 0; 5e-4, 0.0: only an exactly flat group, the paper's)."""
-  clip = float(train.get("advantage_clip", 5.0))
-  min_std = float(train.get("min_reward_std", MIN_REWARD_STD))
-  if clip < 0 or min_std < 0:
-    raise ValueError(f"config.train.advantage_clip and min_reward_std must be >= 0, got "
-                     f"{clip!r}, {min_std!r}")
-  return ts.StepConfig(estimator="grpo", kl_coef=train.kl_coef,
-                       micro_batches=train.micro_batches,
-                       aggregation=choice(train.get("aggregation", "token-mean"),
-                                          "train.aggregation", AGGREGATIONS),
-                       advantage_clip=clip or None, min_reward_std=min_std)
+  return section(ts.StepConfig(estimator="grpo", **values), exclude=STEP_SET_ELSEWHERE)
+
+
+def step_config(train) -> ts.StepConfig:
+  """config.train.step as the modules' GRPO step (the stages set the learning rate)."""
+  return settings(ts.StepConfig, train.step, "train.step", estimator="grpo")
 
 
 def _field(c, dotted: str):

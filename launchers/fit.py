@@ -4,7 +4,7 @@ accelerators.
 
   python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
   python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,tpu_v5e8 \
-      --config.train.micro_batches=2 --config.train.remat=False   # another layout
+      --config.train.step.micro_batches=2 --config.train.step.remat=False   # another layout
   python -m launchers.fit --config=configs/apex/paper.py --stage=planner --mesh=8x1
 
 Shapes (morse_jax.rl.aot.RunShapes): one update of `--nodes` nodes (default: the tasks of a
@@ -95,20 +95,14 @@ def _morse(config):
 def _apex(config):
   """The same for one APEx stage: batch x group rows of its prompt and response lengths, each
   module a role expert (no router)."""
-  from apex_jax.agents import APEX_ROLES
-  from morse_jax.lora.experts import LoraConfig
+  from apex_jax import experiment
   from morse_jax.rl import aot
-  from morse_jax.rl.train_step import StepConfig
 
   name, model = _architecture(config, "Qwen3-8B")
   stage = config.stages[_STAGE.value]
   response = stage.max_new_tokens
   prompt = stage.agents.max_context_tokens - response
-  c = config.lora
-  lora = LoraConfig(targets=tuple(c.targets), last_n_layers=c.last_n_layers, rank=c.rank,
-                    alpha=c.alpha, roles=APEX_ROLES, num_subtask_experts=0)
-  step = StepConfig(estimator="grpo", micro_batches=config.train.micro_batches,
-                    remat=config.train.get("remat", False))
+  lora, step = experiment.lora_config(config), experiment.step_config(config.train)
   data, model_axis = _mesh_shape((8, 1))
   shapes = aot.RunShapes(nodes=stage.batch_size, routes_per_node=1, group_size=stage.group_size,
                          prompt_tokens=prompt, max_new_tokens=response,

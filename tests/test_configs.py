@@ -112,6 +112,6 @@ def test_advantage_switches_reach_the_step_config():
   config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "srdd")
   step = experiment.step_config(config)
   assert (step.advantage_clip, step.min_reward_std) == (5.0, 5e-4)  # the reference code's
-  config.train.update(advantage_clip=0.0, min_reward_std=0.0)
+  config.train.step.update(advantage_clip=0.0, min_reward_std=0.0)  # 0: no clip
   step = experiment.step_config(config)
-  assert (step.advantage_clip, step.min_reward_std) == (None, 0.0)
+  assert (step.advantage_clip, step.min_reward_std) == (0.0, 0.0)

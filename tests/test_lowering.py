@@ -31,6 +31,13 @@ def preset(name):
   return aot.abstract_mesh(data, model), shapes, StepConfig(micro_batches=micro, remat=remat)
 
 
+def donated(exported, args) -> tuple[int, int]:
+  """(inputs the exported update marks as donated (aliased to an output or a buffer donor),
+  flat inputs of its experts, router and optimiser state)."""
+  marked = len(re.findall(r"tf\.aliasing_output|jax\.buffer_donor", exported.mlir_module()))
+  return marked, len(jax.tree.leaves(args[1:4]))
+
+
 def mismatches(exported, args, kwargs=None):
   """Inputs whose declared sharding differs from their abstract array's, and dropped inputs."""
   wrong, dropped = [], []
@@ -80,6 +87,8 @@ def test_update_step_exports_with_the_intended_shardings(name):
   args, kwargs = aot.update_args(QWEN3_4B, LORA, ROUTER, step, shapes, mesh)
   exported = aot.export(aot.train_step_fn(), args, kwargs, platform="tpu")
   assert exported.platforms == ("tpu",) and exported.nr_devices == 8
+  marked, state = donated(exported, args)  # the train state is donated
+  assert state > 10 and marked == state, (marked, state)
   wrong, dropped = mismatches(exported, args, kwargs)
   assert wrong == []
   if shapes.shared:  # the forward pass reads the packed layout, not the rows' own tokens
@@ -108,6 +117,8 @@ def test_update_step_exports_for_cuda(name):
   args, kwargs = aot.update_args(QWEN3_4B, LORA, ROUTER, step, shapes, mesh)
   exported = aot.export(aot.train_step_fn(), args, kwargs, platform="cuda")
   assert exported.platforms == ("cuda",) and exported.nr_devices == 8
+  marked, state = donated(exported, args)
+  assert state > 10 and marked == state, (marked, state)
   assert mismatches(exported, args, kwargs)[0] == []
 
 
@@ -257,3 +268,4 @@ def test_fit_launcher_reports_the_presets_shapes_and_bytes(tmp_path):
   assert backbone < sampler["arguments"] < backbone + 2 ** 27  # + experts, prompts, routes
   update = entry["programs"]["update"]["analytical"]
   assert update["arguments"] > backbone and "compiled_cpu" not in entry["programs"]["update"]
+

@@ -6,8 +6,9 @@ sampled for one input (question, bucket); its rewards give the advantages
 
   A_i = clip((r_i - mean_group r) / (std_group r + eps), +-5),   0 when std_group r < 5e-4,
 
-through `morse_jax.rl.update.run` (the jitted step) with estimator "grpo", one route per node
-(route id = group id) and no router. Every row runs with the expert set [role_index(module)],
+through `morse_jax.rl.update.Update` (the jitted step) with estimator "grpo", one route per
+node (route id = group id) and no router; the optimiser state is donated to it, the experts are
+not (the ablation rows read each stage's initial adapters). Every row runs with the expert set [role_index(module)],
 so the other experts get exactly zero gradient; their slices are nonetheless copied back from
 before the update, because AdamW's weight decay (and moments left from an earlier stage, were a
 state ever shared) would move them.
@@ -27,13 +28,11 @@ import numpy as np
 from morse_jax import llm
 from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import LoraConfig
-from morse_jax.lora.mixture import Adapter
 from morse_jax.rl import batch as batch_lib
 from morse_jax.rl import logprobs
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import train_step as ts
 from morse_jax.rl import update as update_lib
-from morse_jax.rl.advantages import flat_nodes
 from morse_jax.rl.batch import PolicyBatch
 
 from apex_jax.agents.trajectory import MODULES, Trajectory
@@ -101,9 +100,17 @@ class ModuleUpdater:
       raise ValueError(f"ModuleUpdater: StepConfig.estimator must be 'grpo' (one route per "
                        f"group, no router), got {self.step.estimator!r}")
 
+  @property
+  def step_update(self) -> update_lib.Update:
+    """The update object of these settings (rebuilt when `step` is replaced; equal settings give
+    an equal, so already compiled, object)."""
+    return update_lib.Update(self.model, self.lora, self.step, kernel=self.kernel,
+                             rows_multiple=self.step.micro_batches,
+                             share_prompts=self.share_prompts, donate=("opt_states",))
+
   def init_opt_state(self, experts):
     """One optimiser state per module: moments of one stage never leak into another."""
-    return ts.init_opt_states(experts, None, self.step)
+    return self.step_update.init_opt_states(experts)
 
   def update(self, experts, opt_state, module: str, groups: Sequence[Sequence[Trajectory]],
              rewards: Sequence[Sequence[float]]):
@@ -120,32 +127,27 @@ class ModuleUpdater:
     expert = self.lora.role_index(module)
     batch, num_routes = packed_batch(groups, rewards, expert, pad_id=self.pad_id,
                                      rows_multiple=self.step.micro_batches)
+    update = self.step_update
+    flat_groups = update.flat_nodes(batch, num_routes)  # the rule's one evaluation this update
     flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
     group_ids = np.concatenate([np.full(len(r), g) for g, r in enumerate(rewards)])
-    metrics = dict(metrics_lib.reward_stats(flat, group_ids, self.step.min_reward_std))
+    metrics = dict(metrics_lib.reward_stats(flat, group_ids, self.step.min_reward_std,
+                                            flat=flat_groups[:len(groups)]))
     metrics["generated_tokens"] = float(sum(t.generated_tokens() for g in groups for t in g))
-    flat_groups = flat_nodes(batch.rewards, batch.route, batch.valid, num_nodes=num_routes,
-                             routes_per_node=1, min_std=self.step.min_reward_std)
     if flat_groups[:len(groups)].all():
       metrics.update(skipped=1.0)
       return experts, opt_state, metrics
-    layers, scale = self.lora.adapted_layers(self.model), self.lora.scale
     if self.recompute_logp_old:
-      adapter = Adapter(experts=experts, routes=batch.routes, layers=layers, scale=scale,
-                        kernel=self.kernel)
       batch = dataclasses.replace(batch, logp_old=logprobs.recompute(
-          self.backbone, self.model, adapter, batch.tokens, batch.attention_mask,
-          batch.loss_mask, self.step.temperature))
+          self.backbone, self.model, update.adapter(experts, batch.routes), batch.tokens,
+          batch.attention_mask, batch.loss_mask, self.step.temperature))
     if self.step.kl_coef > 0:
       batch = dataclasses.replace(batch, logp_ref=logprobs.recompute(
           self.backbone, self.model, None, batch.tokens, batch.attention_mask, batch.loss_mask,
           self.step.temperature))
-    new, _, (new_state, _), step_metrics, _ = update_lib.run(
-        self.backbone, experts, None, (opt_state[0], None), batch, None, config=self.model,
-        router_config=None, step_config=self.step, layers=layers, scale=scale,
-        kernel=self.kernel, routes_per_node=1, num_routes=num_routes,
-        rows_multiple=self.step.micro_batches, share_prompts=self.share_prompts,
-        to_host=lambda m: {k: float(v) for k, v in jax.device_get(m).items()})
+    new, _, (new_state, _), step_metrics, _ = update(
+        self.backbone, experts, None, (opt_state[0], None), batch, None, num_routes=num_routes,
+        flat=flat_groups, to_host=lambda m: {k: float(v) for k, v in jax.device_get(m).items()})
     new = keep_only_expert(new, experts, expert)
     metrics.update(step_metrics)
     return new, (new_state, opt_state[1]), metrics

@@ -15,6 +15,8 @@ import os
 
 import ml_collections
 
+from apex_jax.experiment import lora_section, step_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -41,13 +43,14 @@ def get_config(arg=None):
                   evolve_temperature=0.0,
                   bank=dict(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
                             evolve_window=8))
-  c.lora = dict(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0)
+  c.lora = lora_section(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0)
   # checkpoint_every: the stages save every n updates (0: at each stage's end), TTRL every n
   # steps with a snapshot of the memory bank; a killed run resumes (experiment.run)
-  # aggregation / advantage_clip / min_reward_std: ours (token-mean, clip 5, flat below 5e-4);
-  # configs/apex/paper.py has the paper's (seq-mean-token-mean, 0: no clip, 0.0)
-  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1, aggregation="token-mean",
-                 advantage_clip=5.0, min_reward_std=5e-4)
+  # step: every StepConfig field the stages do not set; aggregation / advantage_clip /
+  # min_reward_std: ours (token-mean, clip 5, flat below 5e-4); configs/apex/paper.py has the
+  # paper's (seq-mean-token-mean, 0: no clip, 0.0)
+  c.train = dict(checkpoint_every=1, step=step_section(aggregation="token-mean",
+                                                      advantage_clip=5.0, min_reward_std=5e-4))
   c.agents = dict(max_turns=5, max_llm_calls=10, max_tool_tokens=512, max_context_tokens=2048,
                   topk=2, planner_max_new_tokens=96, executor_max_new_tokens=80,
                   distiller_max_new_tokens=400, temperature=1.0, top_p=1.0,

@@ -29,6 +29,8 @@ Not the paper's (ours): lora, memory_build.questions, eval, seed, workdir.
 
 import ml_collections
 
+from apex_jax.experiment import lora_section, step_section
+
 KEYS = ("model", "judge", "embedder", "data", "index")
 TEST_SPLITS = {"hotpotqa": "dev_distractor", "twowiki": "dev"}  # the labelled held-out files
 
@@ -77,12 +79,14 @@ def get_config(arg=None):
   # retrieval / dedup / evolution constants: MemoryConfig's defaults are the reference code's
   c.memory = dict(embedder="sentence", embedder_path=paths["embedder"], path="",
                   evolve_temperature=None, bank=dict())
-  c.lora = dict(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0)  # ours
+  c.lora = lora_section(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0)  # ours
   # kl 0 in every script (algorithm.kl_ctrl.kl_coef=0.0, use_kl_loss=False); the paper's loss
   # (Eq. 5: per-sequence token mean, then 1/G) and advantages (no clip, no near-flat cut; the
   # scripts set no loss_agg_mode: verl's default); ours: "token-mean", 5.0, 5e-4
-  c.train = dict(kl_coef=0.0, micro_batches=1, checkpoint_every=1,  # a killed run resumes
-                 aggregation="seq-mean-token-mean", advantage_clip=0.0, min_reward_std=0.0)
+  c.train = dict(checkpoint_every=1,  # a killed run resumes
+                 step=step_section(kl_coef=0.0, micro_batches=1,
+                                   aggregation="seq-mean-token-mean", advantage_clip=0.0,
+                                   min_reward_std=0.0))
   # multi_turn.max_assistant_turns 10; MAX_LLM_CALL_PER_RUN 20 (the agent servers); the
   # executor stage's tool outputs 4096 tokens; prompts verbatim; replans see k_replan memories
   c.agents = dict(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,

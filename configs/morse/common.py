@@ -15,8 +15,8 @@ that installs offline: `make real-model` writes it to SMOLLM2_PATH, its default 
 qwen25_coder_15b (Qwen2.5-Coder-1.5B-Instruct, offline too: `make real-model-qwen` writes it to
 QWEN25_CODER_15B_PATH; bfloat16).
 hardware: cpu (1 device), gpu8 (one 8-GPU host), tpu_v5e8 (a v5e-8 slice). The accelerator
-presets recompute each layer in the update's backward pass (train.remat) and split the update
-into micro-batches so that it fits: `python -m launchers.fit --config=...` compiles the update
+presets recompute each layer in the update's backward pass (train.step.remat) and split the
+update into micro-batches so that it fits: `python -m launchers.fit --config=...` compiles the update
 and the sampler at the run's shapes on 8 fake CPU devices and prints per-device bytes
 (docs/RESULTS.md has the table for the paper's runs).
 """
@@ -24,6 +24,11 @@ and the sampler at the run's shapes on 8 fake CPU devices and prints per-device 
 from __future__ import annotations
 
 import ml_collections
+
+from morse_jax.config_sections import section
+from morse_jax.lora.experts import LoraConfig
+from morse_jax.lora.router import RouterConfig
+from morse_jax.rl.train_step import StepConfig
 
 VARIANTS = {
     "single": dict(system="single", mixture="none", algo="grpo", steps=0),
@@ -76,29 +81,23 @@ def base() -> ml_collections.ConfigDict:
                                           # HumanEval: the executor's reply starts with the
                                           # prompt's code, which the model completes
                                           reply_prefix=False))
-  # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts.
-  c.lora = ml_collections.ConfigDict(dict(targets=("q", "v", "o"), last_n_layers=8, rank=8,
-                                          alpha=16.0, num_subtask_experts=4))
+  # The authors' layout: q, v, o in the last 8 layers, r 8, alpha 16, 2 roles + 4 subtask experts
+  # (every LoraConfig field but the roles, which are the system's).
+  c.lora = section(LoraConfig(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0,
+                              num_subtask_experts=4), exclude=("roles",))
   # log_prob: "plackett_luce" (the paper's log pi(E)), "sum_log_p" (the reference code's) or
   # "distinct_plackett_luce" (the probability of the draw as made: the B routes of a node are
   # redrawn up to max_resample times until their sets differ; max_resample 0: no redraw, where
   # plain Plackett-Luce is exact). proto_l2 / orthogonality / diversity: ours, added to the
   # router loss; 0 each gives the paper's plain -alpha_pi sum_b A_cross_b log pi(E_b).
-  c.router = ml_collections.ConfigDict(dict(dim=128, top_k=2, log_prob="plackett_luce",
-                                            merge_experts="union", embedder="backbone_mean",
-                                            max_resample=8, proto_l2=1e-4, orthogonality=0.05,
-                                            diversity=0.02))
+  # embedder: the router's input ("backbone_mean" or "sentence"); the rest: RouterConfig's fields.
+  c.router = section(RouterConfig(dim=128, top_k=2, log_prob="plackett_luce",
+                                  merge_experts="union", max_resample=8, proto_l2=1e-4,
+                                  orthogonality=0.05, diversity=0.02))
+  c.router.embedder = "backbone_mean"
   c.train = ml_collections.ConfigDict(dict(
       steps=200, tasks_per_step=4, routes_per_node=4, group_size=4, max_new_tokens=1024,
-      temperature=1.0, expert_lr=8e-5, router_lr=3e-5, micro_batches=1, kl_coef=0.0,
-      aggregation="token-mean", alpha_pi=0.15, checkpoint_every=20, keep=3,
-      # the reference code's advantages, in neither paper: clipped to +-5 (0: no clip), a node
-      # whose reward std is below 5e-4 skipped (0.0: only an exactly flat one)
-      advantage_clip=5.0, min_reward_std=5e-4,
-      epochs=1,  # PPO epochs per rollout (experts; the router takes one step)
-      # recompute each layer in the update's backward pass: one layer's attention scores live at
-      # a time instead of all layers' (StepConfig.remat; the accelerator presets turn it on)
-      remat=False,
+      temperature=1.0, checkpoint_every=20, keep=3,
       # The update runs each route's prompt once, not once per candidate (same numbers, about
       # M times fewer prompt tokens); with micro_batches > 1 it runs rows as they are.
       share_prompts=True,
@@ -112,6 +111,12 @@ def base() -> ml_collections.ConfigDict:
       # True: train on in a workdir whose checkpoints belong to another run identity (another
       # seed, task, data or base weights); False refuses it, naming both (morse_jax.rl.state)
       continue_other_run=False))
+  # The update: every StepConfig field (the estimator is config.algo; the scoring temperature is
+  # the rollout's). Its defaults are the reference code's: advantages clipped to +-5 (0: no
+  # clip; in neither paper), a node whose reward std is below 5e-4 skipped (0.0: only an exactly
+  # flat one), epochs: PPO epochs per rollout (experts; the router takes one step), remat:
+  # recompute each layer in the backward pass (the accelerator presets turn it on).
+  c.train.step = section(StepConfig(), exclude=("estimator", "temperature"))
   # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them);
   # eval.record_prompts: the eval records (eval_<split>.jsonl) also hold each executor prompt
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before="",
@@ -137,7 +142,7 @@ def apply(c: ml_collections.ConfigDict, arg: str | None, family: str,
   v = VARIANTS[variant]
   c.system, c.mixture, c.algo, c.train.steps = v["system"], v["mixture"], v["algo"], v["steps"]
   c.model.name, c.model.path, c.model.dtype = BACKBONES[backbone]
-  c.mesh.data, c.mesh.model, c.train.micro_batches, c.train.remat = HARDWARE[hardware]
+  c.mesh.data, c.mesh.model, c.train.step.micro_batches, c.train.step.remat = HARDWARE[hardware]
   c.task.family = family
   c.workdir = f"/tmp/morse_runs/{family}_{variant}_{backbone}"
   return c

@@ -19,6 +19,7 @@ import jax
 import ml_collections
 
 from morse_jax import llm
+from morse_jax.config_sections import ConfigError, settings
 from morse_jax.llm import sharding
 from morse_jax.lora import embedders
 from morse_jax.lora import router as router_lib
@@ -35,10 +36,6 @@ FAMILIES = ("humaneval", "scicode", "srdd", "synthetic")
 SPLITS = ("category", "instance")  # synthetic only; see configs/morse/common.py
 SCICODE_SPLITS = ("ood", "in_domain")  # task.scicode_split; see tasks/scicode_data.py
 WHICH = ("train", "test", "all")  # the parts `split` gives; "all": every problem
-
-
-class ConfigError(ValueError):
-  """An experiment setting is invalid; the message names the field and the value."""
 
 
 def _choice(config, field: str, options, prefix: str = "") -> str:
@@ -146,36 +143,23 @@ def lora_config(config) -> LoraConfig | None:
   exactly the mixtures a mole call can make (the experts' A and B stacked along the rank)."""
   if config.mixture == "none":
     return None
-  c = config.lora
-  rank, subtask = c.rank, c.num_subtask_experts
+  lora = settings(LoraConfig, config.lora, "lora")
   if config.mixture == "fixed":
-    rank, subtask = c.rank * (1 + config.router.top_k), 0
-  return LoraConfig(targets=tuple(c.targets), last_n_layers=c.last_n_layers, rank=rank,
-                    alpha=c.alpha, num_subtask_experts=subtask)
+    lora = dataclasses.replace(lora, rank=lora.rank * (1 + config.router.top_k),
+                               num_subtask_experts=0)
+  return lora
 
 
 def router_config(config) -> router_lib.RouterConfig | None:
   if config.mixture != "mole":
     return None
-  c = config.router
-  defaults = router_lib.RouterConfig()  # a config written before a field existed: ours
-  extra = {f: c.get(f, getattr(defaults, f))
-           for f in ("max_resample", "proto_l2", "orthogonality", "diversity")}
-  return router_lib.RouterConfig(dim=c.dim, top_k=c.top_k, log_prob=c.log_prob,
-                                 merge_experts=c.merge_experts, **extra)
+  section = {k: v for k, v in config.router.items() if k != "embedder"}
+  return settings(router_lib.RouterConfig, section, "router")
 
 
 def step_config(config) -> ts.StepConfig:
-  c = config.train
-  # advantage_clip (0: none) and min_reward_std (0.0: only an exactly flat node): the reference
-  # code's 5 and 5e-4 unless set (in neither paper)
-  clip = float(c.get("advantage_clip", 5.0))
-  return ts.StepConfig(expert_lr=c.expert_lr, router_lr=c.router_lr, estimator=config.algo,
-                       micro_batches=c.micro_batches, epochs=c.epochs, kl_coef=c.kl_coef,
-                       aggregation=c.aggregation, alpha_pi=c.alpha_pi,
-                       remat=c.get("remat", False),
-                       advantage_clip=clip or None,
-                       min_reward_std=float(c.get("min_reward_std", ts.MIN_REWARD_STD)))
+  """config.train.step, with config.algo as the estimator."""
+  return settings(ts.StepConfig, config.train.step, "train.step", estimator=config.algo)
 
 
 @dataclasses.dataclass

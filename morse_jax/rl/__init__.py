@@ -1,6 +1,7 @@
 """RL core: group advantages (GRPO, HGRPO), losses, the update batch (module `batch`) and its
-log-probs (`logprobs`), B x M rollouts, the jitted update (module `train_step`), the training
-loop, its state and checkpoints, metrics, multi-process start-up.
+log-probs (`logprobs`), B x M rollouts, the update object (module `update`) and its jitted step
+(module `train_step`), the training loop, its state and checkpoints, metrics, multi-process
+start-up.
 
 The names below are loaded on first use, so that importing one submodule (e.g. `rl.rollout`)
 does not import the others (`rl.train_step`; tests/test_layers.py checks it).
@@ -16,6 +17,7 @@ _EXPORTS = {
     "rollout": ("GroupRollout", "NodeRequest"),
     "state": ("CheckpointError", "Checkpoints", "TrainState"),
     "train_step": ("StepConfig",),
+    "update": ("Update",),
     "trainer": ("RolloutConfig", "TrainNode", "Trainer", "fit"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

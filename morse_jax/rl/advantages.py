@@ -82,7 +82,8 @@ def _segment_stats(values, segment, weight, count: int):
 
 def row_advantages(rewards, route, valid, *, num_nodes: int, routes_per_node: int,
                    estimator: str = "hgrpo", eps: float = EPS, clip: float | None = 5.0,
-                   normalize: bool = True, min_std: float = MIN_REWARD_STD) -> RowAdvantages:
+                   normalize: bool = True, min_std: float = MIN_REWARD_STD,
+                   flat=None) -> RowAdvantages:
   """`hgrpo` / `grpo` for rows in any order, on device (jit- and shard-friendly).
 
   rewards [n]; route [n] global route ids g = node * B + b; valid [n] 0 for padding rows.
@@ -92,7 +93,8 @@ def row_advantages(rewards, route, valid, *, num_nodes: int, routes_per_node: in
     hgrpo: policy = A_within of the row; route = A_cross of the route.
     grpo:  policy = the node-wide advantage of the row; route = mean of it over the route's rows.
 
-  A node whose reward std is below `min_std` gets advantage 0 everywhere (the authors skip it).
+  A node whose reward std is below `min_std` gets advantage 0 everywhere (the authors skip it);
+  `flat` [num_nodes] bool: that rule's result, already evaluated (`flat_nodes`), used as given.
   """
   if estimator not in ESTIMATORS:
     raise ValueError(f"row_advantages: estimator {estimator!r} not in {ESTIMATORS}")
@@ -102,7 +104,8 @@ def row_advantages(rewards, route, valid, *, num_nodes: int, routes_per_node: in
   node = route // routes_per_node
   node_of_route = jnp.arange(n_routes) // routes_per_node
   node_mean, node_std, node_rows = _segment_stats(u, node, w, num_nodes)
-  skipped = (node_std < min_std) | (node_rows == 0)  # nodes without rows are padding
+  flat = node_std < min_std if flat is None else jnp.asarray(flat, jnp.bool_)
+  skipped = flat | (node_rows == 0)  # nodes without rows are padding
   mu_b, sigma_b, route_rows = _segment_stats(u, route, w, n_routes)
   if estimator == "hgrpo":
     policy = u - mu_b[route]

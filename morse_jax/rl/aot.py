@@ -39,6 +39,7 @@ from morse_jax.lora.experts import (LoraConfig, expert_axes, init_experts, targe
                                     target_weight)
 from morse_jax.lora.mixture import Adapter, Routes, adapted_linear
 from morse_jax.rl import train_step as ts
+from morse_jax.rl import update as update_lib
 from morse_jax.rl.batch import PolicyBatch, RouterBatch, padded_rows
 from morse_jax.rl.shared_prefix import SharedPrefix
 
@@ -179,7 +180,7 @@ def experts(lora: LoraConfig, config: LlmConfig, mesh):
 def update_args(config: LlmConfig, lora: LoraConfig, router: router_lib.RouterConfig | None,
                 step: ts.StepConfig, shapes: RunShapes, mesh, *, dtype=jnp.bfloat16,
                 kernel: str = "gather"):
-  """(args, static kwargs) of `train_step` as `rl.update.run` calls it (no rows left out)."""
+  """(args, kwargs) of `train_step` as `rl.update.Update` calls it (no rows left out)."""
   n, t, e, g = shapes.rows, shapes.width, shapes.route_width, shapes.num_routes
   rows = lambda shape, dtype: _rows(mesh, shape, dtype)
   routes = lambda count: Routes(idx=rows((count, e), jnp.int32), w=rows((count, e), jnp.float32))
@@ -208,13 +209,14 @@ def update_args(config: LlmConfig, lora: LoraConfig, router: router_lib.RouterCo
       lambda x, r: ts.init_opt_states(x, r, step), expert_tree, router_params)
   opt_states = (_mirroring(mesh, expert_state, expert_tree),
                 None if router_state is None else _mirroring(mesh, router_state, router_params))
-  update_router = _array((), jnp.bool_, NamedSharding(mesh, PartitionSpec()))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  update_router = _array((), jnp.bool_, replicated)
+  flat = _array((g // shapes.routes_per_node,), jnp.bool_, replicated)
   args = (backbone(config, mesh, dtype), expert_tree, router_params, opt_states, policy,
           router_batch)
-  kwargs = dict(config=config, router_config=router, step_config=step,
-                layers=lora.adapted_layers(config), scale=lora.scale, kernel=kernel,
-                routes_per_node=shapes.routes_per_node, num_routes=g,
-                update_router=update_router)
+  update = update_lib.Update(config, lora, step, router, kernel=kernel,
+                             routes_per_node=shapes.routes_per_node)
+  kwargs = dict(update=update, num_routes=g, update_router=update_router, flat=flat)
   return args, kwargs
 
 
@@ -310,8 +312,9 @@ def mixture_fn(kernel: str, scale: float):
 
 
 def train_step_fn():
-  """The jitted update step itself (its static arguments come as keyword arguments)."""
-  return ts.train_step
+  """The jitted update step itself, the train state donated (its static arguments come as
+  keyword arguments)."""
+  return ts.jitted()
 
 
 def sampler_fn():

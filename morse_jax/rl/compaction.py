@@ -2,7 +2,8 @@
 common prompt is run once.
 
 `without_flat_nodes`: a node whose reward spread is below `min_std` gets advantage 0 on every
-row and route (`advantages.row_advantages`; `advantages.flat_nodes` on the host), so without a KL term its rows add 0 to the policy
+row and route (`advantages.row_advantages`; `advantages.flat_nodes` on the host, evaluated once
+per update by `rl.update.Update` and passed here), so without a KL term its rows add 0 to the policy
 loss, to its gradient and to the router's. They still cost a forward and backward pass each PPO
 epoch, and on the demo about half the nodes are flat. It keeps the other nodes' rows and records
 the whole batch's loss denominators on the batch, so the step's loss, gradients and clip
@@ -29,9 +30,12 @@ from morse_jax.rl.shared_prefix import SharedPrefix
 
 
 def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation: str,
-                       min_std: float = MIN_REWARD_STD,
-                       rows_multiple: int = 1) -> tuple[PolicyBatch, int]:
+                       min_std: float = MIN_REWARD_STD, rows_multiple: int = 1,
+                       flat=None) -> tuple[PolicyBatch, int]:
   """(the batch with only the rows of nodes whose rewards vary, number of nodes left out).
+
+  flat: [at least the batch's nodes] bool, `advantages.flat_nodes` of the batch (the step's
+  rule) if the caller has it; None evaluates it here.
 
   Kept rows are padded to a power of two (a multiple of rows_multiple) with copies of a kept row
   marked invalid, and T is cut to the longest kept row's `length_bucket`. The result carries the
@@ -45,10 +49,11 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
     raise ValueError("without_flat_nodes: the batch has logp_ref (kl_coef > 0), and the KL term "
                      "trains rows whose advantage is 0")
   host = jax.tree.map(np.asarray, batch)
-  num_nodes = int(host.route.max()) // routes_per_node + 1
-  # The step's own rule (float32, same threshold), so no row with an advantage is ever dropped.
-  flat = flat_nodes(host.rewards, host.route, host.valid, num_nodes=num_nodes,
-                    routes_per_node=routes_per_node, min_std=min_std)
+  if flat is None:  # the step's own rule (float32, same threshold): no row with an advantage
+    num_nodes = int(host.route.max()) // routes_per_node + 1  # is ever dropped
+    flat = flat_nodes(host.rewards, host.route, host.valid, num_nodes=num_nodes,
+                      routes_per_node=routes_per_node, min_std=min_std)
+  flat = np.asarray(flat, bool)
   keep = np.flatnonzero((host.valid > 0) & ~flat[host.route // routes_per_node])
   dropped = int(flat.sum())
   if keep.size == 0 or dropped == 0:
@@ -178,18 +183,18 @@ class Compaction:
 
 
 def for_update(batch: PolicyBatch, step_config, *, routes_per_node: int, rows_multiple: int = 1,
-               share_prompts: bool = True,
-               width: int | None = None) -> tuple[PolicyBatch, Compaction]:
-  """The batch the step should run on: flat nodes left out (without a KL term), then each
-  route's common prompt shared (with one micro-batch; `width`: see share_prefixes). Same update
-  as on `batch` (tested)."""
+               share_prompts: bool = True, width: int | None = None,
+               flat=None) -> tuple[PolicyBatch, Compaction]:
+  """The batch the step should run on: flat nodes (`flat`, see without_flat_nodes) left out
+  (without a KL term), then each route's common prompt shared (with one micro-batch; `width`:
+  see share_prefixes). Same update as on `batch` (tested)."""
   full = float(np.sum(np.asarray(batch.valid)))
   dropped = 0
   if step_config.kl_coef == 0:
     batch, dropped = without_flat_nodes(batch, routes_per_node=routes_per_node,
                                         aggregation=step_config.aggregation,
                                         min_std=step_config.min_reward_std,
-                                        rows_multiple=rows_multiple)
+                                        rows_multiple=rows_multiple, flat=flat)
   if share_prompts and step_config.micro_batches == 1:
     batch = share_prefixes(batch, rows_multiple=rows_multiple, width=width)
   return batch, Compaction(dropped, full, float(np.sum(np.asarray(batch.valid))))

@@ -29,15 +29,16 @@ _POSTFIX = (("reward_mean", "reward", "{:.3f}"), ("expert_loss", "loss", "{:.4g}
 # ------------------------------------------------------------------------------- pure helpers
 
 
-def reward_stats(rewards: np.ndarray, group: np.ndarray,
-                 min_std: float = MIN_REWARD_STD) -> dict[str, float]:
+def reward_stats(rewards: np.ndarray, group: np.ndarray, min_std: float = MIN_REWARD_STD,
+                 flat=None) -> dict[str, float]:
   """Reward summary over all rows and per group (one group = one DAG node's B*M samples).
 
     reward_mean = mean_i r_i,   reward_std = sqrt(mean_i (r_i - reward_mean)^2)  (ddof 0),
     frac_reward_zero_std = |{g : std(r_i : group_i = g) < min_std}| / |groups|.
 
   The last is the update's own rule (`advantages.flat_nodes`: float32, the step's min_std): a
-  group below it gets advantage 0 everywhere, so it is the fraction of wasted groups.
+  group below it gets advantage 0 everywhere, so it is the fraction of wasted groups. `flat`:
+  that rule's result per group (in sorted group order), when the update has it already.
   """
   r = np.asarray(rewards, np.float64)
   g = np.asarray(group)
@@ -46,8 +47,11 @@ def reward_stats(rewards: np.ndarray, group: np.ndarray,
   if r.size == 0:
     raise ValueError("reward_stats needs at least one reward")
   ids, inverse = np.unique(g, return_inverse=True)
-  flat = flat_nodes(r, inverse.astype(np.int32), np.ones(r.size, np.float32),
-                    num_nodes=ids.size, routes_per_node=1, min_std=min_std)
+  if flat is None:
+    flat = flat_nodes(r, inverse.astype(np.int32), np.ones(r.size, np.float32),
+                      num_nodes=ids.size, routes_per_node=1, min_std=min_std)
+  elif len(flat) != ids.size:
+    raise ValueError(f"reward_stats: flat has {len(flat)} entries for {ids.size} groups")
   return {
       "reward_mean": float(r.mean()),
       "reward_std": float(r.std()),

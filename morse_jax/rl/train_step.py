@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from morse_jax.llm.config import LlmConfig
 from morse_jax.lora import router as router_lib
-from morse_jax.lora.mixture import Adapter
 from morse_jax.rl.advantages import ESTIMATORS, MIN_REWARD_STD, row_advantages
 # PolicyBatch, RouterBatch and token_logprobs are re-exported: they live in rl.batch / rl.logprobs.
 from morse_jax.rl.batch import PolicyBatch, RouterBatch  # noqa: F401
 from morse_jax.rl.logprobs import entropy as entropy_of
 from morse_jax.rl.logprobs import shared_token_logprobs, token_logprobs
 from morse_jax.rl.losses import AGGREGATIONS, aggregate_parts, policy_loss, router_loss
+
+if TYPE_CHECKING:
+  from morse_jax.rl.update import Update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +45,7 @@ class StepConfig:
   alpha_pi: float = 0.15
   kl_coef: float = 0.0
   estimator: str = "hgrpo"  # or "grpo" (the paper's ablation)
-  advantage_clip: float | None = 5.0
+  advantage_clip: float | None = 5.0  # 0 or None: no clip
   normalize_advantages: bool = True
   min_reward_std: float = MIN_REWARD_STD
   micro_batches: int = 1  # gradient accumulation: rows split into this many passes
@@ -69,6 +71,9 @@ class StepConfig:
     for name in ("expert_lr", "router_lr", "max_grad_norm", "epsilon"):
       if not getattr(self, name) > 0:
         raise ValueError(f"StepConfig.{name} must be > 0, got {getattr(self, name)!r}")
+    for name in ("advantage_clip", "min_reward_std", "weight_decay"):
+      if getattr(self, name) is not None and getattr(self, name) < 0:
+        raise ValueError(f"StepConfig.{name} must be >= 0, got {getattr(self, name)!r}")
     if self.temperature < 0 or self.kl_coef < 0:
       raise ValueError(f"StepConfig: temperature and kl_coef must be >= 0, got "
                        f"{self.temperature!r}, {self.kl_coef!r}")
@@ -89,10 +94,10 @@ def _micro(tree, k: int):
   return jax.tree.map(split, tree)
 
 
-def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config, step_config,
-                  layers, scale, kernel):
+def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, update: "Update"):
   """Gradient of the policy loss over all rows, accumulated over micro-batches. Each micro-batch
   divides by the whole batch's denominators, so the sum equals the one-pass loss exactly."""
+  step_config, config = update.step, update.model
   _, denominator = aggregate_parts(jnp.zeros(policy.loss_mask.shape), policy.loss_mask,
                                    step_config.aggregation, step_config.norm_len)
   trained_tokens = jnp.sum(policy.loss_mask.astype(jnp.float32))
@@ -109,8 +114,7 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
 
   def loss_fn(experts, rows):
     batch, adv = rows
-    adapter = Adapter(experts=experts, routes=batch.routes, layers=layers, scale=scale,
-                      kernel=kernel)
+    adapter = update.adapter(experts, batch.routes)
     if batch.shared is None:
       logp, entropy = token_logprobs(backbone, config, adapter, batch.tokens,
                                      batch.attention_mask, step_config.temperature,
@@ -146,32 +150,39 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, *, config,
   return jax.lax.scan(body, zeros, rows)[0]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "router_config", "step_config", "layers",
-                                             "scale", "kernel", "routes_per_node",
-                                             "num_routes"))
+# What the update replaces: donated, so that on an accelerator the old and the new train state
+# are not both held across the step.
+DONATED = ("experts", "router_params", "opt_states")
+
+
 def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch,
-               router_batch: RouterBatch | None, *, config: LlmConfig,
-               router_config: router_lib.RouterConfig | None, step_config: StepConfig,
-               layers: tuple[int, ...], scale: float, kernel: str = "dense",
-               routes_per_node: int, num_routes: int, update_router=True):
-  """Returns (experts, router_params, opt_states, metrics).
+               router_batch: RouterBatch | None, update_router=True, flat=None, *,
+               update: "Update", num_routes: int):
+  """Returns (experts, router_params, opt_states, metrics). Jitted by `jitted` (update and
+  num_routes static; `Update.donate` names the donated arguments); `rl.update.Update` calls it.
 
   update_router: False leaves the router and its optimiser state as they are (later PPO epochs
   over one rollout; see StepConfig.epochs).
 
+  flat: [num_routes / routes_per_node] bool, the nodes whose rewards are flat
+  (`advantages.flat_nodes`, computed once per update by `Update`); None computes it here.
+
   num_routes: G, the number of global route ids (nodes x routes_per_node). When every advantage
   is 0 (no node carries signal) nothing changes, optimiser moments included, and metrics
-  report skipped = 1. Without a router, pass router_params, router_batch and router_config None.
+  report skipped = 1. Without a router (`update.router` None), pass router_params and
+  router_batch None.
   """
+  step_config, router_config = update.step, update.router
+  routes_per_node = update.routes_per_node
   if num_routes % routes_per_node:
     raise ValueError(f"train_step: num_routes={num_routes} is not a multiple of "
                      f"routes_per_node={routes_per_node}")
   expert_opt, router_opt = make_optimizers(step_config)
   adv = row_advantages(policy.rewards, policy.route, policy.valid,
                        num_nodes=num_routes // routes_per_node, routes_per_node=routes_per_node,
-                       estimator=step_config.estimator, clip=step_config.advantage_clip,
+                       estimator=step_config.estimator, clip=step_config.advantage_clip or None,
                        normalize=step_config.normalize_advantages,
-                       min_std=step_config.min_reward_std)
+                       min_std=step_config.min_reward_std, flat=flat)
   route_adv = adv.route if router_batch is None else adv.route * router_batch.mask
   skip = ~(jnp.any(adv.policy != 0) | jnp.any(route_adv != 0))
 
@@ -188,10 +199,8 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
     return loss + sum(regs.values()), {"router_pg_loss": loss, "route_entropy": route_entropy,
                                        **regs}
 
-  def update(_):
-    (e_loss, e_metrics), e_grads = _expert_grads(
-        backbone, experts, policy, adv.policy, config=config, step_config=step_config,
-        layers=layers, scale=scale, kernel=kernel)
+  def step(_):
+    (e_loss, e_metrics), e_grads = _expert_grads(backbone, experts, policy, adv.policy, update)
     e_updates, e_state = expert_opt.update(e_grads, opt_states[0], experts)
     metrics = {"expert_loss": e_loss, "expert_grad_norm": optax.global_norm(e_grads),
                **e_metrics}
@@ -210,15 +219,21 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
     return optax.apply_updates(experts, e_updates), new_router, (e_state, r_state), metrics
 
   def keep(_):
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(update, None)[3])
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(step, None)[3])
     return experts, router_params, opt_states, zeros
 
-  experts, router_params, opt_states, metrics = jax.lax.cond(skip, keep, update, None)
+  experts, router_params, opt_states, metrics = jax.lax.cond(skip, keep, step, None)
   metrics.update(skipped=skip.astype(jnp.float32),
                  skipped_nodes=jnp.sum(adv.node_skipped.astype(jnp.float32)),
                  advantage_abs_mean=jnp.sum(jnp.abs(adv.policy) * policy.valid)
                  / jnp.maximum(jnp.sum(policy.valid), 1))
   return experts, router_params, opt_states, metrics
+
+
+@functools.cache
+def jitted(donate: tuple[str, ...] = DONATED):
+  """`train_step` jitted with the arguments in `donate` donated."""
+  return jax.jit(train_step, static_argnames=("update", "num_routes"), donate_argnames=donate)
 
 
 def init_opt_states(experts, router_params, step_config: StepConfig):

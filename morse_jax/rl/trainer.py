@@ -102,14 +102,24 @@ class Trainer:
                embed_dim: int, mesh=None, eos_ids: Sequence[int] = (), pad_id: int = 0):
     self.backbone, self.model, self.lora, self.router = backbone, model, lora, router
     # The update scores tokens at the temperature they were sampled at.
-    self.step_config = dataclasses.replace(step,
-                                           temperature=scoring_temperature(rollout.sampling))
+    step = dataclasses.replace(step, temperature=scoring_temperature(rollout.sampling))
     if step.aggregation == "seq-mean-token-sum-norm" and step.norm_len is None:
-      self.step_config = dataclasses.replace(self.step_config, norm_len=rollout.max_new_tokens)
+      step = dataclasses.replace(step, norm_len=rollout.max_new_tokens)
     self.rollout_config, self.embed_dim, self.mesh = rollout, embed_dim, mesh
     self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
     data = 1 if mesh is None else mesh.shape["data"]
-    self.rows_multiple = math.lcm(data, self.step_config.micro_batches)
+    self.update = update_lib.Update(
+        model, lora, step, router, kernel=rollout.train_kernel,
+        routes_per_node=rollout.routes_per_node, rows_multiple=math.lcm(data, step.micro_batches),
+        share_prompts=rollout.share_prompts)
+
+  @property
+  def step_config(self) -> ts.StepConfig:
+    return self.update.step
+
+  @property
+  def rows_multiple(self) -> int:
+    return self.update.rows_multiple
 
   def init_state(self, key: jax.Array) -> TrainState:
     k_experts, k_router, k_run = jax.random.split(key, 3)
@@ -120,7 +130,7 @@ class Trainer:
       experts = shard_experts(experts, self.mesh)
       router = None if router is None else router_lib.shard_router(router, self.mesh)
     return TrainState(step=jnp.int32(0), experts=experts, router=router,
-                      opt_states=ts.init_opt_states(experts, router, self.step_config),
+                      opt_states=self.update.init_opt_states(experts, router),
                       rng=k_run, cursor=jnp.int32(0))
 
   def metadata(self) -> dict:
@@ -216,20 +226,17 @@ class Trainer:
                                                                         self.embed_dim)
     # Flat nodes add nothing: update on the others' rows, each route's prompt run once. Rows
     # with prompts of their own (after a merge) have longer suffixes than the generation budget.
-    experts, router, opt_states, step_metrics, info = update_lib.run(
+    # The state's experts, router and optimiser state are donated to the update.
+    experts, router, opt_states, step_metrics, info = self.update(
         self.backbone, state.experts, state.router, state.opt_states, batch, rbatch,
-        config=self.model, router_config=self.router, step_config=self.step_config,
-        layers=self.lora.adapted_layers(self.model), scale=self.lora.scale,
-        kernel=rc.train_kernel, routes_per_node=out.routes_per_node,
-        num_routes=update.num_routes, rows_multiple=self.rows_multiple,
-        share_prompts=rc.share_prompts,
+        num_routes=update.num_routes,
         width=None if merged is not None else llm.length_bucket(rc.max_new_tokens),
         mesh=self.mesh)
     t3 = time.perf_counter()
     node_of_row = np.asarray([out.node_of_row(r) for r in range(out.num_rows)])
     metrics = {k: float(v) for k, v in step_metrics.items()}
-    metrics.update(metrics_lib.reward_stats(rewards, node_of_row,
-                                            self.step_config.min_reward_std))
+    metrics.update(metrics_lib.reward_stats(rewards, node_of_row, self.step_config.min_reward_std,
+                                            flat=info.flat[:len(nodes)]))
     metrics["expert_usage"] = metrics_lib.expert_usage(update.expert_sets, self.lora.num_experts)
     metrics["merge_rows"] = 0 if merged is None else merged.num_rows
     metrics["generated_tokens"] = update.generated_tokens()

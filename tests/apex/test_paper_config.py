@@ -38,19 +38,18 @@ def test_the_step_takes_the_papers_loss_and_advantages_or_ours():
   assert (ours.aggregation, ours.advantage_clip, ours.min_reward_std) == (
       "token-mean", 5.0, MIN_REWARD_STD)
   assert (theirs.aggregation, theirs.advantage_clip, theirs.min_reward_std) == (
-      "seq-mean-token-mean", None, 0.0)
+      "seq-mean-token-mean", 0.0, 0.0)  # advantage_clip 0: no clip
   old = demo_cpu.get_config().train
   for key in ("aggregation", "advantage_clip", "min_reward_std"):
-    del old[key]  # a config written before the switches: ours
+    del old.step[key]  # a config written before the switches: ours
   assert experiment.step_config(old) == ours
   bad = demo_cpu.get_config().train
-  bad.aggregation = "sum"
-  with pytest.raises(ValueError, match=r"config.train.aggregation 'sum' not in"):
+  bad.step.aggregation = "sum"
+  with pytest.raises(ValueError, match=r"config.train.step: StepConfig.aggregation 'sum' not in"):
     experiment.step_config(bad)
   bad = demo_cpu.get_config().train
-  bad.advantage_clip = -1.0
-  with pytest.raises(ValueError, match=r"advantage_clip and min_reward_std must be >= 0, got "
-                                       r"-1.0"):
+  bad.step.advantage_clip = -1.0
+  with pytest.raises(ValueError, match=r"StepConfig.advantage_clip must be >= 0, got -1.0"):
     experiment.step_config(bad)
 
 

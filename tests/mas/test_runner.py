@@ -248,8 +248,7 @@ def test_merge_rows_train_the_merge_expert_with_their_executors_advantages(agent
   trainer = make_trainer(agents)
   state = trainer.init_state(jax.random.key(5))
   updates, steps, states = [], [], []
-  policy_batch, train_step, step = (rollout_lib.policy_batch, trainer_lib.ts.train_step,
-                                    trainer.step)
+  policy_batch, jitted, step = (rollout_lib.policy_batch, trainer_lib.ts.jitted, trainer.step)
 
   def record_batch(rollout, rewards):
     batch = policy_batch(rollout, rewards)
@@ -257,13 +256,14 @@ def test_merge_rows_train_the_merge_expert_with_their_executors_advantages(agent
     return batch
 
   def record_step(state, *args, **kwargs):
+    before = jax.device_get(state.experts)  # the step donates the state's arrays
     out = step(state, *args, **kwargs)
-    states.append((state.experts, out[0].experts, out[1]))
+    states.append((before, out[0].experts, out[1]))
     return out
 
   monkeypatch.setattr(rollout_lib, "policy_batch", record_batch)
-  monkeypatch.setattr(trainer_lib.ts, "train_step",
-                      lambda *a, **k: steps.append(1) or train_step(*a, **k))
+  monkeypatch.setattr(trainer_lib.ts, "jitted", lambda donate: (
+      lambda *a, **k: steps.append(1) or jitted(donate)(*a, **k)))
   monkeypatch.setattr(trainer, "step", record_step)
   state, out, history = runner.train(trainer, state, agents, HashFamily(),
                                      [Problem("p0", "hash", "c", "w40 w41")],

@@ -40,6 +40,7 @@ def run_step(mesh, rows_of):
   from morse_jax.lora import mixture, router
   from morse_jax.rl import distributed
   from morse_jax.rl import train_step as ts
+  from morse_jax.rl import update as update_lib
 
   config = llm.LlmConfig("llama", vocab_size=96, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
@@ -61,10 +62,9 @@ def run_step(mesh, rows_of):
   emb = np.random.default_rng(1).normal(size=(NODES * B, 6)).astype(np.float32)
   rb = replicate(ts.RouterBatch(embeddings=emb, subtask_routes=np.asarray([[0, 1], [2, 3]] * 2),
                                 mask=np.ones(NODES * B, np.float32)))
-  experts, rparams, _, metrics = ts.train_step(
-      backbone, experts, rparams, states, batch, rb, config=config, router_config=rcfg,
-      step_config=ts.StepConfig(), layers=lcfg.adapted_layers(config), scale=lcfg.scale,
-      kernel="gather", routes_per_node=B, num_routes=NODES * B)
+  update = update_lib.Update(config, lcfg, ts.StepConfig(), rcfg, routes_per_node=B)
+  experts, rparams, _, metrics = update.step_fn(backbone, experts, rparams, states, batch, rb,
+                                                update=update, num_routes=NODES * B)
   metrics, experts = distributed.to_host((metrics, experts))
   out = {k: float(v) for k, v in metrics.items()}
   out["expert_b_sum"] = float(np.abs(experts["q"].b).sum())

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from morse_jax import llm, lora
-from morse_jax.lora import mixture, router
+from morse_jax.lora import router
 from morse_jax.rl import compaction
 from morse_jax.rl import rollout as rl_rollout
 from morse_jax.rl import train_step as ts
+from morse_jax.rl import update as update_lib
 from tests import tiny_models
 
 CONFIG = llm.LlmConfig("llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -49,22 +50,25 @@ def setup():
   return backbone, experts, out
 
 
+def update_of(step=STEP, donate=()):
+  """The tests' update object. Nothing donated by default: the tests reuse their inputs."""
+  return update_lib.Update(CONFIG, LORA, step, RCFG, routes_per_node=2, donate=donate)
+
+
 def run_steps(backbone, experts, batch, rbatch, n, step=STEP, rparams=None):
   rparams = rparams or router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3))
-  states = ts.init_opt_states(experts, rparams, step)
+  update = update_of(step)
+  states = update.init_opt_states(experts, rparams)
   history = []
   for _ in range(n):
-    experts, rparams, states, metrics = ts.train_step(
-        backbone, experts, rparams, states, batch, rbatch, config=CONFIG, router_config=RCFG,
-        step_config=step, layers=LORA.adapted_layers(CONFIG), scale=LORA.scale, kernel="gather",
-        routes_per_node=2, num_routes=4)
+    experts, rparams, states, metrics = update.step_fn(
+        backbone, experts, rparams, states, batch, rbatch, update=update, num_routes=4)
     history.append(jax.device_get(metrics))
   return experts, rparams, states, history
 
 
 def adapter_of(experts, out):
-  return mixture.Adapter(experts=experts, routes=out.routes, layers=LORA.adapted_layers(CONFIG),
-                         scale=LORA.scale, kernel="gather")
+  return update_of().adapter(experts, out.routes)
 
 
 def test_rollout_layout_and_logprobs(setup):
@@ -209,10 +213,9 @@ def test_later_epochs_move_the_experts_and_not_the_router(setup):
   rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
   once = run_steps(backbone, experts, batch, rb, 1)
   twice = run_steps(backbone, experts, batch, rb, 2)
-  got_experts, got_router, got_states, metrics = ts.train_step(
-      backbone, once[0], once[1], once[2], batch, rb, config=CONFIG, router_config=RCFG,
-      step_config=STEP, layers=LORA.adapted_layers(CONFIG), scale=LORA.scale, kernel="gather",
-      routes_per_node=2, num_routes=4, update_router=jnp.asarray(False))
+  got_experts, got_router, got_states, metrics = update_of().step_fn(
+      backbone, once[0], once[1], once[2], batch, rb, jnp.asarray(False), update=update_of(),
+      num_routes=4)
   chex.assert_trees_all_close(got_experts, twice[0], rtol=1e-7, atol=1e-6)
   chex.assert_trees_all_equal((got_router, got_states[1]), (once[1], once[2][1]))
   assert float(metrics["clip_frac"]) == pytest.approx(float(twice[3][1]["clip_frac"]), abs=1e-6)
@@ -271,3 +274,35 @@ def test_sharded_experts_and_router_update_equals_one_device(setup, eight_device
     np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-5)
   assert got[0]["q"].b.sharding.spec == placed["q"].b.sharding.spec
+
+
+def test_the_update_object_donates_the_state_and_evaluates_the_flat_rule_once(setup,
+                                                                              monkeypatch):
+  """`Update(...)` gives up the experts, router and optimiser state it is called with (the
+  returned ones replace them); the flat-node rule runs once on the host and its result is what
+  compaction and the step use: a wrong `flat` saying every node is flat skips the update."""
+  from morse_jax.rl import advantages
+
+  backbone, experts, out = setup
+  rewards = REWARDS[:4] + [0.5] * 4  # node 1 flat
+  batch = dataclasses.replace(rl_rollout.policy_batch(out, rewards), logp_ref=None)
+  rb = rl_rollout.router_batch(out, RCFG.top_k, EMB_DIM)
+  rparams = router.init_router(RCFG, EMB_DIM, 4, jax.random.key(3))
+  update = update_of(donate=ts.DONATED)
+  calls = []
+  monkeypatch.setattr(update_lib, "flat_nodes",
+                      lambda *a, **k: calls.append(1) or advantages.flat_nodes(*a, **k))
+  monkeypatch.setattr(compaction, "flat_nodes", lambda *a, **k: pytest.fail("evaluated twice"))
+  mine = jax.tree.map(jnp.copy, (experts, rparams, update.init_opt_states(experts, rparams)))
+  got = update(backbone, *mine, batch, rb, num_routes=4)
+  assert calls == [1] and got[4].compacted.dropped_nodes == 1 and got[3]["skipped"] == 0
+  assert all(x.is_deleted() for x in jax.tree.leaves(mine))
+  assert not any(x.is_deleted() for x in jax.tree.leaves(got[:3]))
+  # The same update on the whole batch, nothing donated, with the rule's result passed in.
+  ref = run_steps(backbone, experts, batch, rb, 1, rparams=rparams)
+  chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-4, atol=1e-5)
+  flat = np.ones(2, bool)
+  skipped = update_of()(backbone, experts, rparams, update.init_opt_states(experts, rparams),
+                        batch, rb, num_routes=4, flat=flat)
+  assert skipped[3]["skipped"] == 1 and calls == [1]
+  chex.assert_trees_all_equal(skipped[0], experts)

@@ -92,7 +92,8 @@ def test_ppo_epochs_move_experts_further_and_the_router_once(trainer):
   """epochs=2: the same rollout (same rng) and the same router as one epoch; the experts take a
   second step."""
   two = copy.copy(trainer)
-  two.step_config = dataclasses.replace(shapes.STEP, epochs=2)
+  two.update = dataclasses.replace(trainer.update, step=dataclasses.replace(trainer.step_config,
+                                                                           epochs=2))
   nodes, _ = TASK.batch(0, 2)
   reward_fn = lambda rollout: np.arange(rollout.num_rows) % 2  # signal in every route
   s1, m1, out1 = trainer.step(trainer.init_state(jax.random.key(7)), nodes, reward_fn)

@@ -1,0 +1,33 @@
+"""The committed APEx toy (assets/toy_apex): four runs on this 2-core CPU, each continuing from
+the one before on eight new worlds (docs/RESULTS.md, assets/toy_apex_pretrain.log):
+
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:1    # -> /tmp/toy_apex_1
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:2    # ... 3, then 4 -> assets/toy_apex
+"""
+
+from configs.toy import common
+
+# run -> (toy settings, corpus settings). Runs 2-4 continue from the one before: the model's
+# shape (hidden, layers, vocabulary) comes from that folder, their toy shape fields are unused.
+RUNS = {
+    1: (dict(steps=450, lr=2e-3, warmup=20, buckets=(256, 384, 512, 640)), {}),
+    2: (dict(steps=400, lr=1.5e-3, warmup=10, buckets=(256, 384, 512, 640), seed=1), {}),
+    3: (dict(steps=280, lr=1e-3, warmup=10, buckets=(384, 640, 1024, 1536), seed=2),
+        dict(judge_share=0.2, align_share=0.15, distill_batches=3)),
+    4: (dict(steps=140, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=3),
+        dict(judge_share=0.1, align_share=0.1, distill_batches=8)),
+}
+
+
+def get_config(arg=None):
+  run = int(arg or 1)
+  if run not in RUNS:
+    raise ValueError(f"configs/toy/apex.py: run {arg!r} is not one of {sorted(RUNS)}")
+  toy_values, corpus_values = RUNS[run]
+  out = "assets/toy_apex" if run == 4 else f"/tmp/toy_apex_{run}"
+  c = common.base(out, hidden=192, vocab_size=2048, batch=16, **toy_values)
+  c.init = "" if run == 1 else f"/tmp/toy_apex_{run - 1}"
+  c.corpus.update(corpus_values)
+  c.data.update(corpus="apex", worlds=8, apex_topk=2, replay=0.0)
+  c.eval_examples = 128 if run <= 2 else 256  # as the runs were made
+  return c

@@ -1,0 +1,143 @@
+"""Every field of the update's, the adapters' and the router's dataclasses can be set from the
+command line (`--config.train.step.epsilon=0.28`), and bad values are named."""
+
+import dataclasses
+
+import ml_collections
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from apex_jax import experiment as apex_experiment
+from configs.apex import demo_cpu as apex_demo
+from configs.morse import common
+from morse_jax.config_sections import ConfigError, section, settings
+from morse_jax.lora.experts import LoraConfig
+from morse_jax.lora.router import RouterConfig
+from morse_jax.mas import experiment
+from morse_jax.rl.train_step import StepConfig
+
+# A valid value other than the default, for fields whose type alone does not give one.
+CHOICES = {"aggregation": "seq-mean-token-mean", "log_prob": "sum_log_p",
+           "merge_experts": "random_subset", "targets": ("q", "k"), "layers": (-1,),
+           "estimator": "grpo"}
+
+
+def other_value(name, default, kind):
+  if name in CHOICES:
+    return CHOICES[name]
+  if isinstance(default, bool):
+    return not default
+  if isinstance(default, int):
+    return default + 1
+  if isinstance(default, float) or kind is float:
+    return 0.375 if not default else default * 0.5
+  if kind is int:  # None by default
+    return 7
+  raise AssertionError(f"no test value for {name}={default!r}")
+
+
+def parse(config, *overrides):
+  """The config after command-line overrides, parsed as launchers.train parses them."""
+  argv = ["prog", *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_dict("config", config, flag_values=values, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+def walk(cls, make_config, where, build, elsewhere):
+  """Sets each field of `cls` in config.<where> from the command line, one at a time, and
+  checks that `build(config)` carries it. `elsewhere`: the fields the section leaves out."""
+  defaults = build(make_config())
+  section_fields = _at(make_config(), where)
+  names = [f.name for f in dataclasses.fields(cls)]
+  assert sorted(section_fields - {"embedder"}) == sorted(set(names) - set(elsewhere))
+  kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+  for name in sorted(section_fields - {"embedder"}):
+    default = getattr(defaults, name)
+    kind = int if "int" in str(kinds[name]) else float
+    value = other_value(name, default, kind)
+    text = str(value) if not isinstance(value, str) else value
+    got = build(parse(make_config(), f"--config.{where}.{name}={text}"))
+    assert getattr(got, name) == value, (where, name, getattr(got, name), value)
+    assert got == dataclasses.replace(defaults, **{name: value}), (where, name)
+
+
+def _at(config, dotted):
+  for part in dotted.split("."):
+    config = config[part]
+  return set(config.keys())
+
+
+def morse_config():
+  return common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "synthetic")
+
+
+def test_every_morse_setting_is_reachable_from_the_command_line():
+  walk(StepConfig, morse_config, "train.step", experiment.step_config,
+       elsewhere=("estimator", "temperature"))  # config.algo; the rollout's temperature
+  walk(LoraConfig, morse_config, "lora", experiment.lora_config, elsewhere=("roles",))
+  walk(RouterConfig, morse_config, "router", experiment.router_config, elsewhere=())
+
+
+def test_every_apex_step_and_lora_setting_is_reachable_from_the_command_line():
+  walk(StepConfig, apex_demo.get_config, "train.step",
+       lambda c: apex_experiment.step_config(c.train),
+       elsewhere=apex_experiment.STEP_SET_ELSEWHERE)
+  walk(LoraConfig, apex_demo.get_config, "lora", apex_experiment.lora_config,
+       elsewhere=("roles", "num_subtask_experts"))
+
+
+def test_a_section_round_trips_and_bad_values_are_named():
+  step = StepConfig(epsilon_high=0.28, norm_len=512, advantage_clip=0.0)
+  assert settings(StepConfig, section(step), "train.step") == step
+  fresh = section(StepConfig())
+  assert fresh.epsilon_high is None and fresh.norm_len is None
+  fresh.norm_len = 256  # a placeholder of the field's type: a flag can set it
+  assert settings(StepConfig, fresh, "train.step").norm_len == 256
+  cases = [({"epsilon": "wide"}, r"config.train.step.epsilon='wide': expected a number"),
+           ({"epochs": 1.5}, r"config.train.step.epochs=1.5: expected an int"),
+           ({"remat": 1}, r"config.train.step.remat=1: expected True or False"),
+           ({"clip_eps": 0.28}, r"config.train.step.clip_eps=0.28: StepConfig has no such field"),
+           ({"epochs": 0}, r"config.train.step: StepConfig.epochs must be an int >= 1, got 0"),
+           ({"weight_decay": -0.1},
+            r"config.train.step: StepConfig.weight_decay must be >= 0, got -0.1"),
+           ({"expert_lr": None}, r"config.train.step.expert_lr=None: must be set")]
+  for values, match in cases:
+    with pytest.raises(ConfigError, match=match):
+      settings(StepConfig, values, "train.step")
+  with pytest.raises(ConfigError, match=r"train.step.estimator='grpo': set from elsewhere"):
+    settings(StepConfig, {"estimator": "grpo"}, "train.step", estimator="hgrpo")
+  # A section written before a field existed: the field keeps its default.
+  assert settings(StepConfig, ml_collections.ConfigDict({"epochs": 2}), "s") == StepConfig(epochs=2)
+
+
+def logged_toy_configs(log):
+  """The ToyConfig dicts `launchers.pretrain_toy` printed in a committed log, in order."""
+  import ast
+  import os
+  import re
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "assets", log)) as f:
+    return [ast.literal_eval(m) for m in re.findall(r"params; (\{.*?\}); setup", f.read())]
+
+
+def test_the_toy_configs_are_the_committed_toys_runs():
+  from configs.toy import apex, qwen3, qwen3_dose
+  from morse_jax.toy.sft import ToyConfig
+
+  toy = lambda c: dataclasses.asdict(settings(ToyConfig, c.toy, "toy"))
+  assert toy(qwen3.get_config()) == logged_toy_configs("toy_qwen3_pretrain.log")[0]
+  assert toy(qwen3_dose.get_config()) == logged_toy_configs("toy_qwen3_dose.log")[0]
+  logged = logged_toy_configs("toy_apex_pretrain.log")
+  assert toy(apex.get_config("1")) == logged[0]
+  used = ("buckets", "max_len", "batch", "lr", "warmup", "steps", "seed")  # runs 2-4 continue
+  for run in (2, 3, 4):
+    got = toy(apex.get_config(str(run)))
+    assert {k: got[k] for k in used} == {k: logged[run - 1][k] for k in used}, run
+  assert qwen3_dose.get_config().data.categories == ("string_analysis",)
+  c = apex.get_config("3")
+  assert (c.corpus.judge_share, c.corpus.align_share, c.corpus.distill_batches) == (0.2, 0.15, 3)
+  assert c.init == "/tmp/toy_apex_2" and apex.get_config("4").out == "assets/toy_apex"
