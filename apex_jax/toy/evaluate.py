@@ -54,7 +54,7 @@ _READING = flags.DEFINE_enum("reading", "yes", ["yes", "no", "only"], "The execu
                               "its gold passages (reading_metrics); only: that and nothing else.")
 _SPACED = flags.DEFINE_bool("spaced_copies", False, "The reading check's gold runs with their "
                             "queries and answers after a space (a toy trained with "
-                            "pretrain_toy --apex_spaced_copies).")
+                            "pretrain_toy --config.corpus.spaced_copies=True).")
 _DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
                                        "cap (0: skip the distiller check).")
 
