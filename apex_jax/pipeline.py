@@ -368,23 +368,13 @@ def judges(exp: Experiment) -> JudgeBackends:
   """TTRL's no-ground-truth panel and skill-alignment judge on one chat backend: the backbone
   itself in process (bare, as the authors serve a separate judge model), or an HTTP server."""
   choice(exp.config.judges.kind, "judges.kind", JUDGES)
-  return judge_panel(judging.judge_chat(exp), exp.config.judges.max_tokens)
+  return judging.judge_panel(judging.judge_chat(exp), exp.config.judges.max_tokens)
 
 
 def ttrl_config(t, n: int) -> TtrlConfig:
   """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
   return TtrlConfig(phase_steps(t, n), t.batch_size, t.group_size, t.learning_rate,
                     t.temperature, t.max_new_tokens, store=t.get("store", "all"))
-
-
-def judge_panel(chat, max_tokens: int) -> JudgeBackends:
-  """The no-GT panel and the alignment judge on one chat backend, replies capped at
-  `max_tokens` (alignment: at most 16, the authors' cap)."""
-  from apex_jax.judges import AlignConfig, AlignJudge, NoGtConfig, NoGtJudge
-
-  nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
-                                    arbiter_max_tokens=max_tokens))
-  return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16))))
 
 
 def judge_failures(panel: JudgeBackends, ttrl) -> dict:

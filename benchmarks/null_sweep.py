@@ -1,4 +1,4 @@
-"""The null-program sweep: every null program (`morse_jax.mas.null_programs`) on every problem and
+"""The null-program sweep: every null program (`morse_jax.experiments.null_programs`) on every problem and
 step of every task family shipped; a reply that computes nothing must earn reward 0 on each.
 
   python -m benchmarks.null_sweep [--families=humaneval,scicode,synthetic,srdd]
@@ -26,7 +26,7 @@ import zlib
 from absl import app, flags
 import numpy as np
 
-from morse_jax.mas import null_programs
+from morse_jax.experiments import null_programs
 from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 
 FAMILIES = ("humaneval", "scicode", "synthetic", "srdd")

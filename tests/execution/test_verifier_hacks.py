@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 import pytest
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 
 WRONG = "def f(x):\n  return 0\n"
