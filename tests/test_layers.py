@@ -14,7 +14,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOTS = ("morse_jax", "apex_jax", "configs", "launchers", "benchmarks")
-MORSE = ("llm", "lora", "rl", "execution", "tasks", "mas", "experiments", "toy", "serving")
+MORSE = ("checkpoint", "llm", "lora", "rl", "execution", "tasks", "mas", "experiments", "toy",
+         "serving")
 
 
 def _others(*keep: str) -> tuple[str, ...]:
@@ -28,6 +29,7 @@ LAYERS = {
     "morse_jax.lora": _others("llm", "lora"),
     "morse_jax.rl": ("morse_jax.execution", "morse_jax.tasks", "morse_jax.mas",
                      "morse_jax.experiments", "morse_jax.toy", "morse_jax.serving"),
+    "morse_jax.checkpoint": _others("checkpoint"),
     "morse_jax.execution": _others("execution"),
     "morse_jax.serving": _others("serving"),
     "morse_jax.tasks": ("morse_jax.mas", "morse_jax.experiments", "morse_jax.toy"),

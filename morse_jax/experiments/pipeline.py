@@ -110,7 +110,7 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   from morse_jax.lora import embedders
   from morse_jax.experiments import evaluation, experiment, records
   from morse_jax.mas import runner
-  from morse_jax.rl.state import Checkpoints
+  from morse_jax.checkpoint.steps import Checkpoints
 
   use_compilation_cache(config)
   banner("build")
@@ -166,7 +166,7 @@ def train(config) -> dict:
   from morse_jax.experiments import experiment
   from morse_jax.mas import runner
   from morse_jax.rl import distributed, loop, metrics
-  from morse_jax.rl.state import Checkpoints
+  from morse_jax.checkpoint.steps import Checkpoints
 
   use_compilation_cache(config)
   d = config.distributed
@@ -241,7 +241,7 @@ def run_identity(config, metadata: dict, problems) -> dict:
   order) and of the base weights (`files_fingerprint` of model.path: names, sizes and mtimes of
   its files, not their bytes; '' for none). Train length, checkpoint cadence, time budgets and
   evaluation settings are left out: changing them continues the same run."""
-  from morse_jax.rl.state import fingerprint, files_fingerprint
+  from morse_jax.checkpoint.steps import fingerprint, files_fingerprint
 
   data = fingerprint([[p.id, p.statement] for p in problems])
   return json.loads(json.dumps({

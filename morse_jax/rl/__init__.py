@@ -1,6 +1,6 @@
 """RL core: group advantages (GRPO, HGRPO), losses, the update batch (module `batch`) and its
 log-probs (`logprobs`), B x M rollouts, the jitted update (module `train_step`), the training
-loop, its state and checkpoints, metrics, multi-process start-up.
+loop, its state (checkpointed by `morse_jax.checkpoint`), metrics, multi-process start-up.
 
 The names below are loaded on first use, so that importing one submodule (e.g. `rl.rollout`)
 does not import the others (`rl.train_step`; tests/test_layers.py checks it).
@@ -14,7 +14,7 @@ _EXPORTS = {
     "batch": ("PolicyBatch", "RouterBatch", "Segment", "pack", "update_batch"),
     "loop": ("SinceLastSave", "run_loop"),
     "rollout": ("GroupRollout", "NodeRequest"),
-    "state": ("CheckpointError", "Checkpoints", "TrainState"),
+    "state": ("TrainState",),
     "train_step": ("StepConfig",),
     "trainer": ("RolloutConfig", "TrainNode", "Trainer", "fit"),
 }
