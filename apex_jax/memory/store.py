@@ -17,7 +17,7 @@
 
 One bank may be shared by threads (calls are serialised by a lock); processes each open their own.
 
-Failures of the file (issue 19 item 6): every sqlite3 error, wherever it happens (open, read,
+Failures of the file: every sqlite3 error, wherever it happens (open, read,
 write, commit, a row fetched later), comes out as a `MemoryBankDatabaseError` (a MemoryBankError)
 naming the file and the cause (`cause`: locked, disk_full, corrupt, io, readonly, cannot_open,
 sqlite); "locked" names the timeout waited. Opening an up-to-date bank only reads (the write lock
