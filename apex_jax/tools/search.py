@@ -19,6 +19,7 @@ from typing import Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from morse_jax.serving.http import RemoteError, backoff_delay, with_retries
+
 from apex_jax.tools.passages import Passage, format_passages, format_results  # noqa: F401
 
 __all__ = ["Passage", "format_passages", "format_results", "Searcher", "SearchClient",

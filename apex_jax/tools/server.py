@@ -32,7 +32,8 @@ import threading
 from typing import Sequence
 
 from morse_jax.serving.http import (BodyError, HttpLimits, JsonHandler, JsonServer, QueueWorker,
-                                 Unavailable, check_text, describe, load_json)
+                                    Unavailable, check_text, describe, load_json)
+
 from apex_jax.tools.index import Retriever
 
 log = logging.getLogger(__name__)

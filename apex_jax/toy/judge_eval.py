@@ -9,9 +9,9 @@ import collections
 def judge_metrics(model, world_seed: int, questions: int, topk: int, runs: int,
                   max_tokens: int = 32) -> dict:
   """The toy as the demo's TTRL judges (`training.judging.judge_panel` over InProcessChat,
-  `max_tokens` replies) on the first `runs` judged runs and plans of a world's corpus: failure counts, the
-  arbiter's verdicts against each run's kind and its accuracy, the mean evaluator score per
-  kind, and the share of alignment scores equal to the corpus's label."""
+  `max_tokens` replies) on the first `runs` judged runs and plans of a world's corpus: failure
+  counts, the arbiter's verdicts against each run's kind and its accuracy, the mean evaluator
+  score per kind, and the share of alignment scores equal to the corpus's label."""
   from apex_jax.agents import AgentConfig
   from apex_jax.datasets.world import World
   from apex_jax.judges import InProcessChat

@@ -12,7 +12,8 @@
   skill_terms   its format and evolution-rationality terms: "judge" (a `SkillJudge` per term,
                 the paper's J_skill) or "rule" (the authors' rules; the demos').
   max_tokens    the judges' reply cap.
-TTRL's no-ground-truth panel and alignment judge use the same backend (`judge_panel`, pipeline.judges).
+TTRL's no-ground-truth panel and alignment judge use the same backend (`judge_panel`,
+pipeline.judges).
 Missing keys take the paper's defaults: accuracy "judge", rule "em", skill_quality "judge",
 skill_terms "judge".
 """
