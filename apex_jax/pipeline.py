@@ -43,8 +43,6 @@ from typing import Any
 
 import jax
 
-from morse_jax import atomic
-
 from apex_jax import plots
 from apex_jax.agents import Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
@@ -119,7 +117,7 @@ _MEMORY_BUILD_FORMAT = "apex_jax.experiment/memory_build/2"
 
 def memory_build_identity(c) -> dict:
   """What memory building depends on: a snapshot taken under another is not this run's."""
-  from morse_jax.rl.state import files_fingerprint
+  from morse_jax.checkpoint.steps import files_fingerprint
 
   parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
   out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
@@ -145,52 +143,25 @@ def outcome_scorer_identity(c) -> dict | None:
 
 def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str,
                            continue_other_run: bool = False, snapshot: str | None = None) -> dict:
-  """memory_build, once per run. It writes to the bank (memories, win rates, skills), so it is
-  not repeated on a restart: after it, the bank is snapshotted (MemoryBank.snapshot: sqlite3's
-  backup API) to `<directory>/memory_build.db` and its stats, the snapshot's sha256 and the
-  identity of the settings it ran under are written to `<directory>/memory_build.json` (last,
-  atomically: the phase's commit). A restarted run finding them puts that snapshot back into
-  the bank and returns the stats without running anything. The stages only read the bank, so
-  it is also where a run killed in the stages (or before TTRL's first checkpoint) resumes from.
-  A damaged snapshot is an error, not silently rebuilt; so is one of other settings, unless
-  `continue_other_run` (config.train.continue_other_run: then it is used, with a warning).
+  """memory_build, once per run (`checkpoint.phase`: it writes to the bank, so a restart puts
+  back the bank snapshot `<directory>/memory_build.db` committed after it and returns its stats
+  from `<directory>/memory_build.json`). The stages only read the bank, so it is also where a
+  run killed in the stages (or before TTRL's first checkpoint) resumes from. A damaged snapshot
+  is an error; so is one of other settings, unless `continue_other_run`
+  (config.train.continue_other_run: then it is used, with a note).
   snapshot: memory_build's one-pass bank copy (the w/o-iteration ablation), kept from the run's
   first attempt."""
-  from morse_jax.rl.state import CheckpointError, fingerprint
-  from apex_jax.memory.store import file_sha256
+  from morse_jax.checkpoint import phase
 
-  marker = os.path.join(directory, "memory_build.json")
-  db = os.path.join(directory, "memory_build.db")
   identity = memory_build_identity(exp.config)
-  if os.path.exists(marker):
-    with open(marker, encoding="utf-8") as f:
-      saved = json.load(f)
-    if saved.get("format") != _MEMORY_BUILD_FORMAT or \
-        saved.get("fingerprint") != fingerprint(identity):
-      was = saved.get("identity") or {}
-      differ = sorted(k for k in set(was) | set(identity) if was.get(k) != identity.get(k))
-      text = (f"{marker} was written by a run with other settings (config "
-              f"{', '.join(differ) or 'format'} differ)")
-      if not continue_other_run or saved.get("format") != _MEMORY_BUILD_FORMAT:
-        raise CheckpointError(f"{text}: use another workdir, remove {directory} to start this "
-                              f"one afresh, or continue that run's checkpoints with "
-                              f"--config.train.continue_other_run=True")
-      print(f"[apex] {text}; continuing that run's memories as asked (continue_other_run)",
-            flush=True)
-    if file_sha256(db) != saved["bank"]["sha256"]:
-      raise CheckpointError(f"{db}: the memory bank snapshot after memory building does not "
-                            f"match its sha256 (damaged); remove {directory} to start afresh")
-    exp.bank.restore_snapshot(db, saved["bank"]["sha256"])
-    exp.bank.load_counters_state(saved["bank"]["counts"])
-    print(f"[apex] memory_build: resumed from {marker}", flush=True)
-    return saved["stats"]
+  stats = phase.resume(directory, "memory_build", format_=_MEMORY_BUILD_FORMAT,
+                       identity=identity, store=exp.bank,
+                       continue_other_run=continue_other_run, label="[apex] ")
+  if stats is not None:
+    return stats
   stats = memory_build(exp, rng=rng, snapshot=snapshot)
-  os.makedirs(directory, exist_ok=True)
-  sha = exp.bank.snapshot(db)
-  atomic.write_text(marker, json.dumps({
-      "format": _MEMORY_BUILD_FORMAT, "fingerprint": fingerprint(identity),
-      "identity": identity, "stats": stats,
-      "bank": {"sha256": sha, "counts": exp.bank.counters_state()}}, sort_keys=True))
+  phase.commit(directory, "memory_build", format_=_MEMORY_BUILD_FORMAT, identity=identity,
+               store=exp.bank, result=stats)
   return stats
 
 
@@ -368,23 +339,13 @@ def judges(exp: Experiment) -> JudgeBackends:
   """TTRL's no-ground-truth panel and skill-alignment judge on one chat backend: the backbone
   itself in process (bare, as the authors serve a separate judge model), or an HTTP server."""
   choice(exp.config.judges.kind, "judges.kind", JUDGES)
-  return judge_panel(judging.judge_chat(exp), exp.config.judges.max_tokens)
+  return judging.judge_panel(judging.judge_chat(exp), exp.config.judges.max_tokens)
 
 
 def ttrl_config(t, n: int) -> TtrlConfig:
   """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
   return TtrlConfig(phase_steps(t, n), t.batch_size, t.group_size, t.learning_rate,
                     t.temperature, t.max_new_tokens, store=t.get("store", "all"))
-
-
-def judge_panel(chat, max_tokens: int) -> JudgeBackends:
-  """The no-GT panel and the alignment judge on one chat backend, replies capped at
-  `max_tokens` (alignment: at most 16, the authors' cap)."""
-  from apex_jax.judges import AlignConfig, AlignJudge, NoGtConfig, NoGtJudge
-
-  nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
-                                    arbiter_max_tokens=max_tokens))
-  return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16))))
 
 
 def judge_failures(panel: JudgeBackends, ttrl) -> dict:

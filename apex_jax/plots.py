@@ -26,12 +26,12 @@ def stage_logs(logdir: str) -> list[tuple[str, str]]:
 def reward_curves(logdir: str, path: str, key: str = "reward_mean", weight: float = 0.8,
                   held_out: dict | None = None) -> str:
   """Writes the panels to `path` (PNG); returns it. Raises if no stage wrote a metric. Each
-  panel: the per-update reward raw (faint) and its EMA (`morse_jax.mas.plots.ema`). held_out:
-  {"label": ..., "before": value, "after": value} (e.g. held-out F1 of the untrained and the
-  full system), drawn on the last panel at update 0 and at its last update."""
+  panel: the per-update reward raw (faint) and its EMA (`morse_jax.experiments.plots.ema`).
+  held_out: {"label": ..., "before": value, "after": value} (e.g. held-out F1 of the untrained
+  and the full system), drawn on the last panel at update 0 and at its last update."""
   from matplotlib.ticker import MaxNLocator
 
-  from morse_jax.mas import plots as mas_plots
+  from morse_jax.experiments import plots as mas_plots
 
   plt = mas_plots._pyplot()
   logs = [(n, [r for r in read_jsonl(p) if r.get(key) is not None]) for n, p in stage_logs(logdir)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator set of issue 20, one prepared script: under 8 minutes on one GPU, JSON out.
+# The accelerator benchmarks in one prepared script: under 8 minutes on one GPU, JSON out.
 #
 #   benchmarks/device.sh [OUT_DIR]     (default $OUT, else benchmarks/results/device)
 #

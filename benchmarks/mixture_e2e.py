@@ -13,7 +13,7 @@
   `gather` kernel: x A B per adapted projection, what peft trains). The router's update is in
   every variant's step.
 
-Goals (issue 20): both per-row ratios <= 1.10. Timings are medians of interleaved repeats, so
+Goals: both per-row ratios <= 1.10. Timings are medians of interleaved repeats, so
 drift in machine load hits every variant alike; compiles are excluded.
 """
 

@@ -1,5 +1,6 @@
-"""The null-program sweep: every null program (`morse_jax.mas.null_programs`) on every problem and
-step of every task family shipped; a reply that computes nothing must earn reward 0 on each.
+"""The null-program sweep: every null program (`morse_jax.experiments.null_programs`) on every
+problem and step of every task family shipped; a reply that computes nothing must earn reward 0
+on each.
 
   python -m benchmarks.null_sweep [--families=humaneval,scicode,synthetic,srdd]
       [--per_op=3] [--limit=0] [--workers=2] [--out=benchmarks/results/null_sweep.json]
@@ -26,7 +27,7 @@ import zlib
 from absl import app, flags
 import numpy as np
 
-from morse_jax.mas import null_programs
+from morse_jax.experiments import null_programs
 from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 
 FAMILIES = ("humaneval", "scicode", "synthetic", "srdd")

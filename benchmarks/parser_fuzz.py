@@ -41,7 +41,7 @@ from apex_jax.memory.schema import MemoryBankError, as_bucket
 from apex_jax.tools.protocol import parse_tool_call, parse_turn
 from apex_jax.training import rewards
 from morse_jax import jsonsafe
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.mas.graph import GraphError
 from morse_jax.mas.planner import parse_plan
 from morse_jax.tasks import srdd

@@ -407,7 +407,7 @@ def run_server(kind: str, args) -> dict:
       logged["traceback"] += record.exc_info is not None
 
   handler = Count(level=logging.DEBUG)
-  for name in ("apex_jax.tools.http", "apex_jax.tools.intake", "apex_jax.tools.server",
+  for name in ("morse_jax.serving.http", "morse_jax.serving.intake", "apex_jax.tools.server",
                "apex_jax.judges.serving"):
     logging.getLogger(name).addHandler(handler)
     logging.getLogger(name).setLevel(logging.INFO)
@@ -535,7 +535,7 @@ def run_server(kind: str, args) -> dict:
   out["good_by_class"] = {phase: dict(collections.Counter(
       {status_class(s): c for s, c in out[phase]["statuses"].items()}))
       for phase in ("baseline", "attack")}
-  for name in ("apex_jax.tools.http", "apex_jax.tools.intake", "apex_jax.tools.server",
+  for name in ("morse_jax.serving.http", "morse_jax.serving.intake", "apex_jax.tools.server",
                "apex_jax.judges.serving"):
     logging.getLogger(name).removeHandler(handler)
   tmp.cleanup()

@@ -35,7 +35,7 @@ _EF_SEARCH = flags.DEFINE_integer("ef_search", 64, "HNSW: query-time beam (store
 def main(argv):
   del argv
   from apex_jax.tools import index, passages
-  from morse_jax.mas.pipeline import banner
+  from morse_jax.experiments.pipeline import banner
 
   banner("check corpus")
   try:

@@ -30,7 +30,7 @@ _RECORD_PROMPTS = flags.DEFINE_bool("record_prompts", False,
 
 def main(argv):
   del argv
-  from morse_jax.mas import pipeline
+  from morse_jax.experiments import pipeline
 
   config = _CONFIG.value
   if _RECORD_PROMPTS.value:

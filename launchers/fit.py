@@ -73,7 +73,7 @@ def _mesh_shape(default):
 
 def _morse(config):
   """(name, LlmConfig, LoraConfig, RouterConfig | None, StepConfig, RunShapes, (data, model))."""
-  from morse_jax.mas import experiment
+  from morse_jax.experiments import experiment
   from morse_jax.rl import aot
 
   name, model = _architecture(config, "")
@@ -129,7 +129,7 @@ def main(argv):
   import jax
 
   from morse_jax.llm import sharding
-  from morse_jax.mas.pipeline import banner
+  from morse_jax.experiments.pipeline import banner
   from morse_jax.rl import aot
 
   config = _CONFIG.value

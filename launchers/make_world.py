@@ -27,7 +27,7 @@ _HOLDOUT = flags.DEFINE_list("holdout_categories", [], "Categories whose questio
 
 
 def banner(text: str) -> None:
-  # morse_jax.mas.pipeline.banner's format, without importing jax for a data-only launcher.
+  # morse_jax.experiments.pipeline.banner's format, without importing jax for a data-only launcher.
   print(f"\n==== {text} " + "=" * max(0, 60 - len(text)), flush=True)
 
 

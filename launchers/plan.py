@@ -19,7 +19,7 @@ _SPLIT = flags.DEFINE_enum("split", "test", ["train", "test"], "Which category s
 
 def main(argv):
   del argv
-  from morse_jax.mas import pipeline
+  from morse_jax.experiments import pipeline
 
   stats = pipeline.plan(_CONFIG.value, _OUT.value, _SPLIT.value)
   pipeline.banner("done")

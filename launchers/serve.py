@@ -41,7 +41,7 @@ _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
 _LORA = flags.DEFINE_list("lora_modules", [], "name=PEFT_DIR pairs: adapters served under their "
                           "names on the same backbone.")
 from apex_jax.judges.protocol import ChatLimits  # noqa: E402
-from apex_jax.tools.http import define_limit_flags  # noqa: E402
+from morse_jax.serving.http import define_limit_flags  # noqa: E402
 
 _LIMITS = define_limit_flags(ChatLimits, skip=("max_batch",))
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
@@ -91,8 +91,8 @@ def build_server(model_dir: str, *, served_model_name: str | None = None, dtype:
 
 def main(argv):
   del argv
-  from apex_jax.tools.http import serve_until_stopped
-  from morse_jax.mas.pipeline import banner
+  from morse_jax.serving.http import serve_until_stopped
+  from morse_jax.experiments.pipeline import banner
 
   banner("load model")
   srv = build_server(_MODEL.value, served_model_name=_NAME.value, dtype=_DTYPE.value,

@@ -27,7 +27,7 @@ _TOPK = flags.DEFINE_integer("topk", 3, "Passages per query when a request gives
 _MAX_TOPK = flags.DEFINE_integer("max_topk", 100, "Largest topk a request may ask for.")
 _MODEL = flags.DEFINE_string("model", None, "Query encoder folder (default: meta.json's).")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Log every request.")
-from apex_jax.tools.http import define_limit_flags  # noqa: E402
+from morse_jax.serving.http import define_limit_flags  # noqa: E402
 from apex_jax.tools.server import SearchLimits  # noqa: E402
 
 _LIMITS = define_limit_flags(SearchLimits, skip=("max_topk",))
@@ -39,8 +39,8 @@ _THREADS = flags.DEFINE_integer("threads", 0, "faiss (OpenMP) and torch threads;
 def main(argv):
   del argv
   from apex_jax.tools import index, server
-  from apex_jax.tools.http import serve_until_stopped
-  from morse_jax.mas.pipeline import banner
+  from morse_jax.serving.http import serve_until_stopped
+  from morse_jax.experiments.pipeline import banner
 
   if _THREADS.value:
     import torch

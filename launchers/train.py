@@ -19,7 +19,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
 
 def main(argv):
   del argv
-  from morse_jax.mas import pipeline
+  from morse_jax.experiments import pipeline
 
   if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint at INFO
     logging.set_verbosity(logging.WARNING)
@@ -31,7 +31,7 @@ def main(argv):
     apex_pipeline.print_summary(results, config.workdir)
     return
   if config.get("table2") is not None:  # configs/morse/table2_cpu.py: five systems, seeds
-    from morse_jax.mas import table2
+    from morse_jax.experiments import table2
 
     table2.run(config)
     return

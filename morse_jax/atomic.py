@@ -1,7 +1,9 @@
-"""Atomic file replacement: readers see the old file or the new one, never a torn one."""
+"""Atomic file replacement (readers see the old file or the new one, never a torn one) and the
+sha256 that checks a written file."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from typing import Callable, TypeVar
@@ -34,3 +36,12 @@ def write_text(path: str, text: str, prefix: str = ".tmp.") -> None:
     with open(tmp, "w", encoding="utf-8") as f:
       f.write(text)
   replace_with(path, fill, prefix)
+
+
+def file_sha256(path: str) -> str:
+  """The sha256 of a file's bytes, read in 1 MiB blocks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()

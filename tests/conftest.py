@@ -15,7 +15,7 @@ from tests import tiny_models  # noqa: E402
 def _sandbox_for_tests():
   """The sandbox refuses to run code without bubblewrap. Outside CI the tests then run under
   reduced isolation (the isolation tests skip); under CI=true nothing is relaxed, so they fail."""
-  from morse_jax.mas import sandbox  # pylint: disable=import-outside-toplevel
+  from morse_jax.execution import sandbox  # pylint: disable=import-outside-toplevel
 
   if os.environ.get("CI", "").lower() in ("1", "true", "yes") or os.environ.get(sandbox.ENV_VAR):
     return

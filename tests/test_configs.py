@@ -7,7 +7,7 @@ import os
 import pytest
 
 from configs.morse import common
-from morse_jax.mas import experiment
+from morse_jax.experiments import experiment
 from tests import tiny_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from configs.morse import common
-from morse_jax.mas import pipeline
+from morse_jax.experiments import pipeline
 from morse_jax.rl import metrics
 from tests import test_configs
 
@@ -71,7 +71,8 @@ def test_evaluate_launcher_writes_records(tmp_path):
 def test_plan_stores_graphs_that_runs_read(tmp_path):
   """SRDD has no gold graphs: the (tiny, random) planner's replies fail to parse, every problem
   falls back to one node, and the stored plans are read back by a run's config."""
-  from morse_jax.mas import experiment, planner
+  from morse_jax.experiments import experiment
+  from morse_jax.mas import planner
 
   folder = test_configs.tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))[0]
   config = common.apply(common.base(), "morse_base,qwen3_4b,cpu", "srdd")

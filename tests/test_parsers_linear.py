@@ -23,7 +23,8 @@ from apex_jax.memory import skills
 from apex_jax.training import rewards
 from benchmarks.parser_fuzz import PARSERS, build, probe_input, seconds
 from morse_jax import textscan
-from morse_jax.mas import planner, verifier
+from morse_jax.execution import verifier
+from morse_jax.mas import planner
 from morse_jax.tasks import srdd
 
 SMALL, LARGE = 10_000, 100_000

@@ -1,4 +1,4 @@
-"""Property tests of every parser of model output (issue 19 item 4): on seeded hostile inputs
+"""Property tests of every parser of model output: on seeded hostile inputs
 (tests/hostile.py: truncated and deeply nested JSON, huge numbers, NaN / Infinity, duplicate
 keys, cycles, 10^4-node chains, odd unicode) each ends in a value or its documented error, in
 time linear in the input's length, and NaN / inf never become a score.
@@ -201,9 +201,9 @@ def _swallow(f, *errors):
   return run
 
 
-# families that were super-linear (cubic, quadratic) or hung: time(4n) / time(n) must stay < 6,
-# or 4n take under CAP_S (on a busy machine cache and allocation effects alone give 6-9x at
-# these sizes; the old code took minutes to hours at 4n, or crashed)
+# inputs that make a naive parser super-linear (cubic, quadratic) or hang: time(4n) / time(n)
+# must stay < 6, or 4n take under CAP_S (on a busy machine cache and allocation effects alone
+# give 6-9x at these sizes)
 SCALING = {
     "extract_json_object open braces": (
         _swallow(extract_json_object, DistillerError),
@@ -258,7 +258,7 @@ def test_ttrl_judging_survives_a_judge_that_raises():
 
 
 def test_the_reported_cases():
-  """The probe's findings one by one (issue 19 item 4)."""
+  """A hostile probe's findings one by one."""
   deep = "[" * 1000
   assert find_number('{"score": ' + "1" * 400 + "}") == (None, "")
   assert find_number("Score: " + "1" * 400) == (None, "")

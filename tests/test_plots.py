@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from morse_jax.mas import plots
+from morse_jax.experiments import plots
 from morse_jax.rl import metrics
 
 

@@ -29,16 +29,9 @@ from typing import Any, Mapping, Sequence
 
 from apex_jax.datasets.corpus import write_examples, write_passages
 from apex_jax.datasets.records import DatasetError, Hop, QAExample
+from apex_jax.datasets.world_words import EVENT_TYPES, KINDS, METHODS, OCCUPATIONS, USES
 from apex_jax.tools.passages import Passage
 
-OCCUPATIONS = ("painter", "farmer", "teacher", "doctor", "pilot", "baker", "singer", "writer",
-               "lawyer", "engineer")
-KINDS = ("tool", "boat", "lamp", "drink", "cloth", "clock", "wagon", "drum")
-USES = ("cut stone", "carry grain", "light rooms", "catch fish", "measure time", "grind wheat",
-        "heat water", "store oil")
-METHODS = ("weaving wool", "casting iron", "carving wood", "blowing glass", "baking clay",
-           "brewing leaves", "forging steel", "sewing leather")
-EVENT_TYPES = ("Race", "Festival", "Match", "Fair", "Contest")
 # Relative sizes of the entity kinds, and the least of each a world needs.
 SHARES = {"country": 1.0, "city": 3.0, "river": 1.0, "person": 5.0, "company": 2.0,
           "product": 2.0, "film": 2.0, "event": 1.5}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import re
 
-from apex_jax.datasets.world import EVENT_TYPES
+from apex_jax.datasets.world_words import EVENT_TYPES
 
 MAX_QUESTION_WORDS, MAX_PASSAGE_WORDS, MAX_HOPS = 30, 60, 3
 # Kinds whose answer must not appear in the question ("first" names both films by design).

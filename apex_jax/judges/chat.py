@@ -25,7 +25,7 @@ from http.client import HTTPException
 from typing import Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
-from apex_jax.tools.http import RemoteError, backoff_delay, with_retries
+from morse_jax.serving.http import RemoteError, backoff_delay, with_retries
 
 
 class JudgeError(RemoteError):

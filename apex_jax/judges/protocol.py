@@ -21,7 +21,7 @@ import dataclasses
 import json
 import math
 
-from apex_jax.tools.http import HttpLimits, check_text, describe, load_json
+from morse_jax.serving.http import HttpLimits, check_text, describe, load_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4

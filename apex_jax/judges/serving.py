@@ -47,12 +47,13 @@ import queue
 import time
 import uuid
 
+from morse_jax.serving.http import BodyError, JsonHandler, JsonServer, QueueWorker, Unavailable
+
 from apex_jax.judges.chat import JudgeRequestError
 from apex_jax.judges.inprocess import Completion, InProcessChat
 from apex_jax.judges.protocol import (ApiError, ChatLimits, ChatRequest, parse_chat_request,
                                       parse_completion_request)
 from apex_jax.judges.streaming import ChunkWriter, Deltas
-from apex_jax.tools.http import BodyError, JsonHandler, JsonServer, QueueWorker, Unavailable
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = ChatLimits.max_body_bytes

@@ -17,7 +17,7 @@
 
 One bank may be shared by threads (calls are serialised by a lock); processes each open their own.
 
-Failures of the file (issue 19 item 6): every sqlite3 error, wherever it happens (open, read,
+Failures of the file: every sqlite3 error, wherever it happens (open, read,
 write, commit, a row fetched later), comes out as a `MemoryBankDatabaseError` (a MemoryBankError)
 naming the file and the cause (`cause`: locked, disk_full, corrupt, io, readonly, cannot_open,
 sqlite); "locked" names the timeout waited. Opening an up-to-date bank only reads (the write lock
@@ -34,7 +34,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import sqlite3
@@ -145,14 +144,6 @@ def _caption(value: Any, field: str = "caption") -> str | None:
   if value is None:
     return None
   return _text(value, field, allow_empty=True) if value.strip() else None
-
-
-def file_sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 class MemoryBank(SkillOps):
@@ -560,7 +551,7 @@ class MemoryBank(SkillOps):
     """A consistent copy of the bank at this moment (sqlite3's online backup API, under the
     lock, so no write of this bank lands half in it) written to `path` atomically (a temporary
     file in the same folder, fsynced, renamed) as a plain rollback-journal file. Returns the
-    copy's sha256. Resumable runs keep one per checkpoint step (training/resume.py)."""
+    copy's sha256. Resumable runs keep one per checkpoint step (morse_jax/checkpoint/sidecar.py)."""
     def fill(tmp):
       dest = sqlite3.connect(tmp, isolation_level=None)
       try:
@@ -572,7 +563,7 @@ class MemoryBank(SkillOps):
         dest.execute("PRAGMA journal_mode = DELETE")
       finally:
         dest.close()
-      return file_sha256(tmp)
+      return atomic.file_sha256(tmp)
 
     return atomic.replace_with(path, fill, prefix=".bank.")
 
@@ -596,7 +587,7 @@ class MemoryBank(SkillOps):
     as it was."""
     if not os.path.isfile(path):
       raise MemoryBankDatabaseError(f"{path}: memory bank snapshot is missing", "corrupt")
-    if sha256 is not None and file_sha256(path) != sha256:
+    if sha256 is not None and atomic.file_sha256(path) != sha256:
       raise MemoryBankDatabaseError(f"{path}: memory bank snapshot does not match its sha256 "
                                     f"{sha256[:16]}: the file is damaged", "corrupt")
     src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)

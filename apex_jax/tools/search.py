@@ -18,7 +18,8 @@ from http.client import HTTPException
 from typing import Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
-from apex_jax.tools.http import RemoteError, backoff_delay, with_retries
+from morse_jax.serving.http import RemoteError, backoff_delay, with_retries
+
 from apex_jax.tools.passages import Passage, format_passages, format_results  # noqa: F401
 
 __all__ = ["Passage", "format_passages", "format_results", "Searcher", "SearchClient",

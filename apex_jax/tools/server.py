@@ -31,8 +31,9 @@ import logging
 import threading
 from typing import Sequence
 
-from apex_jax.tools.http import (BodyError, HttpLimits, JsonHandler, JsonServer, QueueWorker,
-                                 Unavailable, check_text, describe, load_json)
+from morse_jax.serving.http import (BodyError, HttpLimits, JsonHandler, JsonServer, QueueWorker,
+                                    Unavailable, check_text, describe, load_json)
+
 from apex_jax.tools.index import Retriever
 
 log = logging.getLogger(__name__)

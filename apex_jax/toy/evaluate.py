@@ -275,7 +275,7 @@ def main(argv):
     print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}),
           flush=True)
   if _JUDGE_RUNS.value:
-    from apex_jax.toy.judging import judge_metrics
+    from apex_jax.toy.judge_eval import judge_metrics
 
     result["judges"] = judge_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
                                      _TOPK.value, _JUDGE_RUNS.value)

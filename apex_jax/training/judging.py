@@ -12,7 +12,8 @@
   skill_terms   its format and evolution-rationality terms: "judge" (a `SkillJudge` per term,
                 the paper's J_skill) or "rule" (the authors' rules; the demos').
   max_tokens    the judges' reply cap.
-TTRL's no-ground-truth panel and alignment judge use the same backend (pipeline.judges).
+TTRL's no-ground-truth panel and alignment judge use the same backend (`judge_panel`,
+pipeline.judges).
 Missing keys take the paper's defaults: accuracy "judge", rule "em", skill_quality "judge",
 skill_terms "judge".
 """
@@ -93,3 +94,14 @@ def skill_term_judges(exp) -> dict:
     return {}
   return {term: SkillJudge(judge_chat(exp), SkillJudgeConfig(max_tokens=c.max_tokens, term=term))
           for term in ("format", "evolution")}
+
+
+def judge_panel(chat, max_tokens: int):
+  """The no-GT panel and the alignment judge on one chat backend, replies capped at
+  `max_tokens` (alignment: at most 16, the authors' cap)."""
+  from apex_jax.judges import AlignConfig, AlignJudge, NoGtConfig, NoGtJudge
+  from apex_jax.training.ttrl import JudgeBackends
+
+  nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
+                                    arbiter_max_tokens=max_tokens))
+  return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16))))

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from morse_jax.checkpoint.sidecar import RunCheckpoints
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
@@ -116,7 +117,7 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
   (global step, experts, the current stage's optimiser state, rng) is saved every
   `checkpoint_every` updates and at the end of each stage, and a later call resumes from the
   latest good one (the stage and its step follow from the global step): finished stages are
-  skipped, `history` is the whole run's (kept in each step's sidecar, training/resume.py), and
+  skipped, `history` is the whole run's (kept in each step's sidecar, `checkpoint.sidecar`), and
   a resumed run's metrics repeat an unbroken run's step for step. Another run's checkpoints
   (other stages or key) are refused unless `continue_other_run` (Checkpoints)."""
   if not stages:
@@ -134,7 +135,7 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
       done, experts, opt, rng, payload = found
       history = list(payload.get("history", []))
       resumed = True
-  saver = None if ckpt is None else resume.RunCheckpoints(ckpt, sidecar,
+  saver = None if ckpt is None else RunCheckpoints(ckpt, sidecar,
                                                          lambda: {"history": history})
   start = 0
   try:

@@ -34,10 +34,12 @@ from typing import Any, Callable, Protocol, Sequence
 import jax
 import jax.numpy as jnp
 
+from morse_jax.checkpoint.sidecar import RunCheckpoints
+from morse_jax.checkpoint.steps import fingerprint
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
-from morse_jax.rl.state import TrainState, fingerprint
+from morse_jax.rl.state import TrainState
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import Trajectory
@@ -239,7 +241,7 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
 
   With checkpoint_dir, every `checkpoint_every` steps and after the last one the planner's
   state (experts, optimiser state, rng, step) is saved, and beside it the history, the judge
-  failure counts and a snapshot of the memory bank (training/resume.py); a later call resumes
+  failure counts and a snapshot of the memory bank (`checkpoint.sidecar`); a later call resumes
   from the newest good step, with the bank put back as it was after that step, and repeats an
   unbroken run's metrics step for step. Another run's checkpoints (other config, queries or
   key) are refused unless `continue_other_run` (Checkpoints)."""
@@ -321,7 +323,7 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
     return TrainState(step=jnp.int32(step + 1), experts=experts, router=None, opt_states=opt,
                       rng=rng, cursor=jnp.int32(step + 1)), metrics
 
-  saver = None if ckpt is None else resume.RunCheckpoints(
+  saver = None if ckpt is None else RunCheckpoints(
       ckpt, sidecar, lambda: {"history": history, "judge_failures": dict(judging.failures)},
       bank)
   state = TrainState(step=jnp.int32(first), experts=experts, router=None, opt_states=opt,

@@ -1,4 +1,4 @@
-"""The APEx chain on 2 CPU cores with SmolLM2-135M-Instruct as the backbone (issue 22 item 6):
+"""The APEx chain on 2 CPU cores with SmolLM2-135M-Instruct as the backbone:
 memory building, then held-out EM / F1 for full, without memories and without skills, on the
 demo's synthetic world (configs/apex/demo_cpu.py: seed 777, 48 training and 16 held-out
 questions, trigram search with 2 passages).

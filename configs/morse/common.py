@@ -109,7 +109,7 @@ def base() -> ml_collections.ConfigDict:
       train_merges=True,
       max_minutes=0.0,  # > 0: stop after the first batch that ends past this budget
       # True: train on in a workdir whose checkpoints belong to another run identity (another
-      # seed, task, data or base weights); False refuses it, naming both (morse_jax.rl.state)
+      # seed, task, data or base weights); False refuses it, naming both (morse_jax.checkpoint)
       continue_other_run=False))
   # The update: every StepConfig field (the estimator is config.algo; the scoring temperature is
   # the rollout's). Its defaults are the reference code's: advantages clipped to +-5 (0: no

@@ -1,6 +1,6 @@
 """MoRSE's Table 2 on the CPU demo's suite: the five systems of the paper, the trained ones for
 3 seeds with the same number of updates (no time budget), one measurement of each untrained
-system, and a paired test per comparison (`morse_jax.mas.table2`).
+system, and a paired test per comparison (`morse_jax.experiments.table2`).
 
   python -m launchers.train --config=configs/morse/table2_cpu.py
   python -m launchers.train --config=configs/morse/table2_cpu.py --config.table2.steps=120

@@ -92,17 +92,13 @@ class _TensorReader:
 
 
 def load(path: str, dtype=None) -> Model:
-  """Loads a local Hugging Face folder (Llama 3.x, Qwen2/2.5, Qwen3), or a `.gguf` file of those
-  families (see gguf.py).
+  """Loads a local Hugging Face folder (Llama 3.x, Qwen2/2.5, Qwen3); `loader.load` also takes a
+  `.gguf` file.
 
   dtype: weights dtype; default the config's `dtype`/`torch_dtype` when float32/bfloat16/float16,
-  else float32 (a GGUF file: float32, the dequantized values' type).
+  else float32.
   """
   path = os.path.abspath(os.path.expanduser(path))
-  if path.endswith(".gguf") and not os.path.isdir(path):
-    from morse_jax.llm import gguf  # deferred: gguf.py imports this module
-
-    return gguf.load(path, dtype=dtype)
   config_path = os.path.join(path, "config.json")
   hf_config = _read_json(config_path)
   config = LlmConfig.from_hf_dict(hf_config, source=config_path)

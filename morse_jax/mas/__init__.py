@@ -1,1 +1,1 @@
-"""The multi-agent system: task graphs, planner, agents, runner, verifier and sandbox."""
+"""The multi-agent system: subtask graphs, the planner, prompts, agents and the wave runner."""

@@ -1,7 +1,7 @@
 """RL core: group advantages (GRPO, HGRPO), losses, the update batch (module `batch`) and its
 log-probs (`logprobs`), B x M rollouts, the update object (module `update`) and its jitted step
-(module `train_step`), the training loop, its state and checkpoints, metrics, multi-process
-start-up.
+(module `train_step`), the training loop, its state (checkpointed by `morse_jax.checkpoint`),
+metrics, multi-process start-up.
 
 The names below are loaded on first use, so that importing one submodule (e.g. `rl.rollout`)
 does not import the others (`rl.train_step`; tests/test_layers.py checks it).
@@ -15,7 +15,7 @@ _EXPORTS = {
     "batch": ("PolicyBatch", "RouterBatch", "Segment", "pack", "update_batch"),
     "loop": ("SinceLastSave", "run_loop"),
     "rollout": ("GroupRollout", "NodeRequest"),
-    "state": ("CheckpointError", "Checkpoints", "TrainState"),
+    "state": ("TrainState",),
     "train_step": ("StepConfig",),
     "update": ("Update",),
     "trainer": ("RolloutConfig", "TrainNode", "Trainer", "fit"),

@@ -22,8 +22,8 @@ Metrics = Mapping[str, Any]
 
 
 class Saver(Protocol):
-  """What saves the loop's state: `morse_jax.rl.state.Checkpoints` (every N, keep k, run
-  metadata checked on restore), APEx's `training.resume.RunCheckpoints` (with a sidecar), or
+  """What saves the loop's state: `morse_jax.checkpoint.Checkpoints` (every N, keep k, run
+  metadata checked on restore), `checkpoint.RunCheckpoints` (with a sidecar), or
   `SinceLastSave` around either."""
 
   def maybe_save(self, state: Any, *, force: bool = False) -> bool: ...

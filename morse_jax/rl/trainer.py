@@ -30,7 +30,8 @@ from morse_jax.rl import rollout as rollout_lib
 from morse_jax.rl import train_step as ts
 from morse_jax.rl import update as update_lib
 from morse_jax.rl.logprobs import scoring_temperature
-from morse_jax.rl.state import Checkpoints, TrainState
+from morse_jax.checkpoint.steps import Checkpoints
+from morse_jax.rl.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)

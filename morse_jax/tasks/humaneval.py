@@ -16,7 +16,7 @@ import json
 import textwrap
 from typing import Any, Mapping
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = "humaneval"

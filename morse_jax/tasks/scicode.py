@@ -59,7 +59,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.tasks import scicode_data
 from morse_jax.tasks import scicode_gold
 from morse_jax.tasks import scicode_targets

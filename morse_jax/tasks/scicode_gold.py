@@ -36,8 +36,8 @@ import tempfile
 import threading
 from typing import Any, Mapping, Sequence
 
-from morse_jax.mas import sandbox
-from morse_jax.mas import verifier
+from morse_jax.execution import sandbox
+from morse_jax.execution import verifier
 from morse_jax.tasks import scicode_values
 from morse_jax.tasks.base import Problem
 

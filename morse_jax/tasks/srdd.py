@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from morse_jax.mas import sandbox, verifier
+from morse_jax.execution import sandbox, verifier
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = "srdd"

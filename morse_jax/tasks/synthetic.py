@@ -25,7 +25,7 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.tasks import synthetic_gen
 from morse_jax.tasks import base
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from morse_jax.mas import prompts, verifier
+from morse_jax.execution import verifier
+from morse_jax.mas import prompts
 from morse_jax.mas.graph import MAX_NODES, Subtask
 from morse_jax.tasks import synthetic
 from morse_jax.tasks.base import Problem

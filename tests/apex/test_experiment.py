@@ -106,7 +106,7 @@ def test_a_run_starts_with_an_empty_bank_unless_one_is_named(tiny_model, tmp_pat
 def test_memory_build_runs_once_per_run_and_a_restart_gets_its_bank_back(tiny_model, tmp_path):
   """A restarted run (new process: new bank object on a bank file a later phase changed)
   skips memory building: its snapshot goes back into the bank, its stats are returned."""
-  from morse_jax.rl.state import CheckpointError
+  from morse_jax.checkpoint.steps import CheckpointError
 
   def build(c):
     gen = fakes.ScriptedGenerator(reply)

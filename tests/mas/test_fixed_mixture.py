@@ -7,7 +7,7 @@ import pytest
 from configs.morse import common
 from morse_jax import llm
 from morse_jax.lora.experts import expert_param_count, init_experts
-from morse_jax.mas import experiment
+from morse_jax.experiments import experiment
 
 # Grouped-query attention, so q, v and o have three different (d_in, d_out) shapes.
 MODEL = llm.LlmConfig("qwen3", vocab_size=64, hidden_size=48, intermediate_size=96, num_layers=4,

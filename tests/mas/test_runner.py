@@ -11,7 +11,8 @@ import pytest
 
 from morse_jax import llm, lora
 from morse_jax.lora import embedders, router
-from morse_jax.mas import prompts, records, runner
+from morse_jax.experiments import records
+from morse_jax.mas import prompts, runner
 from morse_jax.mas.agents import Agents, Reply
 from morse_jax.mas.graph import SubtaskGraph
 from morse_jax.rl import advantages

@@ -9,9 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from morse_jax import llm
+from morse_jax import checkpoint, llm
 from morse_jax.rl import metrics as metrics_lib
-from morse_jax.rl import state as state_lib
 from morse_jax.rl import trainer as trainer_lib
 from morse_jax.tasks.token_bandit import TokenBandit
 from tests.rl import test_train_step as shapes  # same model and step settings: compiles are shared
@@ -30,7 +29,7 @@ def trainer():
 
 
 def run(trainer, directory, steps, resume=False):
-  ckpt = state_lib.Checkpoints(str(directory / "ckpt"), every=2, keep=3,
+  ckpt = checkpoint.Checkpoints(str(directory / "ckpt"), every=2, keep=3,
                                metadata=trainer.metadata())
   state = trainer.init_state(jax.random.key(7))
   resume_step = None
@@ -74,9 +73,9 @@ def test_checkpoint_of_another_run_is_refused(trainer, tmp_path):
   other = trainer_lib.Trainer(trainer.backbone, shapes.CONFIG, shapes.LORA, shapes.RCFG,
                               dataclasses.replace(shapes.STEP, expert_lr=1e-3), ROLLOUT,
                               embed_dim=shapes.EMB_DIM)
-  ckpt = state_lib.Checkpoints(str(tmp_path / "ckpt"), every=2, keep=3,
+  ckpt = checkpoint.Checkpoints(str(tmp_path / "ckpt"), every=2, keep=3,
                                metadata=other.metadata())
-  with pytest.raises(state_lib.CheckpointError, match="step.expert_lr=0.03, this run has 0.001"):
+  with pytest.raises(checkpoint.CheckpointError, match="step.expert_lr=0.03, this run has 0.001"):
     ckpt.restore(other.init_state(jax.random.key(7)))
   assert ckpt.latest_step() == 2  # nothing was removed
 

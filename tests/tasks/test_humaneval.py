@@ -96,7 +96,7 @@ def test_all_canonical_solutions_pass(problems):
 
 
 def _small_model_replies(p):
-  """Reply shapes seen from SmolLM2-135M-Instruct (issue 18), built around a correct body."""
+  """Reply shapes seen from SmolLM2-135M-Instruct, built around a correct body."""
   prompt, body = p.data["prompt"], p.data["canonical_solution"]
   real, stub = f"```python\n{prompt}{body}```", f"```python\n{prompt}```"
   return {

@@ -218,7 +218,8 @@ def test_single_system_runs_the_whole_problem(problems):
   import jax
   import ml_collections
 
-  from morse_jax.mas import experiment, runner
+  from morse_jax.experiments import experiment
+  from morse_jax.mas import runner
 
   config = ml_collections.ConfigDict({"system": "single"})
   exp = experiment.Experiment(config, None, None, scicode.SciCode(), problems, None)

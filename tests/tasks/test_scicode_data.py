@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from configs.morse import common
-from morse_jax.mas import experiment
+from morse_jax.experiments import experiment
 from morse_jax.tasks import humaneval, scicode, scicode_data, synthetic
 
 # The authors' OOD test problems, as listed in their scicode/data/OOD_SPLIT_README.md.

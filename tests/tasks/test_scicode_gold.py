@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs.morse import scicode_canonical
-from morse_jax.mas import pipeline
+from morse_jax.experiments import pipeline
 from morse_jax.tasks import scicode, scicode_gold
 
 

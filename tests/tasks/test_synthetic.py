@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.mas.graph import SubtaskGraph
 from morse_jax.tasks import base, synthetic, synthetic_gen
 from morse_jax.tasks.synthetic_ops import EMPTY, random_value

@@ -1,4 +1,4 @@
-"""The memory bank's file failing (issue 19 item 6): a lock held by another writer, a full disk,
+"""The memory bank's file failing: a lock held by another writer, a full disk,
 damaged pages, bad embeddings. Every failure is a MemoryBankError naming the file and the cause;
 nothing is a raw sqlite3 exception."""
 

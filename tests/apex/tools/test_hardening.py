@@ -14,7 +14,7 @@ import time
 import pytest
 
 from apex_jax.tools import index, server
-from apex_jax.tools.http import HttpLimits, json_depth, load_json
+from morse_jax.serving.http import HttpLimits, json_depth, load_json
 from tests.apex.tools.conftest import HashEncoder, write_corpus
 from tests.apex.tools.test_server import wait_until
 
@@ -305,7 +305,7 @@ def test_sigterm_stops_gracefully_after_the_in_flight_request(retriever):
   import os
   import signal
 
-  from apex_jax.tools.http import serve_until_stopped
+  from morse_jax.serving.http import serve_until_stopped
 
   gated = Gated(retriever)
   srv = server.make_server(gated, "127.0.0.1", 0, limits=server.SearchLimits(shutdown_grace_s=0.2))

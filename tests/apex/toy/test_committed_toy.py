@@ -54,8 +54,8 @@ def test_executor_follows_the_protocol_on_a_new_world(toy):
 def test_toy_judges_runs_in_the_judges_formats(toy):
   """The demo's in-process TTRL judges (the toy itself) on gold and corrupted runs of a new world:
   every evaluator reply has a score, every arbiter reply a verdict, every alignment reply a
-  number (apex_jax.toy.judging taught it the formats; the old toy had none of them)."""
-  from apex_jax.toy.judging import judge_metrics
+  number (apex_jax.toy.judging's conversations teach it the formats)."""
+  from apex_jax.toy.judge_eval import judge_metrics
 
   m = judge_metrics(toy, world_seed=4242, questions=40, topk=2, runs=2)
   assert m["runs"] == m["alignment_plans"] == 2

@@ -1,4 +1,4 @@
-"""The harness's strict comparisons (morse_jax/mas/strict.py): an answer equals a target only
+"""The harness's strict comparisons (morse_jax/execution/strict.py): an answer equals a target only
 with the target's shape, length, keys and kind of values; NaN only where the target is NaN.
 Everything runs in one harness, as the task families run their tests."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.tasks import scicode_gold
 
 PROGRAM = """

@@ -8,8 +8,8 @@ the same bodies sit in a `main()` the script calls.
 
 `score(family, problem, node_id, null)` scores one null reply on one node the way a run would:
 after the gold (or reference) code of the node's upstream steps, so only the null step is wrong.
-`benchmarks.null_sweep` sweeps every problem of every family; tests/mas/test_null_programs.py
-samples it.
+`benchmarks.null_sweep` sweeps every problem of every family;
+tests/experiments/test_null_programs.py samples it.
 """
 
 from __future__ import annotations

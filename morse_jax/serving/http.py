@@ -25,7 +25,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import ThreadingMixIn
 
-from apex_jax.tools.intake import Intake
+from morse_jax.serving.intake import Intake
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import numpy as np
 import optax
 import pytest
 
-from morse_jax.rl.state import (IDENTITY_FILE, CheckpointError, Checkpoints,
-                                CorruptCheckpointError, TrainState, files_fingerprint,
-                                fingerprint)
+from morse_jax.checkpoint.steps import (IDENTITY_FILE, CheckpointError, Checkpoints,
+                                        CorruptCheckpointError, files_fingerprint, fingerprint)
+from morse_jax.rl.state import TrainState
 
 META = {"model": {"hidden_size": 64, "family": "llama"}, "lora": {"rank": 2, "targets": ["q"]},
         "router": {"dim": 4}, "step": {"expert_lr": 8e-5}}
@@ -208,7 +208,7 @@ def test_restore_places_arrays_like_the_template(tmp_path, eight_devices):
   assert_same(got, want)
 
 
-# ----------------------------------------------------------------- trust (issue 19 item 5)
+# ----------------------------------------------------------------- trust
 
 
 def _flip_bit_in_array_data(step_dir, offset_fraction=0.5):
@@ -438,7 +438,7 @@ def test_files_fingerprint(tmp_path):
 def test_pipeline_run_identity_has_seed_task_data_and_weights(tmp_path):
   """`make demo` then `make demo --config.seed=1` in one workdir: the second is another run."""
   from configs.morse import demo_cpu
-  from morse_jax.mas import pipeline
+  from morse_jax.experiments import pipeline
   from morse_jax.tasks.base import Problem
 
   config = demo_cpu.get_config()

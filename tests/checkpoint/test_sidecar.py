@@ -1,4 +1,5 @@
-"""APEx resume (training/resume.py): damaged steps are passed over, whichever part is damaged."""
+"""Sidecars of checkpoint steps (APEx's resume): damaged steps are passed over, whichever part is
+damaged."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import shutil
 
 import pytest
 
-from apex_jax.training import resume
-from morse_jax.rl.state import Checkpoints, CorruptCheckpointError
-from tests.rl.test_state import META, _set_format, assert_same, make_state
+from morse_jax.checkpoint import sidecar as resume
+from morse_jax.checkpoint.steps import Checkpoints, CorruptCheckpointError
+from tests.checkpoint.test_steps import META, _set_format, assert_same, make_state
 
 
 def _save(directory: str, steps) -> None:

@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from morse_jax.mas import table2
+from morse_jax.experiments import table2
 
 
 def test_sign_flip_test_by_hand():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Sequence
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.mas.runner import TaskOutcome
 
 

@@ -15,14 +15,14 @@ import textwrap
 
 import pytest
 
-from tests.mas.test_sandbox import _readable_by_all
+from tests.execution.test_sandbox import _readable_by_all
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The scoring process: one run_tests under reduced isolation; the job on stdin, the run on stdout.
 SCORER = """
 import ctypes, json, os, sys
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 job = json.load(sys.stdin)
 run = verifier.run_tests(job["program"], job["tests"], prelude=job["prelude"],
                          upstream=job["upstream"], files=job["files"], timeout_s=30.0)

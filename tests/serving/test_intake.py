@@ -9,7 +9,7 @@ import time
 import pytest
 
 from apex_jax.tools import server
-from apex_jax.tools.intake import body_length
+from morse_jax.serving.intake import body_length
 from tests.apex.tools.test_hardening import post, raw, retriever  # noqa: F401 -- a fixture
 from tests.apex.tools.test_server import wait_until
 
@@ -133,7 +133,7 @@ def test_open_file_limit_is_raised_to_fit_the_budget():
 
   from tests import test_configs
 
-  code = ("import resource, sys; from apex_jax.tools.http import HttpLimits, ensure_fd_limit; "
+  code = ("import resource, sys; from morse_jax.serving.http import HttpLimits, ensure_fd_limit; "
           "resource.setrlimit(resource.RLIMIT_NOFILE, (100, int(sys.argv[1]))); "
           "print(ensure_fd_limit(HttpLimits(), 'srv'))")
   for hard, soft in ((5000, "640"), (200, "200")):

@@ -28,7 +28,7 @@ import tokenize
 import unicodedata
 from typing import Sequence
 
-from morse_jax.mas import sandbox
+from morse_jax.execution import sandbox
 
 # CPython 3.11's parser is not thread-safe ("AST constructor recursion depth mismatch" when
 # scorers run in threads), so every parse and compile of model code goes through this lock.

@@ -25,7 +25,7 @@ def canonical(config) -> dict:
   problem's canonical solution. SciCode: the gold code of every step of the problems that ship
   it (the 15 dev problems), each step scored with the gold code of the steps before it as its
   upstream and its targets computed from the gold code (or read from task.targets_h5)."""
-  from morse_jax.mas import experiment
+  from morse_jax.experiments import experiment
 
   isolation = experiment.configure_sandbox(config)
   family = config.task.family
@@ -110,8 +110,9 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   import jax
 
   from morse_jax.lora import embedders
-  from morse_jax.mas import evaluation, experiment, records, runner
-  from morse_jax.rl.state import Checkpoints
+  from morse_jax.experiments import evaluation, experiment, records
+  from morse_jax.mas import runner
+  from morse_jax.checkpoint.steps import Checkpoints
 
   use_compilation_cache(config)
   banner("build")
@@ -168,9 +169,10 @@ def train(config) -> dict:
   import jax
   import jax.numpy as jnp
 
-  from morse_jax.mas import experiment, runner
+  from morse_jax.experiments import experiment
+  from morse_jax.mas import runner
   from morse_jax.rl import distributed, loop, metrics
-  from morse_jax.rl.state import Checkpoints
+  from morse_jax.checkpoint.steps import Checkpoints
 
   use_compilation_cache(config)
   d = config.distributed
@@ -245,7 +247,7 @@ def run_identity(config, metadata: dict, problems) -> dict:
   order) and of the base weights (`files_fingerprint` of model.path: names, sizes and mtimes of
   its files, not their bytes; '' for none). Train length, checkpoint cadence, time budgets and
   evaluation settings are left out: changing them continues the same run."""
-  from morse_jax.rl.state import fingerprint, files_fingerprint
+  from morse_jax.checkpoint.steps import fingerprint, files_fingerprint
 
   data = fingerprint([[p.id, p.statement] for p in problems])
   return json.loads(json.dumps({
@@ -260,7 +262,8 @@ def run_identity(config, metadata: dict, problems) -> dict:
 def plan(config, out: str, split: str = "test") -> dict:
   """Makes one graph per problem of a split with the planner and stores them as JSONL, so later
   runs read them with --config.task.plans (as the authors precompute theirs)."""
-  from morse_jax.mas import experiment, planner
+  from morse_jax.experiments import experiment
+  from morse_jax.mas import planner
 
   banner("build")
   exp = experiment.build(config)
@@ -285,7 +288,7 @@ def demo(config) -> dict:
   """The first run a new user sees: evaluate the untrained system on held-out tasks, train,
   evaluate again, and print a before/after table; metrics, TensorBoard logs and PNG plots go to
   the workdir."""
-  from morse_jax.mas import plots
+  from morse_jax.experiments import plots
   from morse_jax.rl import metrics
 
   workdir = os.path.abspath(config.workdir)

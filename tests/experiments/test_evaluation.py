@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from morse_jax.mas import evaluation
+from morse_jax.experiments import evaluation
 from morse_jax.mas.graph import SubtaskGraph
 from morse_jax.mas.runner import NodeOutcome, TaskOutcome
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore

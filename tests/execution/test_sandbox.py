@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from morse_jax.mas import sandbox
+from morse_jax.execution import sandbox
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -237,7 +237,7 @@ def test_sandbox_dies_with_its_parent(bwrap):
       """)
   helper = subprocess.Popen(
       [sys.executable, "-c",
-       f"from morse_jax.mas import sandbox; sandbox.run_python({source!r}, timeout_s=60)"],
+       f"from morse_jax.execution import sandbox; sandbox.run_python({source!r}, timeout_s=60)"],
       cwd=REPO)
   workdirs = set()
   try:
@@ -268,9 +268,9 @@ def test_refuses_without_bubblewrap(monkeypatch):
   message = str(e.value)
   for needle in ("bubblewrap", "apt-get install -y bubblewrap", "MORSE_SANDBOX=reduced",
                  'verifier.isolation = "reduced"', "configs/morse/common.py",
-                 "morse_jax/mas/experiment.py"):
+                 "morse_jax/experiments/experiment.py"):
     assert needle in message
-  from morse_jax.mas import verifier  # pylint: disable=import-outside-toplevel
+  from morse_jax.execution import verifier  # pylint: disable=import-outside-toplevel
   with pytest.raises(sandbox.SandboxUnavailableError):
     verifier.run_tests("def f():\n  return 1\n", ["assert f() == 1"])
   monkeypatch.setattr(sandbox, "BWRAP", None)
@@ -427,7 +427,7 @@ def test_reduced_isolation_leaves_no_survivors(reduced, monkeypatch):
 
 def test_config_field_chooses_the_isolation(monkeypatch):
   from configs.morse import common  # pylint: disable=import-outside-toplevel
-  from morse_jax.mas import experiment  # pylint: disable=import-outside-toplevel
+  from morse_jax.experiments import experiment  # pylint: disable=import-outside-toplevel
 
   monkeypatch.delenv(sandbox.ENV_VAR, raising=False)
   config = common.base()

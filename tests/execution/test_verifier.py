@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 
 
 def test_extract_code_prefers_the_last_python_block():

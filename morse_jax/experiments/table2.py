@@ -112,7 +112,7 @@ def _variant_config(config, variant: str, seed: int, workdir: str):
 
 
 def _one_run(config, variant: str, seed: int | None, root: str) -> dict:
-  from morse_jax.mas import pipeline
+  from morse_jax.experiments import pipeline
   from morse_jax.rl import metrics
 
   workdir = os.path.join(root, variant) if seed is None else os.path.join(root, variant,

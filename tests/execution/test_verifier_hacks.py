@@ -1,4 +1,4 @@
-"""Issue 19: verifiers a policy cannot game. Each hack a hostile probe found earns 0 (or is
+"""Verifiers a policy cannot game. Each hack a hostile probe found earns 0 (or is
 flagged) on run_tests and on every task family that runs tests: HumanEval, SciCode, SRDD and
 the synthetic suite. The threat model and defenses are in docs/SECURITY.md."""
 
@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 import pytest
 
-from morse_jax.mas import verifier
+from morse_jax.execution import verifier
 from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 
 WRONG = "def f(x):\n  return 0\n"

@@ -49,7 +49,7 @@ def configure_sandbox(config: ml_collections.ConfigDict) -> str:
   """Applies config.verifier.isolation to the code sandbox; returns the isolation in force, for
   the run's summary. "reduced" here, or MORSE_SANDBOX=reduced in the environment, accepts
   rlimits-only isolation where bubblewrap is missing; otherwise bubblewrap is required."""
-  from morse_jax.mas import sandbox  # pylint: disable=import-outside-toplevel
+  from morse_jax.execution import sandbox  # pylint: disable=import-outside-toplevel
 
   isolation = config.get("verifier", {}).get("isolation", "bubblewrap")
   if isolation not in sandbox.ISOLATIONS:

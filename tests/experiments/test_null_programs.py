@@ -10,7 +10,7 @@ import concurrent.futures
 import pytest
 
 from benchmarks import null_sweep
-from morse_jax.mas import null_programs
+from morse_jax.experiments import null_programs
 from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 
 

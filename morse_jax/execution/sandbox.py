@@ -15,7 +15,7 @@ wrapper sets the limit inside it, where the kernel counts only that namespace's 
 Fail closed: without a working bubblewrap `run_python` raises SandboxUnavailableError (naming
 bubblewrap and how to install it) unless the user chose reduced isolation, with the environment
 variable MORSE_SANDBOX=reduced or the config field `verifier.isolation = "reduced"`
-(configs/morse/common.py, applied by morse_jax/mas/experiment.py through `set_isolation`).
+(configs/morse/common.py, applied by morse_jax/experiments/experiment.py through `set_isolation`).
 Reduced isolation is rlimits, a temp dir, a cleared environment, its own session and a seccomp
 filter (signals only to its own group, no ptrace, no setsid); it never runs the code as root (as
 root it drops to a fresh unprivileged uid, and refuses when that uid cannot run the
@@ -251,7 +251,7 @@ def _refusal(reason: str) -> str:
           f"or accept reduced isolation (rlimits, no network, filesystem or PID isolation) with "
           f"the environment variable {ENV_VAR}=reduced or the config field "
           f"`verifier.isolation = \"reduced\"` (configs/morse/common.py, read by "
-          f"morse_jax/mas/experiment.py); see docs/SECURITY.md")
+          f"morse_jax/experiments/experiment.py); see docs/SECURITY.md")
 
 
 @functools.cache
