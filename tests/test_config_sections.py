@@ -14,7 +14,7 @@ from configs.morse import common
 from morse_jax.config_sections import ConfigError, section, settings
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.router import RouterConfig
-from morse_jax.mas import experiment
+from morse_jax.experiments import experiment
 from morse_jax.rl.train_step import StepConfig
 
 # A valid value other than the default, for fields whose type alone does not give one.

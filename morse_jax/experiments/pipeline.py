@@ -38,7 +38,7 @@ def canonical(config) -> dict:
 
 
 def _canonical_humaneval(config) -> dict:
-  from morse_jax.mas import experiment
+  from morse_jax.experiments import experiment
   from morse_jax.tasks import humaneval
 
   family = humaneval.HumanEval()
@@ -66,7 +66,7 @@ def canonical_scicode_problem(family, problem) -> list[tuple[str, object]]:
 def _canonical_scicode(config) -> dict:
   import concurrent.futures
 
-  from morse_jax.mas import experiment
+  from morse_jax.experiments import experiment
   from morse_jax.tasks import scicode
 
   family = scicode.SciCode(targets_h5=config.task.targets_h5 or None)

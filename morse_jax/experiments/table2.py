@@ -216,7 +216,7 @@ def plot(result: dict, path: str) -> str:
   """The trained variants' reward curves, one panel per variant with one curve per seed (raw
   and EMA), and each variant's held-out step pass as points: the untrained `morse_base` at
   update 0 (when measured) and the variant's mean over seeds after its updates."""
-  from morse_jax.mas import plots
+  from morse_jax.experiments import plots
 
   runs, held_out = {}, {}
   base = result["rows"].get("morse_base")

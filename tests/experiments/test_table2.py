@@ -102,7 +102,7 @@ def test_finished_runs_are_reused_from_their_records(tmp_path, monkeypatch):
   assert run["summary"] == pytest.approx({"step_pass": 1 / 3, "mean_step_pass": 0.25,
                                           "problem_pass": 0.0, "family_step_pass": 0.25,
                                           "step_reward": 0.5})
-  from morse_jax.mas import pipeline
+  from morse_jax.experiments import pipeline
 
   def train(config):
     raise AssertionError("a finished run was trained again")

@@ -159,7 +159,7 @@ def test_prefilled_reply_is_the_prompt_then_the_body(problems):
 
 def test_canonical_oracle_runs_a_chunk():
   from configs.morse import humaneval_canonical
-  from morse_jax.mas import pipeline
+  from morse_jax.experiments import pipeline
 
   config = humaneval_canonical.get_config()
   config.task.skip = 162  # the last two problems
