@@ -61,6 +61,9 @@ def base() -> ml_collections.ConfigDict:
   c.task = ml_collections.ConfigDict(dict(family="humaneval", path="", plans="", limit=0,
                                           oracle="", holdout=8,  # SRDD: held-out categories
                                           num_problems=0, seed=0,  # synthetic: the suite
+                                          # synthetic: 0 the suite's 2-6-node graphs; N > 0
+                                          # the easy tier of N-node chains
+                                          steps=0,
                                           holdout_categories=("string_analysis",),
                                           # synthetic: "category" holds the categories out of
                                           # training; "instance" trains and tests on disjoint
