@@ -32,8 +32,9 @@ def test_there_are_configs():
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices):
   module = importlib.import_module(f"configs.morse.{name}")
-  args = [None] if name in ("humaneval_canonical", "scicode_canonical", "demo_cpu",
-                            "smollm2_cpu", "table2_cpu") else [
+  own_args = {"smollm2_train_cpu": [None, "fixed_grpo"]}  # the argument is the variant only
+  args = own_args[name] if name in own_args else [None] if name in (
+      "humaneval_canonical", "scicode_canonical", "demo_cpu", "smollm2_cpu", "table2_cpu") else [
       f"{v},{b},{h}" for v in common.VARIANTS for b in common.BACKBONES for h in common.HARDWARE]
   built = set()
   for arg in args:
@@ -53,6 +54,19 @@ def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices)
     if config.train.steps:
       trainer = exp.trainer()
       assert trainer.step_config.estimator == config.algo
+
+
+def test_smollm2_train_config_compares_like_with_like():
+  from configs.morse import smollm2_train_cpu  # pylint: disable=import-outside-toplevel
+
+  hgrpo, fixed = smollm2_train_cpu.get_config(None), smollm2_train_cpu.get_config("fixed_grpo")
+  assert (hgrpo.mixture, hgrpo.algo, fixed.mixture, fixed.algo) == ("mole", "hgrpo", "fixed",
+                                                                    "grpo")
+  assert hgrpo.train.max_minutes == 0 and hgrpo.train.steps == fixed.train.steps > 0
+  assert hgrpo.task.to_dict() == fixed.task.to_dict() and hgrpo.task.steps == 1
+  assert hgrpo.workdir != fixed.workdir and hgrpo.demo
+  with pytest.raises(ValueError, match="variant 'single' does not train"):
+    smollm2_train_cpu.get_config("single")
 
 
 def test_bad_settings_are_named(tiny_folder):

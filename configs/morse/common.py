@@ -67,6 +67,9 @@ def base() -> ml_collections.ConfigDict:
                                           skip=0,  # the split's first `skip` problems left out
                                           oracle="", holdout=8,  # SRDD: held-out categories
                                           num_problems=0, seed=0,  # synthetic: the suite
+                                          # synthetic: 0 the suite's 2-6-node graphs; N > 0
+                                          # the easy tier of N-node chains
+                                          steps=0,
                                           holdout_categories=("string_analysis",),
                                           # synthetic: "category" holds the categories out of
                                           # training; "instance" trains and tests on disjoint

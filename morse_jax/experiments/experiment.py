@@ -88,7 +88,8 @@ def load_family(config):
   name, path = config.task.family, config.task.path
   if name == "synthetic":  # generated, deterministic by seed; no file
     from morse_jax.tasks import synthetic
-    return synthetic.Synthetic(), synthetic.generate(config.task.num_problems, config.task.seed)
+    return synthetic.Synthetic(), synthetic.generate(config.task.num_problems, config.task.seed,
+                                                     steps=config.task.get("steps", 0))
   if name == "humaneval":
     from morse_jax.tasks import humaneval
     return (humaneval.HumanEval(prefill=config.task.get("reply_prefix", False)),

@@ -6,8 +6,9 @@ graph splits it into 2-6 subtasks, one function each, shaped as a chain, a diamo
 suite trains and demos MoRSE's graph execution on a CPU: the verifier is cheap, exact and never
 needs a model.
 
-  generate(n, seed, categories=None)  n problems, deterministic by seed; `categories` limits the
-                                      subtask types drawn (e.g. the train categories)
+  generate(n, seed, categories=None, steps=0)   n problems, deterministic by seed; `categories`
+                                      limits the subtask types drawn (e.g. the train
+                                      categories); steps=N > 0: the easy tier, chains of N
   split(problems, which, holdout)     out-of-distribution split by whole categories
   instance_split(problems, which, categories, test_problems)   disjoint problems of categories
   reference_artifact(problem, id)     a perfect executor's reply for one node
@@ -59,14 +60,16 @@ def train_categories(holdout: Sequence[str] = DEFAULT_HOLDOUT) -> tuple[str, ...
   return tuple(c for c in CATEGORIES if c not in held)
 
 
-def generate(n: int, seed: int, categories: Sequence[str] | None = None) -> list[Problem]:
-  """Problems 0..n-1 of the suite `seed`. Problem i depends only on (seed, i, categories), so a
-  shorter list is a prefix of a longer one."""
+def generate(n: int, seed: int, categories: Sequence[str] | None = None,
+             steps: int = 0) -> list[Problem]:
+  """Problems 0..n-1 of the suite `seed`. Problem i depends only on (seed, i, categories,
+  steps), so a shorter list is a prefix of a longer one. steps > 0: the easy tier of chains of
+  exactly that many subtasks (1: one function applying one op to the input)."""
   if categories is not None:
     categories = _check_categories(categories, "category")
     if not categories:
       raise ValueError("synthetic: categories is empty")
-  return [synthetic_gen.build(seed, i, categories) for i in range(n)]
+  return [synthetic_gen.build(seed, i, categories, steps) for i in range(n)]
 
 
 def split(problems: Sequence[Problem], which: str,

@@ -50,8 +50,11 @@ class _Node:
   parents: tuple[int, ...]  # node indices, in the op's input order (a, then b)
 
 
-def sample_shape(rng: random.Random) -> tuple[str, list[tuple[int, ...]]]:
-  """(kind, parents of each node as indices, in topological order)."""
+def sample_shape(rng: random.Random, steps: int = 0) -> tuple[str, list[tuple[int, ...]]]:
+  """(kind, parents of each node as indices, in topological order). steps > 0: a chain of
+  exactly that many nodes (the easy tiers); 0: the suite's shapes."""
+  if steps:
+    return "chain", [()] + [(i - 1,) for i in range(1, steps)]
   kind = rng.choices(SHAPES, weights=(4, 4, 2))[0]
   if kind == "chain":
     return kind, [()] + [(i - 1,) for i in range(1, rng.randint(2, 6))]
@@ -185,8 +188,9 @@ def _statement(nodes: list[_Node], arg: str, input_type: str, header: str) -> st
   return "\n".join(lines)
 
 
-def _try_build(pid: str, rng: random.Random, pool: Sequence[Op]) -> Problem | None:
-  kind, shape = sample_shape(rng)
+def _try_build(pid: str, rng: random.Random, pool: Sequence[Op],
+               steps: int = 0) -> Problem | None:
+  kind, shape = sample_shape(rng, steps)
   theme = rng.choice(sorted({op.category for op in pool}))
   roots = {op.inputs[0] for op in pool if op.arity == 1 and op.inputs[0] in ARG}
   preferred = "str" if theme.startswith("string") else "list"
@@ -226,14 +230,20 @@ def _try_build(pid: str, rng: random.Random, pool: Sequence[Op]) -> Problem | No
                  gold_graph=graph, data=data)
 
 
-def build(seed: int, index: int, categories: Sequence[str] | None = None) -> Problem:
-  """Problem `index` of the suite with this seed; the same arguments give the same problem."""
+def build(seed: int, index: int, categories: Sequence[str] | None = None,
+          steps: int = 0) -> Problem:
+  """Problem `index` of the suite with this seed; the same arguments give the same problem.
+  steps > 0 builds the easy tier of chains of exactly `steps` nodes instead (its own ids and
+  random stream: "synthetic/chain1/<seed>/<index>"); 0 the suite's 2-6-node shapes."""
+  if not 0 <= steps <= 6:
+    raise ValueError(f"synthetic: steps={steps!r} must be 0 (the suite's shapes) or 1-6")
   pool = [op for op in OPS if categories is None or op.category in categories]
-  rng = random.Random(f"{FAMILY}/{seed}/{index}")
+  pid = f"{FAMILY}/chain{steps}/{seed}/{index}" if steps else f"{FAMILY}/{seed}/{index}"
+  rng = random.Random(pid)
   for _ in range(_ATTEMPTS):
-    problem = _try_build(f"{FAMILY}/{seed}/{index}", rng, pool)
+    problem = _try_build(pid, rng, pool, steps)
     if problem is not None:
       return problem
-  raise ValueError(f"synthetic: could not build a task of 2-6 steps from categories "
+  raise ValueError(f"synthetic: could not build a task of {steps or '2-6'} steps from categories "
                    f"{sorted(set(categories or CATEGORIES))} in {_ATTEMPTS} attempts; they need "
                    "ops that take the output of the first step (e.g. add a list category)")

@@ -279,3 +279,52 @@ def test_generate_within_categories():
     synthetic.generate(1, 0, categories=["number_math"])  # no op takes a list or a string
   with pytest.raises(ValueError, match="unknown category"):
     synthetic.generate(1, 0, categories=["lists"])
+
+
+@pytest.fixture(scope="module")
+def one_step():
+  return synthetic.generate(40, SEED, steps=1)
+
+
+def test_chain_tier_shapes(one_step, problems):
+  assert all(len(p.gold_graph) == 1 and p.gold_graph[0]["depends_on"] == [] for p in one_step)
+  assert all(p.data["shape"] == "chain" and p.data["final"] == "1" for p in one_step)
+  assert one_step[0].id == f"synthetic/chain1/{SEED}/0"
+  assert not {p.id for p in one_step} & {p.id for p in problems}
+  assert one_step == synthetic.generate(40, SEED, steps=1)  # deterministic
+  assert len({p.data["nodes"]["1"]["op"] for p in one_step}) >= 20  # many subtask types
+  two = synthetic.generate(10, SEED, steps=2)
+  assert all([n["depends_on"] for n in p.gold_graph] == [[], ["1"]] for p in two)
+  with pytest.raises(ValueError, match="steps=7"):
+    synthetic.generate(1, SEED, steps=7)
+
+
+def test_chain_tier_gold_passes_and_real_tests(one_step, family):
+  for p in one_step[:4]:
+    spec = p.data["nodes"]["1"]
+    assert len(spec["tests"]) == synthetic_gen.UNIT_TESTS
+    assert len(p.data["hidden_tests"]) == synthetic_gen.HIDDEN_TESTS
+    gold = family.score_node(p, p.gold_graph[0], synthetic.reference_artifact(p, "1"), {})
+    assert gold.reward == 1.0 and gold.passed, gold.details
+    assert family.score_problem(p, {"1": synthetic.reference_artifact(p, "1")}).passed
+    # the expected values are the op's, and differ between inputs (no constant passes)
+    cases = synthetic._cases(spec["tests"])  # pylint: disable=protected-access
+    op = synthetic_gen.BY_KEY[spec["op"]]
+    assert len(cases) == len(spec["tests"]) and len({repr(y) for _, y in cases}) >= 2
+    assert all(op(spec["k"], *args) == y for args, y in cases)
+
+
+def test_chain_tier_null_programs_earn_nothing():
+  """A list -> list, a list -> int and a str -> str problem of the tier, 26 null programs."""
+  from morse_jax.mas import null_programs  # pylint: disable=import-outside-toplevel
+
+  tier = synthetic.generate(60, 100, steps=1)
+  kinds = {}
+  for p in tier:
+    kinds.setdefault((p.data["input_type"], p.data["nodes"]["1"]["signature"].split("->")[1]), p)
+  picked = [kinds[k] for k in ((("list", " list[int]:")), ("list", " int:"), ("str", " str:"))]
+  family = synthetic.Synthetic(timeout_s=2.0)
+  jobs = [(p, null) for p in picked for null in null_programs.NAMES]
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:  # the sleeping ones wait, idle
+    rewards = list(pool.map(lambda job: null_programs.score(family, job[0], "1", job[1]), jobs))
+  assert [(p.id, null) for (p, null), r in zip(jobs, rewards) if r != 0.0] == []

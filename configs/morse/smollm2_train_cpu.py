@@ -1,0 +1,35 @@
+"""HGRPO that moves a real model on a CPU: SmolLM2-135M-Instruct on the synthetic suite's easy
+tier of one-step tasks (one function applying one list or string op to its input), where the
+untrained model passes some of its samples, so that GRPO groups have signal. A fixed number of
+updates (no time budget), held-out evaluation before and after, metrics.jsonl and plots.
+
+  make real-model
+  python -m launchers.train --config=configs/morse/smollm2_train_cpu.py             # HGRPO
+  python -m launchers.train --config=configs/morse/smollm2_train_cpu.py:fixed_grpo  # baseline
+
+The argument is the variant (mole_hgrpo by default, or fixed_grpo, mole_grpo); both train on
+the same problems, in the same order, with the same rows per update (fixed: one route of B x M).
+"""
+
+from configs.morse import common
+
+
+def get_config(arg=None):
+  variant = arg or "mole_hgrpo"
+  c = common.apply(common.base(), f"{variant},smollm2_135m,cpu", "synthetic")
+  if not c.train.steps:
+    raise ValueError(f"smollm2_train_cpu: variant {variant!r} does not train; use mole_hgrpo, "
+                     "mole_grpo or fixed_grpo")
+  c.demo = True  # evaluate, train, evaluate again
+  c.workdir = f"/tmp/morse_runs/smollm2_train_cpu_{variant}"
+  # The held-out problems are the first test_problems of the tier; training takes the others.
+  c.task.update(num_problems=400, seed=100, steps=1, limit=0, split="instance",
+                holdout_categories=("list_filter", "list_order", "list_math",
+                                    "string_transform", "string_analysis"),
+                test_problems=16)
+  # Few updates on a shared CPU: expert and router learning rates 5x and 10x the paper's.
+  c.train.update(steps=10, max_minutes=0.0, tasks_per_step=3, routes_per_node=2, group_size=2,
+                 max_new_tokens=128, checkpoint_every=5, keep=2, temperature=1.0,
+                 expert_lr=4e-4, router_lr=3e-4)
+  c.eval.update(max_new_tokens=128, tasks_per_batch=16)
+  return c
