@@ -18,7 +18,7 @@ import shutil
 
 from absl import app, flags
 
-from morse_jax.mas import plots
+from morse_jax.experiments import plots
 from morse_jax.rl.metrics import read_jsonl
 
 _RUNS = flags.DEFINE_string("runs", None, "name=folder,name=folder,... (demo workdirs).")

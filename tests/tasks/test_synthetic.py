@@ -316,7 +316,7 @@ def test_chain_tier_gold_passes_and_real_tests(one_step, family):
 
 def test_chain_tier_null_programs_earn_nothing():
   """A list -> list, a list -> int and a str -> str problem of the tier, 26 null programs."""
-  from morse_jax.mas import null_programs  # pylint: disable=import-outside-toplevel
+  from morse_jax.experiments import null_programs  # pylint: disable=import-outside-toplevel
 
   tier = synthetic.generate(60, 100, steps=1)
   kinds = {}
