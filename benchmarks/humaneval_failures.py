@@ -25,9 +25,6 @@ import json
 
 from absl import app, flags
 
-_RECORDS = flags.DEFINE_string("records", None, "JSONL with problem_id, passed and reason.")
-_OUT = flags.DEFINE_string("out", None, "Write the counts and per-problem causes as JSON.")
-
 CAUSES = ("cut", "no_code", "placeholder", "syntax", "timeout", "strict", "harness",
           "wrong_answer", "error")
 
@@ -82,4 +79,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Defined only when run, so that tests importing this beside other benchmarks (which define
+  # --out too) do not collide in absl's one flag registry.
+  _RECORDS = flags.DEFINE_string("records", None, "JSONL with problem_id, passed and reason.")
+  _OUT = flags.DEFINE_string("out", None, "Write the counts and per-problem causes as JSON.")
   app.run(main)
