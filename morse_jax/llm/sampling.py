@@ -18,7 +18,8 @@ import numpy as np
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm import sharding as sharding_lib
-from morse_jax.llm.model import KVCache, decode_layers, forward, init_cache, unstack_cache
+from morse_jax.llm import fused_decode
+from morse_jax.llm.model import KVCache, forward, init_cache
 from morse_jax.llm.params import Params
 
 
@@ -174,9 +175,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     keys: [b] PRNG keys, one per row (rows are reproducible whatever the batch around them).
     max_new: [] int32, tokens to generate (<= gen_len); traced, so it does not recompile.
     gen_len: static capacity of the output and of the cache beyond the prompt.
-    unstack: run the decode loop over per-layer FusedLayer copies (`model.decode_layers`); faster
-      on CPU, where sliced weights are copied every step and [in, out] fused weights are read
-      faster, at the cost of one copy of the layers per call.
+    unstack: run the decode loop over `fused_decode`'s per-layer [in, out] fused copies (faster
+      on CPU, at the cost of one copy of the layers per call); False: scan the stored layers.
     adapter: optional per-row adapter (`model.Adapter`; morse_jax.lora.Adapter: each row runs
       with its own mixture of experts).
     mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
@@ -207,9 +207,10 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     cache = KVCache(k=rep(cache.k, 1), v=rep(cache.v, 1), valid=rep(cache.valid, 0),
                     length=cache.length, next_pos=rep(cache.next_pos, 0))
     cache = constrain(cache)
-  if unstack:
-    params = dataclasses.replace(params, layers=decode_layers(params.layers))
-    cache = unstack_cache(cache)
+  run_layers = None
+  if unstack:  # the decode loop's weight layout, chosen once for every step
+    params, cache = fused_decode.decode_layout(params, cache)
+    run_layers = fused_decode.run_layers
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
   out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)
   out_logp = jnp.zeros((b, gen_len), jnp.float32)
@@ -229,12 +230,18 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     out_logp = out_logp.at[:, step].set(logp)
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | jnp.isin(token, eos)
-    logits, cache = forward(params, config, token[:, None], cache=cache, adapter=adapter)
+    logits, cache = forward(params, config, token[:, None], cache=cache, adapter=adapter,
+                            run_layers=run_layers)
     return step + 1, logits, cache, done, out_tokens, out_logp, lengths
 
   state = (jnp.zeros((), jnp.int32), logits, cache, done, out_tokens, out_logp, lengths)
   state = jax.lax.while_loop(cond, body, state)
   return state[4], state[5], state[6]
+
+
+def default_unstack(params: Params) -> bool:
+  """`generate_padded`'s `unstack` unless told: the fused CPU decode layout where it fits."""
+  return jax.default_backend() == "cpu" and fused_decode.fits(params)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, rows: int, pad_id: int):
@@ -283,7 +290,8 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   mesh, rules: a device mesh (and ShardingRules, default ones) to run on: rows are padded to a
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
-  unstack: see `generate_padded`; by default on for the CPU backend only.
+  unstack: see `generate_padded`; by default on for the CPU backend when the layers' copy is
+    small (`fused_decode.fits`: SmolLM2 yes, Qwen2.5-Coder-1.5B no).
   adapter: optional morse_jax.lora Adapter whose routes have one row per prompt.
   prompt_repeats: r when the prompts come in runs of r equal prompts with equal routes (a B x M
     rollout's candidates): each run's prompt is prefilled once (checked; same samples).
@@ -318,7 +326,7 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
       gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
-      unstack=jax.default_backend() == "cpu" if unstack is None else unstack, mesh=mesh,
+      unstack=default_unstack(params) if unstack is None else unstack, mesh=mesh,
       rules=None if mesh is None else rules, adapter=adapter, active=active,
       prompt_repeats=prompt_repeats)
   n = len(prompts)
