@@ -114,10 +114,9 @@ class FusedProjections:
 FUSED = FusedProjections()
 
 
-def run_layers(x, layers: tuple[FusedLayer, ...], ctx: LayerContext, kv, start, remat=False):
+def run_layers(x, layers: tuple[FusedLayer, ...], ctx: LayerContext, kv, start):
   """`model.forward`'s `run_layers` for `decode_layout`: `model.layer` over each FusedLayer in a
   Python loop, each writing its own [b, k, s, x] cache buffers."""
-  del remat  # decoding only
   if kv is None or not isinstance(kv[0], tuple):
     raise ValueError("fused_decode.run_layers: needs the per-layer cache of `decode_layout`")
   ctx = ctx._replace(project=FUSED)

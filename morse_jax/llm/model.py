@@ -246,33 +246,51 @@ def layer(x, lp, lora, ctx: LayerContext, kv):
   return x, kv
 
 
-def is_16_bit(a) -> bool:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class WeightBits:
+  """The embedding and stacked layers' 16-bit float weights viewed as uint16 (`bits_view`): the
+  same buffers as the Params they come from, read where `forward` slices or gathers weights.
+
+  XLA:CPU runs slices and gathers of 16-bit floats in float32, and hoists the conversion of an
+  array that does not change in a loop out of it: slicing the stacked bf16 weights in the layer
+  scan of a decode loop made a float32 copy of every weight (twice the bf16 weights; an
+  optimization_barrier does not stop it). Sliced and gathered as integers, the weights reach
+  their matmuls as bf16, which XLA:CPU multiplies (f32 accumulation) without converting them.
+  The view is made outside jit: inside, a bitcast of a weight is materialised as a copy."""
+
+  embed: jax.Array  # [v, d] uint16
+  layers: LayerParams  # uint16 where the weight is a 16-bit float, else the weight itself
+
+
+def bits_view(params: Params) -> WeightBits | None:
+  """`WeightBits` sharing params' host buffers (zero-copy), for 16-bit weights on one CPU
+  device; None elsewhere (accelerators slice 16-bit floats as they are)."""
+  if not _is_16_bit(params.embed) or jax.default_backend() != "cpu" or any(
+      len(a.sharding.device_set) != 1 for a in jax.tree.leaves(params)):
+    return None
+  view = lambda a: jax.device_put(np.asarray(a).view(np.uint16)) if _is_16_bit(a) else a
+  return WeightBits(embed=view(params.embed), layers=jax.tree.map(view, params.layers))
+
+
+def _is_16_bit(a) -> bool:
   return a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating)
 
 
-def as_bits(tree):
-  """bfloat16 / float16 leaves viewed as uint16 (`from_bits` undoes it; no copy).
+def _from_bits(tree, like, zero):
+  """A slice or gather of `WeightBits` back to the float dtypes of `like` (the same structure).
 
-  XLA:CPU runs slices and gathers of 16-bit floats in float32, and hoists the conversion of an
-  array that does not change in a loop out of it: slicing the stacked bf16 weights in the
-  layer scan of a decode loop made a float32 copy of every weight (twice the bf16 weights;
-  an optimization_barrier does not stop it). Sliced and gathered as integers, weights reach
-  their matmuls as bf16, which XLA:CPU multiplies without converting them."""
-  return jax.tree.map(
-      lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16) if is_16_bit(a) else a, tree)
+  zero: a traced 0 (min(cache.length, 0)) added to the integers first: without it XLA folds
+  bitcast(slice(bitcast(w))) into slice(w), a 16-bit float slice, and the float32 copy
+  returns; the add is part of the pass that materialises the slice anyway."""
+  return jax.tree.map(lambda a, ref: a if a.dtype == ref.dtype else jax.lax.bitcast_convert_type(
+      a + zero.astype(a.dtype), ref.dtype), tree, like)
 
 
-def from_bits(tree, like):
-  """`as_bits` undone: leaves back to the dtypes of `like` (the same tree structure)."""
-  return jax.tree.map(lambda a, ref: a if a.dtype == ref.dtype
-                      else jax.lax.bitcast_convert_type(a, ref.dtype), tree, like)
-
-
-def _run_layers(x, layers: LayerParams, ctx: LayerContext, kv, start, remat=False):
-  """`lax.scan` of `layer` over the stacked layers. With a cache (prefill, decode) the weights
-  are scanned over as `as_bits`; cache-free passes (the update, where gradients may flow into
-  the weights) scan them as they are. remat: a cache-free scan recomputes each layer in the
-  backward pass (see `forward`)."""
+def _run_layers(x, layers: LayerParams, ctx: LayerContext, kv, start, remat=False, bits=None):
+  """`lax.scan` of `layer` over the stacked layers. bits: their `WeightBits.layers`, scanned
+  over instead where given (decoding on CPU). remat: a cache-free scan recomputes each layer in
+  the backward pass (see `forward`)."""
   config, adapter = ctx.config, ctx.adapter
   lora = None if adapter is None else adapter.stacked_over(config.num_layers)
   if kv is None:
@@ -282,14 +300,28 @@ def _run_layers(x, layers: LayerParams, ctx: LayerContext, kv, start, remat=Fals
 
   def body(carry, xs):
     x, k_all, v_all = carry
-    bits, lora_layer, i = xs
-    x, (k_all, v_all) = layer(x, from_bits(bits, layers), lora_layer, ctx,
-                              (k_all, v_all, (i,), start))
+    lp, lora_layer, i = xs
+    if bits is not None:
+      lp = _from_bits(lp, layers, jnp.minimum(start, 0))
+    x, (k_all, v_all) = layer(x, lp, lora_layer, ctx, (k_all, v_all, (i,), start))
     return (x, k_all, v_all), None
 
-  xs = (as_bits(layers), lora, jnp.arange(config.num_layers))
+  xs = (layers if bits is None else bits, lora, jnp.arange(config.num_layers))
   (x, k_all, v_all), _ = jax.lax.scan(body, (x, *kv), xs)
   return x, (k_all, v_all)
+
+
+def _head_logits(x, head):
+  """x [b, t, d] times head [v, d]: [b, t, v] float32. One token per row (decoding, `last_only`)
+  computes head @ x^T and transposes the small result: with the head as the right operand
+  XLA:CPU kept a transposed copy of the whole head for its matmul (0.47 GB for Qwen2.5's
+  151936 x 1536 bf16 head, hoisted out of the decode loop). Longer passes keep the plain
+  product, whose [b, t, v] result would be the larger copy."""
+  if x.shape[1] != 1:
+    return jnp.einsum("btd,vd->btv", x, head, preferred_element_type=jnp.float32)
+  y = jax.lax.dot_general(head, x[:, 0], (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)  # [v, b]
+  return y.T[:, None, :]
 
 
 def default_positions(attention_mask, cache: KVCache | None):
@@ -298,14 +330,14 @@ def default_positions(attention_mask, cache: KVCache | None):
   return base + jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
-LayerRunner = Callable[..., tuple]  # (x, layers, ctx, kv, start, remat) -> (x, kv)
+LayerRunner = Callable[..., tuple]  # (x, layers, ctx, kv, start) -> (x, kv)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "last_only", "remat", "run_layers"))
 def forward(params: Params, config: LlmConfig, tokens, positions=None, attention_mask=None,
             cache: KVCache | None = None, *, last_only: bool = False,
             adapter: Adapter | None = None, segments=None, remat: bool = False,
-            run_layers: LayerRunner | None = None):
+            run_layers: LayerRunner | None = None, bits: WeightBits | None = None):
   """Runs the decoder.
 
   Args:
@@ -325,6 +357,8 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     run_layers: what runs `params.layers` over x and the cache; None: `lax.scan` over the stored
       stacked `LayerParams`. `fused_decode.run_layers` (the CPU decode loop) takes its own
       per-layer layout in params.layers and a per-layer cache (`fused_decode.decode_layout`).
+    bits: `bits_view(params)`, with a cache: the embedding is gathered and the layers are scanned
+      as their uint16 bits (no float32 copy of the weights on XLA:CPU).
 
   Returns:
     (logits [b, t, v] float32, updated cache or None).
@@ -334,8 +368,9 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
   if positions is None:
     positions = default_positions(mask, cache)
   cos, sin = _rope_tables(positions, config)
-  if cache is not None and is_16_bit(params.embed):  # gathered as integers (`as_bits`)
-    x = from_bits(jnp.take(as_bits(params.embed), tokens, axis=0), params.embed)
+  if bits is not None and cache is not None:
+    zero = jnp.minimum(cache.length, 0)
+    x = _from_bits(jnp.take(bits.embed, tokens, axis=0), params.embed, zero)
   else:
     x = jnp.take(params.embed, tokens, axis=0)
   if cache is None:
@@ -355,12 +390,16 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
 
   kv = None if cache is None else (cache.k, cache.v)
   ctx = LayerContext(cos, sin, attn_mask, config, adapter, STORED)
-  x, kv = (run_layers or _run_layers)(x, params.layers, ctx, kv, start, remat)
+  if run_layers is not None:
+    x, kv = run_layers(x, params.layers, ctx, kv, start)
+  else:
+    x, kv = _run_layers(x, params.layers, ctx, kv, start, remat,
+                        None if bits is None or kv is None else bits.layers)
   if last_only:
     x = x[:, -1:]
   x = rms_norm(x, params.final_norm, config.rms_norm_eps)
   head = params.embed if params.lm_head is None else params.lm_head
-  logits = jnp.einsum("btd,vd->btv", x, head, preferred_element_type=jnp.float32)
+  logits = _head_logits(x, head)
   if cache is not None:
     last_real = jnp.max(jnp.where(mask, positions, -1), axis=1)
     cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + t,
