@@ -14,6 +14,7 @@ call, which `fits` bounds.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -75,7 +76,8 @@ def decode_layout(params: Params, cache: KVCache) -> tuple[Params, KVCache]:
 
 def fits(params: Params) -> bool:
   """Whether the default CPU decode uses this layout: the layers' copy is at most MAX_COPY_BYTES."""
-  return sum(a.nbytes for a in jax.tree.leaves(params.layers)) <= MAX_COPY_BYTES
+  layers = jax.tree.leaves(params.layers)  # arrays or ShapeDtypeStructs
+  return sum(math.prod(a.shape) * a.dtype.itemsize for a in layers) <= MAX_COPY_BYTES
 
 
 def _plus_delta(y, target: str, h, lora, adapter):

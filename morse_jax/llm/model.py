@@ -266,8 +266,10 @@ class WeightBits:
 def bits_view(params: Params) -> WeightBits | None:
   """`WeightBits` sharing params' host buffers (zero-copy), for 16-bit weights on one CPU
   device; None elsewhere (accelerators slice 16-bit floats as they are)."""
-  if not _is_16_bit(params.embed) or jax.default_backend() != "cpu" or any(
-      len(a.sharding.device_set) != 1 for a in jax.tree.leaves(params)):
+  on_one_host_device = lambda a: (isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+                                  and len(a.sharding.device_set) == 1)
+  if not _is_16_bit(params.embed) or jax.default_backend() != "cpu" or not all(
+      on_one_host_device(a) for a in jax.tree.leaves(params)):
     return None
   view = lambda a: jax.device_put(np.asarray(a).view(np.uint16)) if _is_16_bit(a) else a
   return WeightBits(embed=view(params.embed), layers=jax.tree.map(view, params.layers))
@@ -277,14 +279,10 @@ def _is_16_bit(a) -> bool:
   return a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating)
 
 
-def _from_bits(tree, like, zero):
-  """A slice or gather of `WeightBits` back to the float dtypes of `like` (the same structure).
-
-  zero: a traced 0 (min(cache.length, 0)) added to the integers first: without it XLA folds
-  bitcast(slice(bitcast(w))) into slice(w), a 16-bit float slice, and the float32 copy
-  returns; the add is part of the pass that materialises the slice anyway."""
-  return jax.tree.map(lambda a, ref: a if a.dtype == ref.dtype else jax.lax.bitcast_convert_type(
-      a + zero.astype(a.dtype), ref.dtype), tree, like)
+def _from_bits(tree, like):
+  """A slice or gather of `WeightBits` back to the float dtypes of `like` (the same structure)."""
+  return jax.tree.map(lambda a, ref: a if a.dtype == ref.dtype
+                      else jax.lax.bitcast_convert_type(a, ref.dtype), tree, like)
 
 
 def _run_layers(x, layers: LayerParams, ctx: LayerContext, kv, start, remat=False, bits=None):
@@ -302,7 +300,7 @@ def _run_layers(x, layers: LayerParams, ctx: LayerContext, kv, start, remat=Fals
     x, k_all, v_all = carry
     lp, lora_layer, i = xs
     if bits is not None:
-      lp = _from_bits(lp, layers, jnp.minimum(start, 0))
+      lp = _from_bits(lp, layers)
     x, (k_all, v_all) = layer(x, lp, lora_layer, ctx, (k_all, v_all, (i,), start))
     return (x, k_all, v_all), None
 
@@ -369,8 +367,7 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     positions = default_positions(mask, cache)
   cos, sin = _rope_tables(positions, config)
   if bits is not None and cache is not None:
-    zero = jnp.minimum(cache.length, 0)
-    x = _from_bits(jnp.take(bits.embed, tokens, axis=0), params.embed, zero)
+    x = _from_bits(jnp.take(bits.embed, tokens, axis=0), params.embed)
   else:
     x = jnp.take(params.embed, tokens, axis=0)
   if cache is None:
