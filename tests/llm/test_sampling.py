@@ -1,6 +1,5 @@
 """The sampler: filters, EOS handling, log-probs, per-row rngs, bucketing and compile counts."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
