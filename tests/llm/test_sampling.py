@@ -1,6 +1,5 @@
 """The sampler: filters, EOS handling, log-probs, per-row rngs, bucketing and compile counts."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

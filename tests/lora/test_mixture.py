@@ -1,6 +1,5 @@
 """Mixture kernels against a per-expert loop, inside the model, against peft, and exported."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
