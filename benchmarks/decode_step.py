@@ -66,6 +66,7 @@ def step_ms(model, prompts, new: int, sampling=None, repeats: int = 3) -> dict:
   import jax.numpy as jnp
 
   from morse_jax import llm
+  from morse_jax.llm import model as model_lib
   from morse_jax.llm import sampling as sampling_lib
 
   sampling = sampling or llm.GREEDY
@@ -74,11 +75,13 @@ def step_ms(model, prompts, new: int, sampling=None, repeats: int = 3) -> dict:
   tokens, mask = sampling_lib.left_pad(prompts, p, rows, 0)
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(rows))
   gen_len = sampling_lib.bucket(new)
+  bits = model_lib.bits_view(model.params)  # as `llm.sample` runs it
 
   def run(n):
     out = sampling_lib.generate_padded(
         model.params, model.config, jnp.asarray(tokens), jnp.asarray(mask), keys, jnp.int32(n),
-        sampling=sampling, gen_len=gen_len, eos_ids=(), unstack=jax.default_backend() == "cpu")
+        sampling=sampling, gen_len=gen_len, eos_ids=(),
+        unstack=sampling_lib.default_unstack(model.params), bits=bits)
     return jax.block_until_ready(out)
 
   run(1)  # compile
@@ -93,6 +96,7 @@ def profile(model, prompts, new: int, full_ms: float) -> dict:
   import jax
   import jax.numpy as jnp
 
+  from morse_jax.llm import fused_decode
   from morse_jax.llm import model as model_lib
   from morse_jax.llm import sampling as sampling_lib
 
@@ -105,13 +109,13 @@ def profile(model, prompts, new: int, full_ms: float) -> dict:
   finally:
     model_lib._decode_attention = real_attention
     jax.clear_caches()
-  args = {"layers": model_lib.decode_layers(model.params.layers),  # arguments, not constants
+  args = {"layers": fused_decode.decode_layers(model.params.layers),  # arguments, not constants
           "head": model.params.embed if model.params.lm_head is None else model.params.lm_head,
           "final_norm": model.params.final_norm}
 
   def projections(x, a):
     for lp in a["layers"]:
-      q, _, _ = model_lib._fused_projections(x, lp, None, None, c)
+      q, _, _ = fused_decode.FUSED.qkv(x, lp, None, None, c)
       x = x + jnp.einsum("btd,do->bto", q, lp.wo)
       gate, up = jnp.split(jnp.einsum("btd,df->btf", x, lp.w_gate_up), 2, axis=-1)
       x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp.w_down) * 0.01

@@ -11,6 +11,11 @@ chose the same tokens (rows equal, first position where any row differs) and mea
 step against the memory floor (`benchmarks.decode_step`: ms per step, weight bytes over the read
 bandwidth measured in the same run; at 8 rows x 350 tokens also where the step's time goes).
 
+`qwen`: Qwen2.5-Coder-1.5B-Instruct (`make real-model-qwen`'s folder), greedy only, 8 and 32 rows
+(`--qwen_rows`) x 350-token prompts x 64 new tokens in `--dtype`; ours runs first and is freed
+before transformers reads the model (`rollout_real.run_qwen`); each case also reports the peak
+resident memory of our generate call against weights + cache.
+
 `tiny`, `llama_100m`: random models built by transformers (seeded) and saved, 16 rows x 64-token
 prompts x 128 new tokens. Our compile is excluded (paid once per bucket), and so is a first
 transformers call (warm-up).
@@ -35,7 +40,11 @@ _QUICK = flags.DEFINE_bool("quick", False, "Tiny model only, fewer repeats.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per side (median reported).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights on both sides.")
 _MODELS = flags.DEFINE_list("models", ["smollm2", "tiny", "llama_100m"],
-                            "Cases to run: smollm2 and any of MODELS (llama_1b: accelerators).")
+                            "Cases to run: smollm2, qwen and any of MODELS (llama_1b: "
+                            "accelerators).")
+_QWEN = flags.DEFINE_string("qwen_model", "~/.cache/morse_jax/models/Qwen2.5-Coder-1.5B-Instruct",
+                            "The qwen case's Hugging Face folder (make real-model-qwen).")
+_QWEN_ROWS = flags.DEFINE_list("qwen_rows", ["8", "32"], "The qwen case's rows per call.")
 _REAL = flags.DEFINE_string("real_model", "~/.cache/morse_jax/models/SmolLM2-135M-Instruct",
                             "The smollm2 case's Hugging Face folder.")
 _THREADS = flags.DEFINE_integer("threads", 0, "torch threads (0: torch's default).")
@@ -125,6 +134,11 @@ def main(argv):
       from benchmarks import rollout_real
 
       cases = rollout_real.run_all(_REAL.value, repeats, _DTYPE.value, _CASES.value)
+    elif name == "qwen":
+      from benchmarks import rollout_real
+
+      cases = rollout_real.run_qwen(_QWEN.value, repeats, _DTYPE.value,
+                                    [int(r) for r in _QWEN_ROWS.value])
     else:
       cases = (run_case(name, MODELS[name], mode, repeats, _DTYPE.value) for mode in MODES)
     for r in cases:
@@ -132,6 +146,12 @@ def main(argv):
       print(f"{r['case']:<24} ours {r['ours_tokens_per_s']:9.1f} tok/s   transformers "
             f"{r['transformers_tokens_per_s']:9.1f} tok/s   ratio {r['ratio_vs_transformers']:5.2f}x"
             f"   (first call {r['ours_first_call_s']:.1f}s)", flush=True)
+      if "memory" in r:
+        m = r["memory"]
+        print(f"{'':<24} peak resident {m['peak_rss_bytes'] / 1e9:.2f} GB, generate added "
+              f"{m['added_by_generate_bytes'] / 1e9:.2f} GB: (weights + that) / (weights + cache)"
+              f" = {m['peak_over_weights_and_cache']:.2f}x; greedy {r['same_greedy_tokens']}",
+              flush=True)
       if "decode_step" in r:
         d = r["decode_step"]
         print(f"{'':<24} decode step {d['step_ms']:.1f} ms, floor {d['floor_ms']:.1f} ms "

@@ -107,3 +107,92 @@ def run_all(folder: str, repeats: int, dtype_name: str, only=()):
   for rows, length, mode in names:
     if not only or f"{rows}x{length}/{mode}" in only:
       yield run_case(model, hf, rows, length, mode, repeats)
+
+
+QWEN_ROWS, QWEN_PROMPT, QWEN_NEW = (8, 32), 350, 64
+
+
+def peak_rss_reset() -> int:
+  """Resets the process's peak resident set (VmHWM) to the current one; returns it (bytes)."""
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+  return _status("VmHWM")
+
+
+def _status(field: str) -> int:
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) * 1024
+  raise KeyError(field)
+
+
+def run_qwen(folder: str, repeats: int, dtype_name: str, rows_list=QWEN_ROWS,
+             length: int = QWEN_PROMPT, new: int = QWEN_NEW, label: str = "qwen"):
+  """Qwen2.5-Coder-1.5B-Instruct, greedy: our cases first (tokens per second, the decode step
+  against its floor, the peak resident memory of our generate call against weights + cache),
+  then our model freed and transformers' read for the same prompts (never both alive: 7 GB
+  each in float32), tokens compared row by row."""
+  import gc
+
+  import jax
+  import jax.numpy as jnp
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  from benchmarks import decode_step
+  from benchmarks.common import median_seconds
+  from morse_jax import llm
+  from morse_jax.llm import sampling as sampling_lib
+
+  folder = os.path.expanduser(folder)
+  model = llm.load(folder, dtype=getattr(jnp, dtype_name))
+  weights = decode_step.weight_bytes(model.params)
+  results, prompts_of, tokens_of = [], {}, {}
+  for rows in rows_list:
+    prompts = prompts_of[rows] = humaneval_prompts(model, rows, length)
+
+    def ours():
+      return llm.sample(model.params, model.config, prompts, max_new_tokens=new,
+                        rng=jax.random.key(0), sampling=llm.GREEDY, eos_ids=())
+
+    before = peak_rss_reset()
+    start = time.perf_counter()
+    tokens_of[rows] = ours().tokens
+    compile_s = time.perf_counter() - start
+    our_s = median_seconds(ours, repeats)
+    peak = _status("VmHWM")
+    slots = sampling_lib.length_bucket(length) + sampling_lib.bucket(new)
+    cache = decode_step.cache_bytes(model.config, rows, slots, model.params.embed.dtype.itemsize)
+    results.append({
+        "case": f"{label}/{rows}x{length}/greedy/{dtype_name}", "model": os.path.basename(folder),
+        "mode": "greedy", "dtype": dtype_name, "params": model.config.num_params(), "rows": rows,
+        "prompt_tokens": length, "new_tokens": new, "ours_tokens_per_s": rows * new / our_s,
+        "ours_first_call_s": compile_s,
+        "fused_decode_layout": sampling_lib.default_unstack(model.params),
+        "memory": {"weight_bytes": weights, "cache_bytes": cache, "rss_before_bytes": before,
+                   "peak_rss_bytes": peak, "added_by_generate_bytes": peak - before,
+                   "peak_over_weights_and_cache": (weights + peak - before) / (weights + cache)},
+        "decode_step": decode_step.measure(model, prompts, new, with_profile=False)})
+  del model
+  gc.collect()
+  hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name)).eval()
+  pad = hf.generation_config.pad_token_id or 0
+  for result in results:
+    rows = result["rows"]
+    ids = torch.tensor(prompts_of[rows])
+    out = {}
+
+    def theirs():
+      with torch.no_grad():
+        out["tokens"] = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                    max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
+                                    pad_token_id=pad, do_sample=False)
+
+    their_s = median_seconds(theirs, max(1, repeats - 1))
+    result["transformers_tokens_per_s"] = rows * new / their_s
+    result["ratio_vs_transformers"] = result["ours_tokens_per_s"] / result[
+        "transformers_tokens_per_s"]
+    result["same_greedy_tokens"] = same_tokens(tokens_of[rows],
+                                               out["tokens"][:, length:].numpy())
+    yield result

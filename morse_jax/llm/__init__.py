@@ -3,9 +3,9 @@
 from morse_jax.llm.config import ConfigError, LlmConfig, RopeConfig
 from morse_jax.llm.hf import CheckpointError, Model, save
 from morse_jax.llm.loader import load
-from morse_jax.llm.model import KVCache, decode_layers, forward, init_cache, unstack_layers
+from morse_jax.llm.model import KVCache, forward, init_cache
 from morse_jax.llm.params import LayerParams, Params, init_random, param_shapes
-from morse_jax.llm import tokenizer
+from morse_jax.llm import fused_decode, tokenizer
 from morse_jax.llm.tokenizer import Tokenizer, TokenizerError
 from morse_jax.llm.sampling import (GREEDY, SampleOutput, SamplingConfig, bucket, generate_padded,
                                     length_bucket, sample)

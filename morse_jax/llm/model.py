@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from morse_jax.llm.config import LlmConfig, RopeConfig
-from morse_jax.llm.params import FusedLayer, LayerParams, Params, fuse_layer
+from morse_jax.llm.params import LayerParams, Params
 
 _NEG = -1e30  # finite, so fully masked (padding) query rows give zeros, not NaN
 
@@ -37,7 +37,7 @@ class Adapter(Protocol):
 
   def delta(self, x, weights) -> jax.Array:
     """What this layer's adapter weights add to a projection of x: [b, t, o] float32 (the fused
-    decode layers add it to their slice of one fused matmul)."""
+    CPU decode layers add it to their slice of one fused matmul)."""
 
   @property
   def row_data(self) -> Any:
@@ -51,23 +51,14 @@ class Adapter(Protocol):
 @dataclasses.dataclass
 class KVCache:
   k: jax.Array  # [l, b, k, s, x]: slots next to each other per head, as attention reads them
-  v: jax.Array  # [l, b, k, s, x]
+  v: jax.Array  # [l, b, k, s, x]  (the CPU decode loop: tuples of per-layer [b, k, s, x])
   valid: jax.Array  # [b, s] bool: the slot holds a real (non-padding) token
   length: jax.Array  # [] int32: slots written so far, the same for every row
   next_pos: jax.Array  # [b] int32: RoPE position of each row's next real token
 
   @property
   def max_len(self) -> int:
-    return (self.k[0] if isinstance(self.k, tuple) else self.k).shape[-2]
-
-
-def unstack_cache(cache: KVCache) -> KVCache:
-  """k and v as tuples of per-layer [b, k, s, x] arrays, for the unstacked decode loop: each
-  layer then updates and reads its own buffer in place, where slicing one stacked array in an
-  unrolled layer loop copies a layer's slots (and the update may copy the whole cache) per
-  step on XLA:CPU."""
-  split = lambda a: tuple(a[i] for i in range(a.shape[0]))
-  return dataclasses.replace(cache, k=split(cache.k), v=split(cache.v))
+    return self.valid.shape[1]
 
 
 def init_cache(config: LlmConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
@@ -156,50 +147,85 @@ def _decode_attention(q, k, v, mask, config: LlmConfig):
   return out.reshape(b, 1, config.q_size).astype(v.dtype)
 
 
-def _fused_projections(h, lp: FusedLayer, lora, adapter, config: LlmConfig):
-  """q, k, v of a FusedLayer: one [in, out] matmul, split, plus each adapted target's delta."""
-  y = jnp.einsum("btd,do->bto", h, lp.wqkv, preferred_element_type=jnp.float32)
-  if lp.bqkv is not None:
-    y = y + lp.bqkv
-  q_end, k_end = config.q_size, config.q_size + config.kv_size
-  parts = (y[..., :q_end], y[..., q_end:k_end], y[..., k_end:])
-  return tuple(_plus_delta(part, target, h, lora, adapter).astype(h.dtype)
-               for part, target in zip(parts, ("q", "k", "v")))
+class Projections(Protocol):
+  """How a layer multiplies by its weights: the four matmul stages of `layer`, each with this
+  layer's adapter weights (`lora`: None or {target: weights}). `STORED` reads `LayerParams`
+  ([out, in], one matmul per target); `llm.fused_decode` reads its [in, out] fused copies."""
+
+  def qkv(self, h, lp, lora, adapter, config: LlmConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q [b, t, h*x], k and v [b, t, k*x] of the normed input h [b, t, d]."""
+
+  def o(self, a, lp, lora, adapter) -> jax.Array:
+    """The attention output a [b, t, h*x] back to [b, t, d]."""
+
+  def gate_up(self, h, lp, lora, adapter) -> tuple[jax.Array, jax.Array]:
+    """The MLP's gate and up projections (before the activation), [b, t, f] each."""
+
+  def down(self, m, lp, lora, adapter) -> jax.Array:
+    """The MLP's down projection of m [b, t, f] to [b, t, d]."""
 
 
-def _plus_delta(y, target: str, h, lora, adapter):
-  """y (one target's slice of a fused f32 product) plus the target's adapter delta, if any."""
-  return y if lora is None or target not in lora else y + adapter.delta(h, lora[target])
+class StoredProjections:
+  """`Projections` of `LayerParams` as stored: [out, in], one matmul per target."""
 
-
-def _layer(x, lp: LayerParams | FusedLayer, lora, ctx, kv):
-  """One decoder layer.
-
-  lora: None or this layer's {target: adapter weights} (`Adapter.for_layer`; all zeros on
-    non-adapted layers under scan). ctx: (cos, sin, mask, config, adapter).
-  kv: None (no cache) or (k_all, v_all, layer, start): the whole stacked cache travels in the scan
-    carry and is updated in place at [layer, :, :, start]; layer None: k_all and v_all are this
-    layer's own [b, k, s, x] buffers (`unstack_cache`).
-  """
-  cos, sin, mask, config, adapter = ctx
-
-  fused = isinstance(lp, FusedLayer)
-
-  def proj(target, h, w, bias=None):
-    if fused:  # w is [in, out]
-      y = jnp.einsum("btd,do->bto", h, w, preferred_element_type=jnp.float32)
-      y = y if bias is None else y + bias
-      return _plus_delta(y, target, h, lora, adapter).astype(h.dtype)
+  @staticmethod
+  def _one(target, h, w, bias, lora, adapter):
     if lora is None or target not in lora:
       return _linear(h, w, bias)
     return adapter.project(h, w, bias, lora[target])
 
+  def qkv(self, h, lp, lora, adapter, config):
+    return tuple(self._one(t, h, w, b, lora, adapter)
+                 for t, w, b in (("q", lp.wq, lp.bq), ("k", lp.wk, lp.bk), ("v", lp.wv, lp.bv)))
+
+  def o(self, a, lp, lora, adapter):
+    return self._one("o", a, lp.wo, lp.bo, lora, adapter)
+
+  def gate_up(self, h, lp, lora, adapter):
+    return (self._one("gate", h, lp.w_gate, None, lora, adapter),
+            self._one("up", h, lp.w_up, None, lora, adapter))
+
+  def down(self, m, lp, lora, adapter):
+    return self._one("down", m, lp.w_down, None, lora, adapter)
+
+
+STORED = StoredProjections()
+
+
+class LayerContext(NamedTuple):
+  """What every layer of one pass shares."""
+
+  cos: jax.Array  # [b, t, 1, x] RoPE tables
+  sin: jax.Array
+  mask: jax.Array  # [b, t, s] bool: query t sees slot s
+  config: LlmConfig
+  adapter: Adapter | None
+  project: Projections
+
+
+def write_cache(buf, new, lead: tuple, start):
+  """new [b, k, t, x] written at slot `start` of buf; (buf, what this layer's attention reads).
+
+  lead: the indices before [b, k, s, x]: (layer,) into a stacked [l, b, k, s, x] cache, () into
+  one layer's own buffer (the CPU decode loop's per-layer cache, updated in place)."""
+  new = new.astype(buf.dtype).reshape((1,) * len(lead) + new.shape)
+  buf = jax.lax.dynamic_update_slice(buf, new, (*lead, 0, 0, start, 0))
+  return buf, buf[lead]
+
+
+def layer(x, lp, lora, ctx: LayerContext, kv):
+  """One decoder layer; (x, kv).
+
+  lp: this layer's weights, read through `ctx.project` (`LayerParams` sliced from the stack for
+    `STORED`). lora: None or this layer's {target: adapter weights} (`Adapter.for_layer`; all
+    zeros on non-adapted layers under scan).
+  kv: None (no cache) or (k_buf, v_buf, lead, start): the layer's new k and v are written at slot
+    `start` of k_buf / v_buf at leading indices `lead` (`write_cache`); returned as (k_buf, v_buf).
+  """
+  cos, sin, mask, config, adapter, project = ctx
   b, t, _ = x.shape
   h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
-  if fused:
-    q, k, v = _fused_projections(h, lp, lora, adapter, config)
-  else:
-    q, k, v = proj("q", h, lp.wq, lp.bq), proj("k", h, lp.wk, lp.bk), proj("v", h, lp.wv, lp.bv)
+  q, k, v = project.qkv(h, lp, lora, adapter, config)
   q = q.reshape(b, t, config.num_heads, config.head_dim)
   k = k.reshape(b, t, config.num_kv_heads, config.head_dim)
   v = v.reshape(b, t, config.num_kv_heads, config.head_dim)
@@ -209,80 +235,91 @@ def _layer(x, lp: LayerParams | FusedLayer, lora, ctx, kv):
   q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
   k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, k, t, x]
   if kv is not None:
-    k_all, v_all, layer, start = kv
-    if layer is None:
-      k = k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype), (0, 0, start, 0))
-      v = v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype), (0, 0, start, 0))
-    else:
-      k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None],
-                                           (layer, 0, 0, start, 0))
-      v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None],
-                                           (layer, 0, 0, start, 0))
-      k, v = k_all[layer], v_all[layer]
-    kv = (k_all, v_all)
-  x = x + proj("o", _attention(q, k, v, mask, config), lp.wo, lp.bo)
+    k_buf, v_buf, lead, start = kv
+    k_buf, k = write_cache(k_buf, k, lead, start)
+    v_buf, v = write_cache(v_buf, v, lead, start)
+    kv = (k_buf, v_buf)
+  x = x + project.o(_attention(q, k, v, mask, config), lp, lora, adapter)
   h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
-  if fused:
-    gate_up = jnp.einsum("btd,df->btf", h, lp.w_gate_up, preferred_element_type=jnp.float32)
-    gate, up = (_plus_delta(part, target, h, lora, adapter)
-                for part, target in zip(jnp.split(gate_up, 2, axis=-1), ("gate", "up")))
-    gate, up = jax.nn.silu(gate.astype(h.dtype)), up.astype(h.dtype)
-  else:
-    gate, up = jax.nn.silu(proj("gate", h, lp.w_gate)), proj("up", h, lp.w_up)
-  x = x + proj("down", gate * up, lp.w_down)
+  gate, up = project.gate_up(h, lp, lora, adapter)
+  x = x + project.down(jax.nn.silu(gate) * up, lp, lora, adapter)
   return x, kv
 
 
-def unstack_layers(tree):
-  """A stacked pytree (layers on axis 0) as a tuple of per-layer pytrees.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class WeightBits:
+  """The embedding and stacked layers' 16-bit float weights viewed as uint16 (`bits_view`): the
+  same buffers as the Params they come from, read where `forward` slices or gathers weights.
 
-  On XLA:CPU every slice of a stacked weight inside a jitted loop is materialised as a copy
-  (measured: 30% of a 100M model's decode step). Unstacking the weights once before the decode
-  loop pays that once per generate call instead of once per token. `forward` accepts a tuple of
-  per-layer LayerParams in place of the stacked params.layers and then loops in Python.
-  """
-  n = jax.tree.leaves(tree)[0].shape[0]
-  return tuple(jax.tree.map(lambda a, i=i: a[i], tree) for i in range(n))
+  XLA:CPU runs slices and gathers of 16-bit floats in float32, and hoists the conversion of an
+  array that does not change in a loop out of it: slicing the stacked bf16 weights in the layer
+  scan of a decode loop made a float32 copy of every weight (twice the bf16 weights; an
+  optimization_barrier does not stop it). Sliced and gathered as integers, the weights reach
+  their matmuls as bf16, which XLA:CPU multiplies (f32 accumulation) without converting them.
+  The view is made outside jit: inside, a bitcast of a weight is materialised as a copy."""
+
+  embed: jax.Array  # [v, d] uint16
+  layers: LayerParams  # uint16 where the weight is a 16-bit float, else the weight itself
 
 
-def decode_layers(layers) -> tuple[FusedLayer, ...]:
-  """Stacked layers as per-layer FusedLayer copies: what the CPU decode loop runs on (one copy
-  per generate call, as `unstack_layers`, also paying for the [in, out] layout and fusion)."""
-  return tuple(fuse_layer(lp) for lp in unstack_layers(layers))
+def bits_view(params: Params) -> WeightBits | None:
+  """`WeightBits` sharing params' host buffers (zero-copy), for 16-bit weights on one CPU
+  device; None elsewhere (accelerators slice 16-bit floats as they are)."""
+  on_one_host_device = lambda a: (isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+                                  and len(a.sharding.device_set) == 1)
+  if not _is_16_bit(params.embed) or jax.default_backend() != "cpu" or not all(
+      on_one_host_device(a) for a in jax.tree.leaves(params)):
+    return None
+  view = lambda a: jax.device_put(np.asarray(a).view(np.uint16)) if _is_16_bit(a) else a
+  return WeightBits(embed=view(params.embed), layers=jax.tree.map(view, params.layers))
 
 
-def _run_layers(x, layers, ctx, kv, start, remat=False):
-  """Scans stacked layers, or loops in Python over a tuple from `unstack_layers`. remat: a
-  cache-free scan recomputes each layer in the backward pass (see `forward`)."""
-  config, adapter = ctx[3], ctx[4]
-  if isinstance(layers, tuple):
-    per_layer = kv is not None and isinstance(kv[0], tuple)  # an `unstack_cache` cache
-    ks, vs = ([], []) if per_layer else (None, None)
-    for i, lp in enumerate(layers):
-      lora = None if adapter is None else adapter.for_layer(i)
-      if per_layer:
-        x, (k_i, v_i) = _layer(x, lp, lora, ctx, (kv[0][i], kv[1][i], None, start))
-        ks.append(k_i)
-        vs.append(v_i)
-        continue
-      x, new_kv = _layer(x, lp, lora, ctx, None if kv is None else (*kv, i, start))
-      kv = None if kv is None else new_kv
-    return x, (tuple(ks), tuple(vs)) if per_layer else kv
+def _is_16_bit(a) -> bool:
+  return a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def _from_bits(tree, like):
+  """A slice or gather of `WeightBits` back to the float dtypes of `like` (the same structure)."""
+  return jax.tree.map(lambda a, ref: a if a.dtype == ref.dtype
+                      else jax.lax.bitcast_convert_type(a, ref.dtype), tree, like)
+
+
+def _run_layers(x, layers: LayerParams, ctx: LayerContext, kv, start, remat=False, bits=None):
+  """`lax.scan` of `layer` over the stacked layers. bits: their `WeightBits.layers`, scanned
+  over instead where given (decoding on CPU). remat: a cache-free scan recomputes each layer in
+  the backward pass (see `forward`)."""
+  config, adapter = ctx.config, ctx.adapter
   lora = None if adapter is None else adapter.stacked_over(config.num_layers)
   if kv is None:
-    body = lambda x, xs: _layer(x, xs[0], xs[1], ctx, None)
+    body = lambda x, xs: layer(x, xs[0], xs[1], ctx, None)
     x, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, x, (layers, lora))
     return x, None
 
   def body(carry, xs):
     x, k_all, v_all = carry
-    lp, lora_layer, layer = xs
-    x, (k_all, v_all) = _layer(x, lp, lora_layer, ctx, (k_all, v_all, layer, start))
+    lp, lora_layer, i = xs
+    if bits is not None:
+      lp = _from_bits(lp, layers)
+    x, (k_all, v_all) = layer(x, lp, lora_layer, ctx, (k_all, v_all, (i,), start))
     return (x, k_all, v_all), None
 
-  xs = (layers, lora, jnp.arange(config.num_layers))
+  xs = (layers if bits is None else bits, lora, jnp.arange(config.num_layers))
   (x, k_all, v_all), _ = jax.lax.scan(body, (x, *kv), xs)
   return x, (k_all, v_all)
+
+
+def _head_logits(x, head):
+  """x [b, t, d] times head [v, d]: [b, t, v] float32. One token per row (decoding, `last_only`)
+  computes head @ x^T and transposes the small result: with the head as the right operand
+  XLA:CPU kept a transposed copy of the whole head for its matmul (0.47 GB for Qwen2.5's
+  151936 x 1536 bf16 head, hoisted out of the decode loop). Longer passes keep the plain
+  product, whose [b, t, v] result would be the larger copy."""
+  if x.shape[1] != 1:
+    return jnp.einsum("btd,vd->btv", x, head, preferred_element_type=jnp.float32)
+  y = jax.lax.dot_general(head, x[:, 0], (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)  # [v, b]
+  return y.T[:, None, :]
 
 
 def default_positions(attention_mask, cache: KVCache | None):
@@ -291,10 +328,14 @@ def default_positions(attention_mask, cache: KVCache | None):
   return base + jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "last_only", "remat"))
+LayerRunner = Callable[..., tuple]  # (x, layers, ctx, kv, start) -> (x, kv)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "last_only", "remat", "run_layers"))
 def forward(params: Params, config: LlmConfig, tokens, positions=None, attention_mask=None,
             cache: KVCache | None = None, *, last_only: bool = False,
-            adapter: Adapter | None = None, segments=None, remat: bool = False):
+            adapter: Adapter | None = None, segments=None, remat: bool = False,
+            run_layers: LayerRunner | None = None, bits: WeightBits | None = None):
   """Runs the decoder.
 
   Args:
@@ -311,6 +352,11 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     remat: without a cache, keep only each layer's input for the backward pass and recompute
       the rest (`jax.checkpoint` per layer): a gradient then holds one layer's attention
       scores at a time instead of every layer's, for one more forward pass.
+    run_layers: what runs `params.layers` over x and the cache; None: `lax.scan` over the stored
+      stacked `LayerParams`. `fused_decode.run_layers` (the CPU decode loop) takes its own
+      per-layer layout in params.layers and a per-layer cache (`fused_decode.decode_layout`).
+    bits: `bits_view(params)`, with a cache: the embedding is gathered and the layers are scanned
+      as their uint16 bits (no float32 copy of the weights on XLA:CPU).
 
   Returns:
     (logits [b, t, v] float32, updated cache or None).
@@ -320,7 +366,10 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
   if positions is None:
     positions = default_positions(mask, cache)
   cos, sin = _rope_tables(positions, config)
-  x = jnp.take(params.embed, tokens, axis=0)
+  if bits is not None and cache is not None:
+    x = _from_bits(jnp.take(bits.embed, tokens, axis=0), params.embed)
+  else:
+    x = jnp.take(params.embed, tokens, axis=0)
   if cache is None:
     slots = jnp.arange(t)
     attn_mask = mask[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
@@ -337,13 +386,17 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     attn_mask = valid[:, None, :] & (q_slots[None, :, None] >= k_slots[None, None, :])
 
   kv = None if cache is None else (cache.k, cache.v)
-  x, kv = _run_layers(x, params.layers, (cos, sin, attn_mask, config, adapter), kv, start,
-                      remat)
+  ctx = LayerContext(cos, sin, attn_mask, config, adapter, STORED)
+  if run_layers is not None:
+    x, kv = run_layers(x, params.layers, ctx, kv, start)
+  else:
+    x, kv = _run_layers(x, params.layers, ctx, kv, start, remat,
+                        None if bits is None or kv is None else bits.layers)
   if last_only:
     x = x[:, -1:]
   x = rms_norm(x, params.final_norm, config.rms_norm_eps)
   head = params.embed if params.lm_head is None else params.lm_head
-  logits = jnp.einsum("btd,vd->btv", x, head, preferred_element_type=jnp.float32)
+  logits = _head_logits(x, head)
   if cache is not None:
     last_real = jnp.max(jnp.where(mask, positions, -1), axis=1)
     cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + t,

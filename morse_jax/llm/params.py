@@ -6,10 +6,8 @@ and its tensor names in Hugging Face and GGUF checkpoints; its shape (`axis_size
 `gguf.load`) and `init_random` are derived from it.
 
 Projection weights are stored [out, in], as torch.nn.Linear and PEFT store them: loading needs no
-transpose, and checkpoints, sharding rules and adapters all speak this layout. The CPU decode loop
-runs on `FusedLayer` copies instead ([in, out], q/k/v and gate/up fused), made once per generate
-call: XLA:CPU reads an [in, out] weight at batch 8 faster than an [out, in] one contracted on its
-last axis, and one fused matmul replaces three (benchmarks/decode_step.py measures the step).
+transpose, and checkpoints, sharding rules and adapters all speak this layout (the CPU decode
+loop's own copies are `llm.fused_decode`'s).
 Dimension letters used across the package: b batch, t query tokens, s key slots, d hidden,
 h query heads, k kv heads, g heads per kv head, x head_dim, f mlp, v vocab, l layers.
 """
@@ -54,32 +52,6 @@ class Params:
   layers: LayerParams
   final_norm: jax.Array
   lm_head: jax.Array | None = None  # None when tied to embed
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class FusedLayer:
-  """One layer's weights as the CPU decode loop reads them (`fuse_layer`); no layer axis."""
-
-  attn_norm: jax.Array  # [d]
-  wqkv: jax.Array  # [d, h*x + 2*k*x]: q, k, v side by side, [in, out]
-  wo: jax.Array  # [h*x, d]
-  mlp_norm: jax.Array  # [d]
-  w_gate_up: jax.Array  # [d, 2*f]: gate, up
-  w_down: jax.Array  # [f, d]
-  bqkv: jax.Array | None = None  # [h*x + 2*k*x]
-  bo: jax.Array | None = None  # [d]
-  q_norm: jax.Array | None = None  # [x]
-  k_norm: jax.Array | None = None  # [x]
-
-
-def fuse_layer(lp: LayerParams) -> FusedLayer:
-  """One (unstacked) layer's [out, in] weights as a FusedLayer (a copy)."""
-  cat = lambda *ws: jnp.concatenate([w.T for w in ws], axis=1)
-  bias = None if lp.bq is None else jnp.concatenate([lp.bq, lp.bk, lp.bv])
-  return FusedLayer(attn_norm=lp.attn_norm, wqkv=cat(lp.wq, lp.wk, lp.wv), wo=lp.wo.T,
-                    mlp_norm=lp.mlp_norm, w_gate_up=cat(lp.w_gate, lp.w_up), w_down=lp.w_down.T,
-                    bqkv=bias, bo=lp.bo, q_norm=lp.q_norm, k_norm=lp.k_norm)
 
 
 INITS = ("normal", "norm")  # scale * N(0, 1); 1 + jitter * N(0, 1) (see init_random)

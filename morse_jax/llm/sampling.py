@@ -18,7 +18,8 @@ import numpy as np
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm import sharding as sharding_lib
-from morse_jax.llm.model import KVCache, decode_layers, forward, init_cache, unstack_cache
+from morse_jax.llm import fused_decode
+from morse_jax.llm.model import KVCache, WeightBits, bits_view, forward, init_cache
 from morse_jax.llm.params import Params
 
 
@@ -130,29 +131,33 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
   return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
-PREFILL_CHUNK = 512  # prompt tokens per prefill pass (see `prefill`)
+PREFILL_CHUNK = 512  # prompt tokens per row per prefill pass (see `prefill`)
+PREFILL_TOKENS = 4096  # prompt tokens of all rows per prefill pass (see `prefill`)
 
 
 def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KVCache,
-            adapter=None, chunk: int = PREFILL_CHUNK):
+            adapter=None, chunk: int = PREFILL_CHUNK, bits: WeightBits | None = None):
   """The prompt's pass into the cache; (last-slot logits [b, 1, v], cache).
 
   A prompt longer than `chunk` runs in chunks of at most `chunk` tokens (a scan over one
   compiled chunk): a chunk's attention scores are [b, h, chunk, cache slots] where one pass
   would hold [b, h, prompt, cache slots] (a 4654-token SciCode prompt at 16 rows: 83 GB). The
-  chunk is the largest power of two <= `chunk` dividing the prompt's (bucketed) length."""
+  chunk is the largest power of two <= `chunk` and <= PREFILL_TOKENS / rows dividing the
+  prompt's (bucketed) length: the MLP's activations and the scores grow with rows x chunk
+  (32 rows x 512 tokens of Qwen2.5-1.5B: 0.8 GB of scores and 0.6 GB per MLP activation)."""
   b, p = tokens.shape
+  chunk = max(1, min(chunk, PREFILL_TOKENS // b))
   c = 1 << (max(1, min(chunk, p)).bit_length() - 1)
   while p % c:
     c //= 2
   if c >= p:
     return forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
-                   last_only=True, adapter=adapter)
+                   last_only=True, adapter=adapter, bits=bits)
   split = lambda a: a.reshape(b, p // c, c).transpose(1, 0, 2)
 
   def body(cache, xs):
     logits, cache = forward(params, config, xs[0], attention_mask=xs[1], cache=cache,
-                            last_only=True, adapter=adapter)
+                            last_only=True, adapter=adapter, bits=bits)
     return cache, logits
 
   cache, logits = jax.lax.scan(body, cache, (split(tokens), split(attention_mask)))
@@ -166,7 +171,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
                     *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
                     pad_id: int = 0, unstack: bool = False, mesh=None,
                     rules: sharding_lib.ShardingRules | None = None, adapter=None, active=None,
-                    prompt_repeats: int = 1, prefill_chunk: int = PREFILL_CHUNK):
+                    prompt_repeats: int = 1, prefill_chunk: int = PREFILL_CHUNK,
+                    bits: WeightBits | None = None):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -174,9 +180,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     keys: [b] PRNG keys, one per row (rows are reproducible whatever the batch around them).
     max_new: [] int32, tokens to generate (<= gen_len); traced, so it does not recompile.
     gen_len: static capacity of the output and of the cache beyond the prompt.
-    unstack: run the decode loop over per-layer FusedLayer copies (`model.decode_layers`); faster
-      on CPU, where sliced weights are copied every step and [in, out] fused weights are read
-      faster, at the cost of one copy of the layers per call.
+    unstack: run the decode loop over `fused_decode`'s per-layer [in, out] fused copies (faster
+      on CPU, at the cost of one copy of the layers per call); False: scan the stored layers.
     adapter: optional per-row adapter (`model.Adapter`; morse_jax.lora.Adapter: each row runs
       with its own mixture of experts).
     mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
@@ -186,6 +191,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     prompt_repeats: r > 1 when rows come in runs of r with the same prompt and route (a group's
       candidates): the prefill runs once per run and its cache and logits are repeated r times.
     prefill_chunk: the prompt is prefilled in chunks of at most this many tokens (`prefill`).
+    bits: `model.bits_view(params)` (CPU, 16-bit weights): the prefill and the scanned decode
+      read the weights through it, so XLA:CPU makes no float32 copy of them.
 
   Returns:
     tokens [b, gen_len], logprobs [b, gen_len], lengths [b].
@@ -200,16 +207,17 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     cache = constrain(cache)
   prefill_adapter = None if adapter is None else adapter.map_rows(firsts)
   logits, cache = prefill(params, config, firsts(tokens), firsts(attention_mask), cache,
-                          prefill_adapter, prefill_chunk)
+                          prefill_adapter, prefill_chunk, bits)
   if r > 1:
     rep = lambda x, axis: jnp.repeat(x, r, axis=axis)
     logits = rep(logits, 0)
     cache = KVCache(k=rep(cache.k, 1), v=rep(cache.v, 1), valid=rep(cache.valid, 0),
                     length=cache.length, next_pos=rep(cache.next_pos, 0))
     cache = constrain(cache)
-  if unstack:
-    params = dataclasses.replace(params, layers=decode_layers(params.layers))
-    cache = unstack_cache(cache)
+  run_layers = None
+  if unstack:  # the decode loop's weight layout, chosen once for every step
+    params, cache = fused_decode.decode_layout(params, cache)
+    run_layers = fused_decode.run_layers
   eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
   out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)
   out_logp = jnp.zeros((b, gen_len), jnp.float32)
@@ -229,12 +237,18 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     out_logp = out_logp.at[:, step].set(logp)
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | jnp.isin(token, eos)
-    logits, cache = forward(params, config, token[:, None], cache=cache, adapter=adapter)
+    logits, cache = forward(params, config, token[:, None], cache=cache, adapter=adapter,
+                            run_layers=run_layers, bits=bits)
     return step + 1, logits, cache, done, out_tokens, out_logp, lengths
 
   state = (jnp.zeros((), jnp.int32), logits, cache, done, out_tokens, out_logp, lengths)
   state = jax.lax.while_loop(cond, body, state)
   return state[4], state[5], state[6]
+
+
+def default_unstack(params: Params) -> bool:
+  """`generate_padded`'s `unstack` unless told: the fused CPU decode layout where it fits."""
+  return jax.default_backend() == "cpu" and fused_decode.fits(params)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, rows: int, pad_id: int):
@@ -283,7 +297,8 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   mesh, rules: a device mesh (and ShardingRules, default ones) to run on: rows are padded to a
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
-  unstack: see `generate_padded`; by default on for the CPU backend only.
+  unstack: see `generate_padded`; by default on for the CPU backend when the layers' copy is
+    small (`fused_decode.fits`: SmolLM2 yes, Qwen2.5-Coder-1.5B no).
   adapter: optional morse_jax.lora Adapter whose routes have one row per prompt.
   prompt_repeats: r when the prompts come in runs of r equal prompts with equal routes (a B x M
     rollout's candidates): each run's prompt is prefilled once (checked; same samples).
@@ -318,9 +333,9 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
       gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
-      unstack=jax.default_backend() == "cpu" if unstack is None else unstack, mesh=mesh,
+      unstack=default_unstack(params) if unstack is None else unstack, mesh=mesh,
       rules=None if mesh is None else rules, adapter=adapter, active=active,
-      prompt_repeats=prompt_repeats)
+      prompt_repeats=prompt_repeats, bits=bits_view(params))
   n = len(prompts)
   out_tokens, out_logp, lengths = sharding_lib.to_host((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],

@@ -1,7 +1,5 @@
 """Mixture kernels against a per-expert loop, inside the model, against peft, and exported."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,23 +95,28 @@ def test_kernels_agree_inside_the_model_prefill_and_decode(llama):
     out, _ = llm.forward(model.params, model.config, tokens,
                          adapter=adapter_for(experts, model, routes, kernel))
     np.testing.assert_allclose(out, dense, atol=1e-4)
-  # Cached decode with experts equals the full pass (scan path, per-layer path, and the CPU
-  # decode loop's fused [in, out] layers).
+  # Cached decode with experts equals the full pass (the scan, and the CPU decode loop's fused
+  # [in, out] layers).
   adapter = adapter_for(experts, model, routes, "gather")
-  for layers in (model.params.layers, llm.unstack_layers(model.params.layers),
-                 llm.decode_layers(model.params.layers)):
-    params = dataclasses.replace(model.params, layers=layers)
-    np.testing.assert_allclose(prefill_then_decode(params, model.config, tokens, 6, adapter),
-                               dense, atol=1e-4)
+  for fused in (False, True):
+    np.testing.assert_allclose(
+        prefill_then_decode(model.params, model.config, tokens, 6, adapter, fused), dense,
+        atol=1e-4)
 
 
-def prefill_then_decode(params, config, tokens, prefix: int, adapter):
-  """Logits of every position: the first `prefix` tokens in one cached pass, then one by one."""
+def prefill_then_decode(params, config, tokens, prefix: int, adapter, fused: bool = False):
+  """Logits of every position: the first `prefix` tokens in one cached pass, then one by one
+  (fused: in `llm.fused_decode`'s layout, as the CPU decode loop)."""
   cache = llm.init_cache(config, tokens.shape[0], tokens.shape[1] + 1)
   first, cache = llm.forward(params, config, tokens[:, :prefix], cache=cache, adapter=adapter)
+  run_layers = None
+  if fused:
+    params, cache = llm.fused_decode.decode_layout(params, cache)
+    run_layers = llm.fused_decode.run_layers
   steps = [first]
   for i in range(prefix, tokens.shape[1]):
-    logits, cache = llm.forward(params, config, tokens[:, i:i + 1], cache=cache, adapter=adapter)
+    logits, cache = llm.forward(params, config, tokens[:, i:i + 1], cache=cache, adapter=adapter,
+                                run_layers=run_layers)
     steps.append(logits)
   return jnp.concatenate(steps, axis=1)
 
@@ -130,11 +133,11 @@ def test_fused_decode_layers_with_every_target_and_biases(hf_folders, kernel):
   sets = ROUTE_SETS if kernel == "dense" else [ROUTE_SETS[0]] * len(ROUTE_SETS)
   adapter = lora.make_adapter(experts, every, model.config, sets, kernel=kernel)
   tokens = jnp.asarray(tiny_models.random_tokens(2, (4, 7)))
-  fused = dataclasses.replace(model.params, layers=llm.decode_layers(model.params.layers))
   want, _ = llm.forward(model.params, model.config, tokens, adapter=adapter)
   assert float(jnp.abs(want - llm.forward(model.params, model.config, tokens)[0]).max()) > 1e-2
-  np.testing.assert_allclose(prefill_then_decode(fused, model.config, tokens, 5, adapter), want,
-                             atol=1e-4)
+  np.testing.assert_allclose(
+      prefill_then_decode(model.params, model.config, tokens, 5, adapter, fused=True), want,
+      atol=1e-4)
 
 
 def test_merged_kernel_and_merged_weights_match(llama, tmp_path):
