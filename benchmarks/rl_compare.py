@@ -21,8 +21,6 @@ from absl import app, flags
 from morse_jax.experiments import plots
 from morse_jax.rl.metrics import read_jsonl
 
-_RUNS = flags.DEFINE_string("runs", None, "name=folder,name=folder,... (demo workdirs).")
-_OUT = flags.DEFINE_string("out", None, "Folder for summary.json, the plot and the copies.")
 _COPIED = ("metrics.jsonl", "demo.json", "eval_test_before.jsonl", "eval_test_after.jsonl")
 _HELD_OUT = ("step_pass", "problem_pass", "step_reward", "seconds")
 
@@ -86,4 +84,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Defined only when run, so that tests importing this beside other benchmarks (which define
+  # --out too) do not collide in absl's one flag registry.
+  _RUNS = flags.DEFINE_string("runs", None, "name=folder,name=folder,... (demo workdirs).")
+  _OUT = flags.DEFINE_string("out", None, "Folder for summary.json, the plot and the copies.")
   app.run(main)

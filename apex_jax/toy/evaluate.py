@@ -110,33 +110,10 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str 
                       "plan": runs[0].conv.messages[2:]}}
 
 
-def reading_prompts(examples, searcher, config, tok, spaced: bool = False,
-                    ) -> list[tuple[list[int], str, str, object]]:
-  """(prompt tokens, "query" | "answer", gold, example) per reply after a tool output of each
-  gold run (executor_rounds, no plan; spaced: its copies after a space): the conversation's
-  tokens teacher-forced up to that reply, which is the next hop's search (gold: its query) or
-  the answer (gold: the answer)."""
-  from apex_jax.toy import corpus as C
-  from apex_jax.toy.encode import encode_rounds
-
-  rows = []
-  for ex in examples:
-    gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
-    if gold is None:
-      continue
-    tokens, _, ends = encode_rounds(C.executor_conversation(ex, gold, None, config), tok)
-    for k in range(1, len(gold)):
-      start = ends[k] - len(tok.encode(gold[k]["text"])) - 1  # the reply and its <|im_end|>
-      last = k == len(gold) - 1
-      rows.append(([int(t) for t in tokens[:start]], "answer" if last else "query",
-                   ex.answers[0] if last else ex.chain[k].query, ex))
-  return rows
-
-
 def reading_metrics(model, world_seed: int, questions: int, topk: int,
                     prompts: str = "compact", spaced: bool = False) -> dict:
-  """The executor reading its gold passages (reading_prompts on a fresh world, WordSearch as the
-  corpus is built), each reply generated greedily. hop_query: the next search's query equals
+  """The executor reading its gold passages (`reading.reading_prompts` on a fresh world,
+  WordSearch as the corpus is built), each reply generated greedily. hop_query: the next search's query equals
   the gold hop's (it names the fact just read); answer_em: the final <answer> is right
   (datasets.metrics EM) over the gold runs, by hop count; answer_em_any: over every question
   (a question whose search misses its gold passage counts as wrong)."""
@@ -145,13 +122,14 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
   from apex_jax.agents import AgentConfig
   from apex_jax.datasets import metrics
   from apex_jax.datasets.world import World
+  from apex_jax.toy import reading
   from apex_jax.toy.search import WordSearch
   from apex_jax.tools import Answer, ToolCall, parse_turn
   from morse_jax import llm
 
   world = World.generate(world_seed, 120, questions)
   examples = world.examples[:questions]
-  rows = reading_prompts(examples, WordSearch(world.passages, topk),
+  rows = reading.reading_prompts(examples, WordSearch(world.passages, topk),
                          AgentConfig(prompts=prompts, topk=topk), model.tokenizer, spaced)
   out = llm.sample(model.params, model.config, [r[0] for r in rows], max_new_tokens=96,
                    rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),

@@ -69,3 +69,25 @@ def drills(examples: Sequence[QAExample], searcher, config: AgentConfig, rng: ra
     else:
       out.append(d)
   return out, missed
+
+
+def reading_prompts(examples, searcher, config, tok, spaced: bool = False,
+                    ) -> list[tuple[list[int], str, str, object]]:
+  """(prompt tokens, "query" | "answer", gold, example) per reply after a tool output of each
+  gold run (executor_rounds, no plan; spaced: its copies after a space): the conversation's
+  tokens teacher-forced up to that reply, which is the next hop's search (gold: its query) or
+  the answer (gold: the answer)."""
+  from apex_jax.toy.encode import encode_rounds
+
+  rows = []
+  for ex in examples:
+    gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
+    if gold is None:
+      continue
+    tokens, _, ends = encode_rounds(C.executor_conversation(ex, gold, None, config), tok)
+    for k in range(1, len(gold)):
+      start = ends[k] - len(tok.encode(gold[k]["text"])) - 1  # the reply and its <|im_end|>
+      last = k == len(gold) - 1
+      rows.append(([int(t) for t in tokens[:start]], "answer" if last else "query",
+                   ex.answers[0] if last else ex.chain[k].query, ex))
+  return rows

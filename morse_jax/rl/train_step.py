@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -25,8 +24,8 @@ from morse_jax.rl.logprobs import entropy as entropy_of
 from morse_jax.rl.logprobs import shared_token_logprobs, token_logprobs
 from morse_jax.rl.losses import AGGREGATIONS, aggregate_parts, policy_loss, router_loss
 
-if TYPE_CHECKING:
-  from morse_jax.rl.update import Update
+# `update` arguments below are `rl.update.Update`s (named, not imported: that module imports this
+# one).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +93,7 @@ def _micro(tree, k: int):
   return jax.tree.map(split, tree)
 
 
-def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, update: "Update"):
+def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, update):
   """Gradient of the policy loss over all rows, accumulated over micro-batches. Each micro-batch
   divides by the whole batch's denominators, so the sum equals the one-pass loss exactly."""
   step_config, config = update.step, update.model
@@ -157,7 +156,7 @@ DONATED = ("experts", "router_params", "opt_states")
 
 def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch,
                router_batch: RouterBatch | None, update_router=True, flat=None, *,
-               update: "Update", num_routes: int):
+               update, num_routes: int):
   """Returns (experts, router_params, opt_states, metrics). Jitted by `jitted` (update and
   num_routes static; `Update.donate` names the donated arguments); `rl.update.Update` calls it.
 

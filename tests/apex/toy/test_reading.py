@@ -62,7 +62,7 @@ def test_reading_prompts_stop_right_before_each_gold_reply(world, toy_tok):
   """The teacher-forced prompt + the gold reply + <|im_end|> is the encoded gold run up to that
   reply's end, for every reply after a tool output (search queries, then the answer)."""
   from apex_jax.toy import encode
-  from apex_jax.toy.evaluate import reading_prompts
+  from apex_jax.toy.reading import reading_prompts
 
   examples = world.examples[:12]
   searcher = WordSearch(world.passages, 2)
