@@ -16,7 +16,13 @@ RUNS = {
         dict(judge_share=0.2, align_share=0.15, distill_batches=3)),
     4: (dict(steps=140, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=3),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8)),
+    # reading: drills of 3 hops and the copies after a space (apex_jax.toy.reading), on 30 new
+    # worlds, three quarters of the planner / distiller / judge conversations left out
+    5: (dict(steps=300, lr=1e-3, warmup=10, buckets=(384, 640, 1024, 1536), seed=5),
+        dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
+             spaced_copies=True)),
 }
+DATA = {5: dict(worlds=30, apex_other_share=0.25)}
 
 
 def get_config(arg=None):
@@ -24,10 +30,11 @@ def get_config(arg=None):
   if run not in RUNS:
     raise ValueError(f"configs/toy/apex.py: run {arg!r} is not one of {sorted(RUNS)}")
   toy_values, corpus_values = RUNS[run]
-  out = "assets/toy_apex" if run == 4 else f"/tmp/toy_apex_{run}"
+  out = "assets/toy_apex" if run == max(RUNS) else f"/tmp/toy_apex_{run}"
   c = common.base(out, hidden=192, vocab_size=2048, batch=16, **toy_values)
   c.init = "" if run == 1 else f"/tmp/toy_apex_{run - 1}"
   c.corpus.update(corpus_values)
   c.data.update(corpus="apex", worlds=8, apex_topk=2, replay=0.0)
+  c.data.update(DATA.get(run, {}))
   c.eval_examples = 128 if run <= 2 else 256  # as the runs were made
   return c
