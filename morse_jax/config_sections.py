@@ -2,6 +2,7 @@
 
   c.train.step = section(StepConfig(), exclude=("estimator", "temperature"))
   step = settings(StepConfig, c.train.step, "train.step", estimator=c.algo)
+  c.stages.planner = section(StageConfig, exclude=("module",), steps=0, batch_size=48, ...)
 
 `section` gives every field of a dataclass its default (a nested dataclass: a nested section; a
 field whose default is None: a placeholder of the field's type, so that a flag can set it), so
