@@ -24,6 +24,8 @@ from apex_jax.datasets import World, read_examples
 from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.training.grpo import ModuleUpdater
+from apex_jax.training.stages import StageConfig
+from apex_jax.training.ttrl import TtrlConfig
 
 SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder", "hotpotqa", "twowiki"), \
     ("word", "ngram", "index"), \
@@ -139,9 +141,74 @@ def build(config, *, model: llm.Model | None = None, generator=None,
                           recompute_logp_old=c.agents.top_p < 1.0)
   os.makedirs(c.workdir, exist_ok=True)
   bank = MemoryBank(c.memory.path or _fresh_bank_path(c.workdir),
-                    embedder or _embedder(c, model), config=MemoryConfig(**dict(c.memory.bank)))
+                    embedder or _embedder(c, model), config=bank_config(c))
   return Experiment(c, model, train, test, _searcher(c, passages), bank,
-                    AgentConfig(**dict(c.agents)), generator, updater, experts)
+                    agents_config(c), generator, updater, experts)
+
+
+def agents_section(**values):
+  """config.agents: every AgentConfig field, `values` over the defaults (the authors')."""
+  return section(AgentConfig(**values))
+
+
+def agents_config(c) -> AgentConfig:
+  return settings(AgentConfig, c.agents, "agents")
+
+
+def bank_section(**values):
+  """config.memory.bank: every MemoryConfig field, `values` over the defaults (the reference
+  code's retrieval, dedup, skill and evolution constants)."""
+  return section(MemoryConfig(**values))
+
+
+def bank_config(c) -> MemoryConfig:
+  return settings(MemoryConfig, c.memory.bank, "memory.bank")
+
+
+# A phase's keys (config.stages.<module>, config.ttrl) that are no field of its dataclass:
+# epochs (passes over the phase's inputs: its steps when steps is 0, `phase_steps`) and agents
+# (AgentConfig fields the phase sets over config.agents, `agents_for`).
+PHASE_KEYS = ("epochs", "agents")
+# config.ttrl's keys that are not TtrlConfig fields: stored workflows summarised, and the
+# checkpoint cadence (steps; each with the memory bank's snapshot).
+TTRL_KEYS = ("summarize", "checkpoint_every")
+
+
+def _with_phase_keys(out, epochs, agents):
+  if epochs is not None:
+    out.epochs = epochs
+  if agents is not None:
+    out.agents = dict(agents)
+  return out
+
+
+def stage_section(*, epochs: int | None = None, agents: dict | None = None, **values):
+  """config.stages.<module>: every StageConfig field but the module (its key), `values` over
+  the defaults, and the phase keys given (PHASE_KEYS)."""
+  return _with_phase_keys(section(StageConfig, exclude=("module",), **values), epochs, agents)
+
+
+def stage_config(s, module: str, n: int) -> StageConfig:
+  """config.stages.<module> as the stage's StageConfig over n inputs."""
+  values = {k: v for k, v in s.items() if k not in PHASE_KEYS}
+  values["steps"] = phase_steps(s, n)
+  return settings(StageConfig, values, f"stages.{module}", module=module)
+
+
+def ttrl_section(*, summarize: bool, checkpoint_every: int = 1, epochs: int | None = None,
+                 agents: dict | None = None, **values):
+  """config.ttrl: every TtrlConfig field, `values` over the defaults, with TTRL_KEYS and the
+  phase keys given."""
+  out = section(TtrlConfig, **values)
+  out.summarize, out.checkpoint_every = summarize, checkpoint_every
+  return _with_phase_keys(out, epochs, agents)
+
+
+def ttrl_config(t, n: int) -> TtrlConfig:
+  """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
+  values = {k: v for k, v in t.items() if k not in PHASE_KEYS + TTRL_KEYS}
+  values["steps"] = phase_steps(t, n)
+  return settings(TtrlConfig, values, "ttrl")
 
 
 def lora_section(**values):
@@ -202,12 +269,14 @@ def check_paths(c, *, model_given: bool = False) -> None:
     raise ValueError(f"config.judges.path {judge!r} does not exist")
 
 
-def agents_for(exp: "Experiment", phase) -> AgentConfig:
-  """The agents' settings inside one stage or TTRL: the experiment's, with the phase's
-  `agents` overrides (configs/apex/paper.py: the paper's tool-output and context lengths per
-  module); none given: the experiment's own."""
+def agents_for(exp: "Experiment", phase, where: str = "phase") -> AgentConfig:
+  """The agents' settings inside one stage or TTRL (at config.<where>): the experiment's, with
+  the phase's `agents` overrides (configs/apex/paper.py: the paper's tool-output and context
+  lengths per module); none given: the experiment's own."""
   overrides = phase.get("agents")
-  return dataclasses.replace(exp.agents, **dict(overrides)) if overrides else exp.agents
+  if not overrides:
+    return exp.agents
+  return settings(AgentConfig, {**section(exp.agents), **dict(overrides)}, f"{where}.agents")
 
 
 def phase_steps(phase, n: int) -> int:

@@ -48,14 +48,15 @@ from apex_jax.agents import Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
 from apex_jax.agents.generator import with_experts
 from apex_jax.datasets import evaluate as score_predictions
-from apex_jax.experiment import JUDGES, Experiment, agents_for, build, choice, phase_steps
+from apex_jax.experiment import (JUDGES, Experiment, agents_for, build, choice, stage_config,
+                                  ttrl_config)
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank
 from apex_jax.memory.consolidation import Judged, consolidate, count_evolutions
 from apex_jax.training import judging, rollouts
 from apex_jax.training.accuracy import AccuracyItem
 from apex_jax.training.grpo import FrozenUpdater
-from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, run_stages
-from apex_jax.training.ttrl import JudgeBackends, Query, TtrlConfig, run_ttrl
+from apex_jax.training.stages import STAGE_ORDER, Stage, run_stages
+from apex_jax.training.ttrl import JudgeBackends, Query, run_ttrl
 
 
 def _batches(items, size: int):
@@ -315,7 +316,7 @@ def stages(exp: Experiment) -> list[Stage]:
     s = exp.config.stages[module]
     if s.steps == 0 and not s.get("epochs"):
       continue
-    agents = agents_for(exp, s)
+    agents = agents_for(exp, s, f"stages.{module}")
     if module == "executor":
       data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, agents,
                                                      accuracy=judging.reward_accuracy(exp))
@@ -329,9 +330,7 @@ def stages(exp: Experiment) -> list[Stage]:
       if not data:
         raise ValueError("the distiller stage has no bucket with memories: run memory_build "
                          "first (config.memory_build.questions > 0)")
-    cfg = StageConfig(module, phase_steps(s, len(data)), s.batch_size, s.group_size,
-                      s.learning_rate, s.temperature, s.max_new_tokens)
-    out.append(Stage(cfg, data, fn))
+    out.append(Stage(stage_config(s, module, len(data)), data, fn))
   return out
 
 
@@ -340,12 +339,6 @@ def judges(exp: Experiment) -> JudgeBackends:
   itself in process (bare, as the authors serve a separate judge model), or an HTTP server."""
   choice(exp.config.judges.kind, "judges.kind", JUDGES)
   return judging.judge_panel(judging.judge_chat(exp), exp.config.judges.max_tokens)
-
-
-def ttrl_config(t, n: int) -> TtrlConfig:
-  """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
-  return TtrlConfig(phase_steps(t, n), t.batch_size, t.group_size, t.learning_rate,
-                    t.temperature, t.max_new_tokens, store=t.get("store", "all"))
 
 
 def judge_failures(panel: JudgeBackends, ttrl) -> dict:
@@ -368,7 +361,8 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
     updater = FrozenUpdater(**{f.name: getattr(updater, f.name)
                                for f in dataclasses.fields(updater)})
   return run_ttrl(updater, experts, queries, bank, exp.generator,
-                  rollouts.TtrlEpisodes(exp.searcher, bank, agents_for(exp, t), t.summarize),
+                  rollouts.TtrlEpisodes(exp.searcher, bank, agents_for(exp, t, "ttrl"),
+                                        t.summarize),
                   panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
                   config=ttrl_config(t, len(queries)), rng=rng, logdir=logdir,
                   checkpoint_dir=checkpoint_dir, checkpoint_every=t.get("checkpoint_every", 1),

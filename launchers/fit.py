@@ -80,13 +80,12 @@ def _morse(config):
   lora, router = experiment.lora_config(config), experiment.router_config(config)
   step = experiment.step_config(config)
   data, model_axis = _mesh_shape((config.mesh.data, config.mesh.model))
-  c = config.train
-  routes, group = ((c.routes_per_node, c.group_size) if router is not None
-                   else (1, c.routes_per_node * c.group_size))
+  rollout = experiment.rollout_config(config, router is not None)
   shapes = aot.RunShapes(
-      nodes=_NODES.value or c.tasks_per_step, routes_per_node=routes, group_size=group,
-      prompt_tokens=_PROMPT.value, max_new_tokens=c.max_new_tokens,
-      micro_batches=step.micro_batches, share_prompts=c.get("share_prompts", True),
+      nodes=_NODES.value or config.train.tasks_per_step,
+      routes_per_node=rollout.routes_per_node, group_size=rollout.group_size,
+      prompt_tokens=_PROMPT.value, max_new_tokens=rollout.max_new_tokens,
+      micro_batches=step.micro_batches, share_prompts=rollout.share_prompts,
       route_width=1 + (config.router.top_k if router is not None else 0),
       embed_dim=model.hidden_size, data=data)
   return name, model, lora, router, step, shapes, (data, model_axis)

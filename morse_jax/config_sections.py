@@ -2,6 +2,7 @@
 
   c.train.step = section(StepConfig(), exclude=("estimator", "temperature"))
   step = settings(StepConfig, c.train.step, "train.step", estimator=c.algo)
+  c.stages.planner = section(StageConfig, exclude=("module",), steps=0, batch_size=48, ...)
 
 `section` gives every field of a dataclass its default (a nested dataclass: a nested section; a
 field whose default is None: a placeholder of the field's type, so that a flag can set it), so
@@ -51,14 +52,33 @@ def _fields(cls) -> dict[str, dataclasses.Field]:
   return {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
-def section(instance, *, exclude: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
-  """A ConfigDict of `instance`'s fields (less `exclude`: set from elsewhere) and values."""
-  kinds = _field_types(type(instance))
+def section(instance, *, exclude: tuple[str, ...] = (), **values) -> ml_collections.ConfigDict:
+  """A ConfigDict of `instance`'s fields (less `exclude`: set from elsewhere) and values.
+  `instance` may be the dataclass itself: then `values` over its defaults, not checked until
+  `settings` builds it (so a value the translation replaces, such as steps 0 where epochs give
+  the steps, may stand)."""
+  cls = instance if isinstance(instance, type) else type(instance)
+  fields, kinds = _fields(cls), _field_types(cls)
+  if instance is not cls:
+    check(not values, cls.__name__, values, "values go with the dataclass, not an instance")
+  for name, value in values.items():
+    check(name in fields, f"{cls.__name__}.{name}", value,
+          f"{cls.__name__} has no such field (fields: {', '.join(fields)})")
   out = ml_collections.ConfigDict()
-  for name in _fields(type(instance)):
+  for name, field in fields.items():
     if name in exclude:
       continue
-    value = getattr(instance, name)
+    if instance is not cls:
+      value = getattr(instance, name)
+    elif name in values:
+      value = values[name]
+    elif field.default is not dataclasses.MISSING:
+      value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+      value = field.default_factory()
+    else:
+      raise ConfigError(f"config section of {cls.__name__}: field {name!r} has no default; "
+                        "give it a value")
     if dataclasses.is_dataclass(value):
       out[name] = section(value)
     elif value is None:

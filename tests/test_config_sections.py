@@ -1,5 +1,7 @@
-"""Every field of the update's, the adapters' and the router's dataclasses can be set from the
-command line (`--config.train.step.epsilon=0.28`), and bad values are named."""
+"""Every field of every settings dataclass of both systems' configs (MoRSE: the update, the
+adapters, the router, the rollout and its sampling; APEx: also the agents, the memory bank, the
+three stages and TTRL) can be set from the command line (`--config.train.step.epsilon=0.28`),
+and bad values are named."""
 
 import dataclasses
 
@@ -15,17 +17,25 @@ from morse_jax.config_sections import ConfigError, section, settings
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.router import RouterConfig
 from morse_jax.experiments import experiment
+from morse_jax.llm.sampling import SamplingConfig
 from morse_jax.rl.train_step import StepConfig
+from morse_jax.rl.trainer import RolloutConfig
+from apex_jax.agents import AgentConfig
+from apex_jax.memory import MemoryConfig
+from apex_jax.training.stages import STAGE_ORDER, StageConfig
+from apex_jax.training.ttrl import TtrlConfig
 
-# A valid value other than the default, for fields whose type alone does not give one.
-CHOICES = {"aggregation": "seq-mean-token-mean", "log_prob": "sum_log_p",
-           "merge_experts": "random_subset", "targets": ("q", "k"), "layers": (-1,),
-           "estimator": "grpo"}
+# Valid values for fields whose type alone does not give one: the first that is not the default.
+CHOICES = {"aggregation": ("seq-mean-token-mean",), "log_prob": ("sum_log_p",),
+           "merge_experts": ("random_subset",), "targets": (("q", "k"),), "layers": ((-1,),),
+           "estimator": ("grpo",), "kernel": ("dense", "grouped"),
+           "train_kernel": ("grouped", "dense"), "prompts": ("authors", "compact"),
+           "on_format_error": ("feedback", "end"), "store": ("best", "all")}
 
 
 def other_value(name, default, kind):
   if name in CHOICES:
-    return CHOICES[name]
+    return next(v for v in CHOICES[name] if v != default)
   if isinstance(default, bool):
     return not default
   if isinstance(default, int):
@@ -46,22 +56,29 @@ def parse(config, *overrides):
   return values.config
 
 
-def walk(cls, make_config, where, build, elsewhere):
+def walk(cls, make_config, where, build, elsewhere=(), others=()):
   """Sets each field of `cls` in config.<where> from the command line, one at a time, and
-  checks that `build(config)` carries it. `elsewhere`: the fields the section leaves out."""
+  checks that `build(config)` carries it. `elsewhere`: the fields the section leaves out;
+  `others`: the section's keys that are no field; a nested dataclass field is walked on its own.
+  Returns the fields walked."""
   defaults = build(make_config())
-  section_fields = _at(make_config(), where)
+  section_fields = _at(make_config(), where) - set(others)
   names = [f.name for f in dataclasses.fields(cls)]
-  assert sorted(section_fields - {"embedder"}) == sorted(set(names) - set(elsewhere))
+  assert sorted(section_fields) == sorted(set(names) - set(elsewhere))
   kinds = {f.name: f.type for f in dataclasses.fields(cls)}
-  for name in sorted(section_fields - {"embedder"}):
+  walked = []
+  for name in sorted(section_fields):
     default = getattr(defaults, name)
+    if dataclasses.is_dataclass(default):
+      continue
     kind = int if "int" in str(kinds[name]) else float
     value = other_value(name, default, kind)
     text = str(value) if not isinstance(value, str) else value
     got = build(parse(make_config(), f"--config.{where}.{name}={text}"))
     assert getattr(got, name) == value, (where, name, getattr(got, name), value)
     assert got == dataclasses.replace(defaults, **{name: value}), (where, name)
+    walked.append(name)
+  return walked
 
 
 def _at(config, dotted):
@@ -74,19 +91,88 @@ def morse_config():
   return common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "synthetic")
 
 
+def morse_rollout(c):
+  return experiment.rollout_config(c, routed=True)
+
+
 def test_every_morse_setting_is_reachable_from_the_command_line():
   walk(StepConfig, morse_config, "train.step", experiment.step_config,
        elsewhere=("estimator", "temperature"))  # config.algo; the rollout's temperature
   walk(LoraConfig, morse_config, "lora", experiment.lora_config, elsewhere=("roles",))
-  walk(RouterConfig, morse_config, "router", experiment.router_config, elsewhere=())
+  walk(RouterConfig, morse_config, "router", experiment.router_config, others=("embedder",))
+  walked = walk(RolloutConfig, morse_config, "train", morse_rollout,
+                others=experiment.TRAIN_LOOP_KEYS)
+  assert "kernel" in walked and "train_kernel" in walked
+  assert walk(SamplingConfig, morse_config, "train.sampling",
+              lambda c: morse_rollout(c).sampling) == ["temperature", "top_k", "top_p"]
 
 
-def test_every_apex_step_and_lora_setting_is_reachable_from_the_command_line():
+def test_without_a_router_the_one_route_gets_every_sample():
+  c = morse_config()
+  c.train.update(routes_per_node=3, group_size=2)
+  fixed = experiment.rollout_config(c, routed=False)
+  assert (fixed.routes_per_node, fixed.group_size) == (1, 6)
+  assert fixed == dataclasses.replace(morse_rollout(c), routes_per_node=1, group_size=6)
+
+
+def test_every_apex_setting_is_reachable_from_the_command_line():
   walk(StepConfig, apex_demo.get_config, "train.step",
        lambda c: apex_experiment.step_config(c.train),
        elsewhere=apex_experiment.STEP_SET_ELSEWHERE)
   walk(LoraConfig, apex_demo.get_config, "lora", apex_experiment.lora_config,
        elsewhere=("roles", "num_subtask_experts"))
+  assert "max_queries" in walk(AgentConfig, apex_demo.get_config, "agents",
+                               apex_experiment.agents_config)
+  assert "dedup_gate" in walk(MemoryConfig, apex_demo.get_config, "memory.bank",
+                              apex_experiment.bank_config)
+  for module in STAGE_ORDER:
+    walk(StageConfig, apex_demo.get_config, f"stages.{module}",
+         lambda c: apex_experiment.stage_config(c.stages[module], module, 10),
+         elsewhere=("module",))
+  walk(TtrlConfig, apex_demo.get_config, "ttrl",
+       lambda c: apex_experiment.ttrl_config(c.ttrl, 10), others=apex_experiment.TTRL_KEYS)
+
+
+def _with(config, where, key, value):
+  """config with config.<where>.<key> = value, bypassing ConfigDict's own type check (as a
+  config file that builds its sections from plain dicts would)."""
+  *parents, last = where.split(".")
+  holder = config
+  for part in parents:
+    holder = holder[part]
+  holder[last] = ml_collections.ConfigDict({**holder[last], key: value})
+  return config
+
+
+BUILDS = [  # (config, section, build, a field and a value of the wrong type for it)
+    (morse_config, "train.step", experiment.step_config, "epochs", "two"),
+    (morse_config, "lora", experiment.lora_config, "rank", 2.5),
+    (morse_config, "train.sampling", morse_rollout, "top_k", "all"),
+    (apex_demo.get_config, "lora", apex_experiment.lora_config, "alpha", "high"),
+    (apex_demo.get_config, "train.step", lambda c: apex_experiment.step_config(c.train),
+     "epochs", 1.5),
+    (apex_demo.get_config, "agents", apex_experiment.agents_config, "max_turns", "five"),
+    (apex_demo.get_config, "memory.bank", apex_experiment.bank_config, "k", 2.0),
+    (apex_demo.get_config, "stages.planner",
+     lambda c: apex_experiment.stage_config(c.stages.planner, "planner", 10), "group_size", "4"),
+    (apex_demo.get_config, "ttrl", lambda c: apex_experiment.ttrl_config(c.ttrl, 10),
+     "hard_gate", 1),
+]
+
+
+@pytest.mark.parametrize("make_config,where,build,field,wrong", BUILDS)
+def test_an_unknown_key_and_a_wrong_type_are_named(make_config, where, build, field, wrong):
+  with pytest.raises(ConfigError, match=rf"config\.{where}\.clip_eps=0\.28: \w+ has no such"):
+    build(_with(make_config(), where, "clip_eps", 0.28))
+  with pytest.raises(ConfigError, match=rf"config\.{where}\.{field}={wrong!r}: expected"):
+    build(_with(make_config(), where, field, wrong))
+
+
+def test_a_stray_training_key_is_named():
+  c = morse_config()
+  c.train.temperature = 0.7  # the sampling temperature is config.train.sampling.temperature
+  with pytest.raises(ConfigError, match=r"config.train.temperature=0.7: neither a RolloutConfig"):
+    experiment.rollout_config(c, routed=True)
 
 
 def test_a_section_round_trips_and_bad_values_are_named():

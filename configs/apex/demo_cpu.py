@@ -15,14 +15,15 @@ import os
 
 import ml_collections
 
-from apex_jax.experiment import lora_section, step_section
+from apex_jax.experiment import (agents_section, bank_section, lora_section, stage_section,
+                                  step_section, ttrl_section)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _stage(steps, lr, max_new_tokens, batch_size=4, group_size=4):
-  return dict(steps=steps, batch_size=batch_size, group_size=group_size, learning_rate=lr,
-              temperature=1.0, max_new_tokens=max_new_tokens)
+  return stage_section(steps=steps, batch_size=batch_size, group_size=group_size,
+                       learning_rate=lr, temperature=1.0, max_new_tokens=max_new_tokens)
 
 
 def get_config(arg=None):
@@ -41,8 +42,8 @@ def get_config(arg=None):
   # building, TTRL's evolution); sampled at 1, the toy's replies lose a field or the JSON
   c.memory = dict(embedder="backbone_mean", embedder_path="", path="",  # "": a new one in workdir
                   evolve_temperature=0.0,
-                  bank=dict(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
-                            evolve_window=8))
+                  bank=bank_section(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
+                                    evolve_window=8))
   c.lora = lora_section(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0)
   # checkpoint_every: the stages save every n updates (0: at each stage's end), TTRL every n
   # steps with a snapshot of the memory bank; a killed run resumes (experiment.run)
@@ -51,17 +52,19 @@ def get_config(arg=None):
   # paper's (seq-mean-token-mean, 0: no clip, 0.0)
   c.train = dict(checkpoint_every=1, step=step_section(aggregation="token-mean",
                                                       advantage_clip=5.0, min_reward_std=5e-4))
-  c.agents = dict(max_turns=5, max_llm_calls=10, max_tool_tokens=512, max_context_tokens=2048,
-                  topk=2, planner_max_new_tokens=96, executor_max_new_tokens=80,
-                  distiller_max_new_tokens=400, temperature=1.0, top_p=1.0,
-                  prompts="compact", replan_memories=False)
+  c.agents = agents_section(max_turns=5, max_llm_calls=10, max_tool_tokens=512,
+                            max_context_tokens=2048, topk=2, planner_max_new_tokens=96,
+                            executor_max_new_tokens=80, distiller_max_new_tokens=400,
+                            temperature=1.0, top_p=1.0, prompts="compact",
+                            replan_memories=False)
   c.memory_build = dict(questions=12, batch_size=6, force_evolve=True)
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),
                   planner=_stage(3, 1e-3, 96))
   # store: "all" judged episodes become memories (ours) or "best", each query's best one (our
   # reading of the paper's "selected" episodes; apex_jax.training.ttrl.TtrlConfig)
-  c.ttrl = dict(steps=2, batch_size=4, group_size=4, learning_rate=1e-4, temperature=1.0,
-                max_new_tokens=96, summarize=True, checkpoint_every=1, store="all")
+  c.ttrl = ttrl_section(steps=2, batch_size=4, group_size=4, learning_rate=1e-4,
+                        temperature=1.0, max_new_tokens=96, summarize=True, checkpoint_every=1,
+                        store="all")
   # accuracy / skill_quality / skill_terms "judge" (the paper's: an LLM judge on this backend) or "rule": the
   # toy was taught the TTRL judges' replies but not the correctness or skill grades, so the
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)

@@ -29,7 +29,8 @@ Not the paper's (ours): lora, memory_build.questions, eval, seed, workdir.
 
 import ml_collections
 
-from apex_jax.experiment import lora_section, step_section
+from apex_jax.experiment import (agents_section, bank_section, lora_section, stage_section,
+                                  step_section, ttrl_section)
 
 KEYS = ("model", "judge", "embedder", "data", "index")
 TEST_SPLITS = {"hotpotqa": "dev_distractor", "twowiki": "dev"}  # the labelled held-out files
@@ -78,7 +79,7 @@ def get_config(arg=None):
   c.search = dict(kind="index", index=paths["index"], topk=3)
   # retrieval / dedup / evolution constants: MemoryConfig's defaults are the reference code's
   c.memory = dict(embedder="sentence", embedder_path=paths["embedder"], path="",
-                  evolve_temperature=None, bank=dict())
+                  evolve_temperature=None, bank=bank_section())
   c.lora = lora_section(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0)  # ours
   # kl 0 in every script (algorithm.kl_ctrl.kl_coef=0.0, use_kl_loss=False); the paper's loss
   # (Eq. 5: per-sequence token mean, then 1/G) and advantages (no clip, no near-flat cut; the
@@ -89,30 +90,31 @@ def get_config(arg=None):
                                    min_reward_std=0.0))
   # multi_turn.max_assistant_turns 10; MAX_LLM_CALL_PER_RUN 20 (the agent servers); the
   # executor stage's tool outputs 4096 tokens; prompts verbatim; replans see k_replan memories
-  c.agents = dict(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,
-                  max_context_tokens=16384 + 16384, topk=3, planner_max_new_tokens=8192,
-                  executor_max_new_tokens=16384, distiller_max_new_tokens=2048,
-                  temperature=1.0, top_p=1.0, prompts="authors", replan_memories=True)
+  c.agents = agents_section(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,
+                            max_context_tokens=16384 + 16384, topk=3,
+                            planner_max_new_tokens=8192, executor_max_new_tokens=16384,
+                            distiller_max_new_tokens=2048, temperature=1.0, top_p=1.0,
+                            prompts="authors", replan_memories=True)
   c.memory_build = dict(questions=512, batch_size=64, force_evolve=False)  # ours
   c.stages = dict(
       # train_batch_size 128, rollout.n 8, lr 1e-6, prompt 16384, response 16384, tool
       # responses 4096, 8 epochs
-      executor=_stage(128, 8, 1e-6, 16384, 16384, 8, max_tool_tokens=4096),
+      executor=stage_section(**_stage(128, 8, 1e-6, 16384, 16384, 8, max_tool_tokens=4096)),
       # train_batch_size 64, rollout.n 8, lr 1e-6, prompt 4096, response 2048 (one turn),
       # 8 epochs
-      distiller=_stage(64, 8, 1e-6, 4096, 2048, 8),
+      distiller=stage_section(**_stage(64, 8, 1e-6, 4096, 2048, 8)),
       # train_batch_size 48, lr 1e-6, prompt 24576, response 8192, tool responses 8192,
       # 5 epochs; group size 4, the paper's Table 6 (the script's rollout.n is 8:
       # --config.stages.planner.group_size=8 runs the script's)
-      planner=_stage(48, 4, 1e-6, 24576, 8192, 5, max_tool_tokens=8192))
+      planner=stage_section(**_stage(48, 4, 1e-6, 24576, 8192, 5, max_tool_tokens=8192)))
   # TTRL: train_batch_size 8 x rollout.n 4 at lr 2e-7, prompt 24576, response 8192, tool
   # responses 8192, one epoch over the test queries; SKILL_LAMBDA 0.1 (TtrlConfig.base_lambda);
   # stored workflows are summarised (Memory-Serve get_trace_prompt)
   ttrl = _stage(8, 4, 2e-7, 24576, 8192, 1, max_tool_tokens=8192)
   # store "best": each query's best episode becomes a memory (our reading of the paper's
   # "selected" episodes; the authors' server stores what is posted; "all": every judged one)
-  c.ttrl = dict(ttrl, summarize=True, checkpoint_every=1,  # with the memory bank's snapshot
-                store="best")
+  c.ttrl = ttrl_section(**ttrl, summarize=True, checkpoint_every=1,  # with the bank's snapshot
+                        store="best")
   # the judges: Qwen3-32B (the authors' vLLM server, served name "qwen"); replies up to 1000
   # tokens (the authors' call_llm; NoGtConfig), panel weights 0.5 / 0.3 / 0.2 (NoGtConfig)
   c.judges = dict(kind="http" if judge_url else "inprocess",

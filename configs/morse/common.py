@@ -26,9 +26,11 @@ from __future__ import annotations
 import ml_collections
 
 from morse_jax.config_sections import section
+from morse_jax.llm.sampling import SamplingConfig
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.router import RouterConfig
 from morse_jax.rl.train_step import StepConfig
+from morse_jax.rl.trainer import RolloutConfig
 
 VARIANTS = {
     "single": dict(system="single", mixture="none", algo="grpo", steps=0),
@@ -98,12 +100,16 @@ def base() -> ml_collections.ConfigDict:
                                   merge_experts="union", max_resample=8, proto_l2=1e-4,
                                   orthogonality=0.05, diversity=0.02))
   c.router.embedder = "backbone_mean"
-  c.train = ml_collections.ConfigDict(dict(
-      steps=200, tasks_per_step=4, routes_per_node=4, group_size=4, max_new_tokens=1024,
-      temperature=1.0, checkpoint_every=20, keep=3,
-      # The update runs each route's prompt once, not once per candidate (same numbers, about
-      # M times fewer prompt tokens); with micro_batches > 1 it runs rows as they are.
-      share_prompts=True,
+  # The rollout: every RolloutConfig field, at the top of config.train (B routes_per_node, M
+  # group_size, max_new_tokens, sampling.temperature / top_p / top_k, the mixture kernels while
+  # sampling and in the update); share_prompts: the update runs each route's prompt once, not
+  # once per candidate (same numbers, about M times fewer prompt tokens; with micro_batches > 1
+  # it runs rows as they are). Without a router the one route gets all B x M samples.
+  c.train = section(RolloutConfig(routes_per_node=4, group_size=4, max_new_tokens=1024,
+                                  sampling=SamplingConfig(temperature=1.0), share_prompts=True))
+  # The training loop's own settings (experiment.TRAIN_LOOP_KEYS).
+  c.train.update(dict(
+      steps=200, tasks_per_step=4, checkpoint_every=20, keep=3,
       # True: no rollout for a node whose parent was blocked; only where such a node cannot
       # pass (the synthetic family's program calls its parents' functions).
       skip_blocked=False,

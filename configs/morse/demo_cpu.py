@@ -34,8 +34,7 @@ def get_config(arg=None):
   # minutes compiling; later ones find XLA's compiles cached); faster machines stop at 120.
   c.train.step.update(expert_lr=2e-3, router_lr=1e-3, epochs=2)
   c.train.update(steps=120, tasks_per_step=2, routes_per_node=2, group_size=4,
-                 max_new_tokens=160, temperature=1.0,
-                 checkpoint_every=10, max_minutes=10.0, skip_blocked=True,
+                 max_new_tokens=160, checkpoint_every=10, max_minutes=10.0, skip_blocked=True,
                  # Merge calls greedy, as when the README's demo numbers were measured: trained
                  # merges sample B x M merges per merge node and lose the shared prefill.
                  train_merges=False)

@@ -29,7 +29,8 @@ def get_config(arg=None):
                 test_problems=16)
   # Few updates on a shared CPU: expert and router learning rates 5x and 10x the paper's.
   c.train.update(steps=10, max_minutes=0.0, tasks_per_step=3, routes_per_node=2, group_size=2,
-                 max_new_tokens=128, checkpoint_every=5, keep=2, temperature=1.0)
+                 max_new_tokens=128, checkpoint_every=5, keep=2)
+  c.train.sampling.temperature = 1.0
   c.train.step.update(expert_lr=4e-4, router_lr=3e-4)
   c.eval.update(max_new_tokens=128, tasks_per_batch=16)
   return c

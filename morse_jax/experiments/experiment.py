@@ -78,6 +78,7 @@ def check(config: ml_collections.ConfigDict) -> None:
                       "(--config.model.path=/ckpt/Qwen3-4B-Instruct-2507)")
   if config.mixture == "none" and config.train.steps:
     raise ConfigError("config.mixture='none' has nothing to train; set config.train.steps=0")
+  rollout_config(config, routed=True)  # a bad rollout setting is named before the model loads
   for field in ("data", "model"):
     if config.mesh[field] < 1:
       raise ConfigError(f"config.mesh.{field}={config.mesh[field]!r} must be >= 1")
@@ -163,6 +164,31 @@ def step_config(config) -> ts.StepConfig:
   return settings(ts.StepConfig, config.train.step, "train.step", estimator=config.algo)
 
 
+# config.train's keys that are the training loop's (pipeline.train), not RolloutConfig fields.
+TRAIN_LOOP_KEYS = ("steps", "tasks_per_step", "checkpoint_every", "keep", "skip_blocked",
+                   "train_merges", "max_minutes", "continue_other_run", "step")
+_ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(trainer_lib.RolloutConfig))
+
+
+def rollout_config(config, routed: bool) -> trainer_lib.RolloutConfig:
+  """The RolloutConfig fields at the top of config.train (a key that is neither one nor the
+  loop's is refused, naming it). Without a router (`routed` False) there is one route; it gets
+  all B x M samples, so that the fixed mixture is compared at the same number of candidates
+  per node."""
+  c = config.train
+  for key in c:
+    if key not in _ROLLOUT_FIELDS and key not in TRAIN_LOOP_KEYS:
+      raise ConfigError(f"config.train.{key}={c[key]!r}: neither a RolloutConfig field "
+                        f"({', '.join(_ROLLOUT_FIELDS)}) nor a training-loop setting "
+                        f"({', '.join(TRAIN_LOOP_KEYS)})")
+  rollout = settings(trainer_lib.RolloutConfig, {k: c[k] for k in _ROLLOUT_FIELDS if k in c},
+                     "train")
+  if routed:
+    return rollout
+  return dataclasses.replace(rollout, routes_per_node=1,
+                             group_size=rollout.routes_per_node * rollout.group_size)
+
+
 @dataclasses.dataclass
 class Experiment:
   config: Any
@@ -192,18 +218,9 @@ class Experiment:
                                 max_new_tokens=self.config.planner_max_new_tokens)
 
   def trainer(self) -> trainer_lib.Trainer:
-    c = self.config.train
-    # Without a router there is one route; it gets all B x M samples, so that the fixed
-    # mixture is compared at the same number of candidates per node.
-    routes, group = ((c.routes_per_node, c.group_size) if self.agents.router
-                     else (1, c.routes_per_node * c.group_size))
     return trainer_lib.Trainer(
         self.model.params, self.model.config, self.agents.lora, self.agents.router,
-        step_config(self.config),
-        trainer_lib.RolloutConfig(routes_per_node=routes, group_size=group,
-                                  max_new_tokens=c.max_new_tokens,
-                                  sampling=llm.SamplingConfig(temperature=c.temperature),
-                                  share_prompts=c.get("share_prompts", True)),
+        step_config(self.config), rollout_config(self.config, self.agents.router is not None),
         embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0,
         mesh=self.mesh, eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id)
 
