@@ -12,11 +12,13 @@ and no name word is used twice, so an answer string names one entity only.
 
   world = World.generate(seed=0, num_entities=120, num_questions=400)
   world.check()                              # the gold-chain checks (raises on any problem)
+  World.generate(0, 120, 400, procedures=True)   # career / property facts in records (below)
   world.write("data/world", test_fraction=0.2, holdout_categories=("event",))
 
 `write` produces corpus.jsonl (for launchers/build_index.py), train.jsonl and test.jsonl (the
 question layout of `apex_jax.datasets.corpus`) and meta.json. The question templates are in
-`world_questions`, the checks in `world_checks`.
+`world_questions`, the checks in `world_checks`; with procedures, the career and property facts
+sit in record passages whose right one is fixed per world and category (`world_records`).
 """
 
 from __future__ import annotations
