@@ -192,3 +192,32 @@ def test_plan_steps_of_a_record_chain(pworld):
   again = corpus.reread(ex, _records_of(pworld, ex), word)
   assert again.chain == ex.chain and again.answers == (ex.answers[0],)
   assert dataclasses.replace(ex, answers=ex.answers[:1]) == again
+
+
+def test_a_bank_shows_the_planner_what_the_corpus_assumes(pworld, tmp_path):
+  """At run time a memory's workflow is the Distiller's summary (trained to equal
+  corpus.workflow of the run): stored in a bank and laid out by planner_context and
+  context_slots, a right run's word reaches the plan prompt where the corpus planner reads it,
+  and a wrong run's word alone does not."""
+  from apex_jax.agents.planner import context_slots
+  from apex_jax.memory import MemoryBank, NewMemory
+  from apex_jax.toy.search import WordSearch
+  from tests.apex.memory.fakes import HashEmbedder
+
+  searcher = WordSearch(pworld.passages, COMPACT.topk)
+  asked, *earlier = [e for e in pworld.examples if e.category == "career"][:3]
+  word = pworld.procedure_words["career"]
+  wrong = next(w for w in pworld.record_words["career"] if w != word)
+  for outcomes, shown in (((True, False), word), ((False, False), None)):
+    with MemoryBank(str(tmp_path / f"{outcomes}.db"), HashEmbedder()) as bank:
+      for ex, right in zip(earlier, outcomes):
+        run = corpus.executor_rounds(corpus.reread(ex, _records_of(pworld, ex),
+                                                   word if right else wrong), searcher, COMPACT)
+        bank.add_many([NewMemory(ex.question, corpus.workflow(run), right, category="career",
+                                 modality=corpus.MODALITY)])
+      skill, memory = context_slots(bank.planner_context(asked.question, category="career",
+                                                         modality=corpus.MODALITY))
+    assert corpus.shown_record_word(skill, memory) == shown, memory
+    turn = corpus.planner_conversation(asked, [], 0, True, COMPACT, (skill, memory))
+    assert turn["messages"][1]["content"].count("Workflow Summary") == 2
+    assert (f' {word} record".' in turn["target"]) == (shown is not None), turn["target"]
