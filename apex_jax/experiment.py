@@ -78,7 +78,8 @@ def load_data(c) -> tuple[list, list, list]:
 
   kind = choice(c.data.source, "data.source", SOURCES)
   if kind == "world":
-    world = World.generate(c.data.world_seed, c.data.entities, c.data.questions)
+    world = World.generate(c.data.world_seed, c.data.entities, c.data.questions,
+                           procedures=c.data.get("procedures", False))
     train, test = split_examples(world.examples, c.data.test_fraction, c.data.world_seed)
     passages = world.passages
   elif kind in ("hotpotqa", "twowiki"):

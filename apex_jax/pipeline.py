@@ -122,6 +122,9 @@ def memory_build_identity(c) -> dict:
 
   parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
   out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
+  if "data" in out and not out["data"].get("procedures", True):  # left out when off, so a
+    # snapshot of a config without the key keeps its identity
+    out["data"] = {k: v for k, v in out["data"].items() if k != "procedures"}
   out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
   scorer = outcome_scorer_identity(c)
   if scorer is not None:  # absent for EM, the scorer of the snapshots before it was a choice

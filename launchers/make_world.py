@@ -2,6 +2,7 @@
 
   python -m launchers.make_world --out=data/world --seed=0 --entities=120 --questions=400
   python -m launchers.make_world --out=data/world --holdout_categories=event,process
+  python -m launchers.make_world --out=data/world_records --procedures
   python -m launchers.build_index --corpus=data/world/corpus.jsonl --out=data/world_index
 
 Writes corpus.jsonl (Search-R1 layout, one passage per entity), train.jsonl and test.jsonl (the
@@ -22,6 +23,9 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the entities, the questions and
 _ENTITIES = flags.DEFINE_integer("entities", 120, "Entities (one passage each).")
 _QUESTIONS = flags.DEFINE_integer("questions", 400, "Distinct questions.")
 _TEST_FRACTION = flags.DEFINE_float("test_fraction", 0.2, "Share of the questions held out.")
+_PROCEDURES = flags.DEFINE_bool("procedures", False, "Career and property facts in record "
+                                 "passages, the right record fixed per category "
+                                 "(apex_jax.datasets.world_records).")
 _HOLDOUT = flags.DEFINE_list("holdout_categories", [], "Categories whose questions all go to "
                              "test.jsonl.")
 
@@ -37,7 +41,7 @@ def main(argv):
 
   banner("generate")
   try:
-    world = World.generate(_SEED.value, _ENTITIES.value, _QUESTIONS.value)
+    world = World.generate(_SEED.value, _ENTITIES.value, _QUESTIONS.value, _PROCEDURES.value)
     world.check()
   except DatasetError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -59,7 +59,8 @@ def apex_turns(seeds, data, corpus_config) -> list[dict]:
   from apex_jax.toy import build
 
   turns, stats = build.corpus(seeds, data.world_entities, data.world_questions,
-                              AgentConfig(prompts="compact", topk=data.apex_topk), corpus_config)
+                              AgentConfig(prompts="compact", topk=data.apex_topk), corpus_config,
+                              procedures=bool(data.get("world_procedures", False)))
   if data.apex_other_share < 1:
     rng, kept = random.Random(seeds[0]), ("apex_execute", "apex_read")
     turns = [t for t in turns if t["role"] in kept or rng.random() < data.apex_other_share]
@@ -96,9 +97,11 @@ def main(argv):
   if apex:
     from apex_jax.toy import encode
 
-    world_seeds = [seed * 1000 + i for i in range(data.worlds)]
-    train_turns = apex_turns(world_seeds, data, corpus_config)
-    held_turns = apex_turns([100000 + seed], data, corpus_config)
+    from apex_jax.toy.build import world_seeds
+
+    train_seeds, held_seeds = world_seeds(seed, data.worlds)
+    train_turns = apex_turns(train_seeds, data, corpus_config)
+    held_turns = apex_turns(held_seeds, data, corpus_config)
     if data.corpus == "both":
       categories = synthetic.train_categories()
       train_turns += corpus.turns(synthetic.generate(data.problems, seed, categories))

@@ -12,11 +12,13 @@ and no name word is used twice, so an answer string names one entity only.
 
   world = World.generate(seed=0, num_entities=120, num_questions=400)
   world.check()                              # the gold-chain checks (raises on any problem)
+  World.generate(0, 120, 400, procedures=True)   # career / property facts in records (below)
   world.write("data/world", test_fraction=0.2, holdout_categories=("event",))
 
 `write` produces corpus.jsonl (for launchers/build_index.py), train.jsonl and test.jsonl (the
 question layout of `apex_jax.datasets.corpus`) and meta.json. The question templates are in
-`world_questions`, the checks in `world_checks`.
+`world_questions`, the checks in `world_checks`; with procedures, the career and property facts
+sit in record passages whose right one is fixed per world and category (`world_records`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from apex_jax.datasets.corpus import write_examples, write_passages
 from apex_jax.datasets.records import DatasetError, Hop, QAExample
-from apex_jax.datasets.world_words import EVENT_TYPES, KINDS, METHODS, OCCUPATIONS, USES
+from apex_jax.datasets.world_words import EVENT_TYPES, KINDS, METHODS, OCCUPATIONS, USES, Names
 from apex_jax.tools.passages import Passage
 
 # Relative sizes of the entity kinds, and the least of each a world needs.
@@ -38,11 +40,6 @@ SHARES = {"country": 1.0, "city": 3.0, "river": 1.0, "person": 5.0, "company": 2
 MINIMUM = {"country": 2, "city": 4, "river": 2, "person": 8, "company": 2, "product": 2,
            "film": 2, "event": 2}
 MIN_ENTITIES = sum(MINIMUM.values())
-_ONSETS = "b d f g k l m n p r s t v z".split()
-_VOWELS = "a e i o u".split()
-_CODAS = ("", "", "n", "r", "l", "s")
-_RESERVED = {w for text in OCCUPATIONS + KINDS + USES + METHODS + EVENT_TYPES
-             for w in text.lower().split()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,23 +73,8 @@ def entity_counts(num_entities: int) -> dict[str, int]:
   return counts
 
 
-class _Names:
-  """Invented capitalised words of two syllables, never repeated."""
-
-  def __init__(self, rng: random.Random):
-    self.rng, self.used = rng, set(_RESERVED)
-
-  def word(self) -> str:
-    while True:
-      word = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) +
-                     self.rng.choice(_CODAS) for _ in range(2))
-      if word not in self.used:
-        self.used.add(word)
-        return word.capitalize()
-
-
 def _build(rng: random.Random, counts: Mapping[str, int]) -> dict[str, Entity]:
-  names = _Names(rng)
+  names = Names(rng)
   ids = {k: [f"{k}-{i}" for i in range(n)] for k, n in counts.items()}
   facts: dict[str, dict[str, Any]] = {i: {} for kind in ids.values() for i in kind}
   name = {i: names.word() for k in ("country", "city", "river", "company", "product", "film")
@@ -173,24 +155,52 @@ class World:
   sentences: dict[str, tuple[str, ...]]  # entity id -> its passage's sentences
   passages: list[Passage]
   examples: list[QAExample]
+  # With procedures (world_records): category -> its record words (the listings show them),
+  # category -> the word whose record holds the fact (the oracle: only the gold chains and the
+  # toy corpus read it), entity id -> its records in listing order. Empty without.
+  record_words: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+  procedure_words: dict[str, str] = dataclasses.field(default_factory=dict)
+  records: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     self._passage_of = {p.id: p for p in self.passages}
+    self._entity_of = {p.id: p.id for p in self.passages if p.id in self.entities}
+    from apex_jax.datasets.world_records import listing_id
+
+    for i, records in self.records.items():
+      self._entity_of.update({listing_id(i): i, **{r.passage_id: i for r in records}})
     self._of_kind: dict[str, list[str]] = {}
     for i, e in self.entities.items():
       self._of_kind.setdefault(e.kind, []).append(i)
 
   @classmethod
-  def generate(cls, seed: int, num_entities: int, num_questions: int) -> "World":
-    """Entities, passages and `num_questions` distinct questions, all a function of `seed`."""
+  def generate(cls, seed: int, num_entities: int, num_questions: int,
+               procedures: bool = False) -> "World":
+    """Entities, passages and `num_questions` distinct questions, all a function of `seed`.
+    procedures: the career and property facts sit in record passages, the right record fixed per
+    category (world_records); the entities, names and questions are those of the world without,
+    the record passages follow the entities' passages."""
     from apex_jax.datasets import world_questions
 
+    if not isinstance(procedures, bool):
+      raise DatasetError(f"procedures must be True or False; got {procedures!r}")
     rng = random.Random(seed)
     entities = _build(rng, entity_counts(num_entities))
     name = {i: e.name for i, e in entities.items()}
     text = {i: sentences(e, name) for i, e in entities.items()}
-    passages = [Passage(i, f'"{entities[i].name}"\n{" ".join(s)}') for i, s in text.items()]
+    titles = dict(name)
+    book = None
+    if procedures:
+      from apex_jax.datasets import world_records
+
+      book = world_records.draw(seed, entities, text)
+      text = {**text, **book.sentences}
+      titles.update(book.titles)
+    passages = [Passage(i, f'"{titles[i]}"\n{" ".join(s)}') for i, s in text.items()]
     world = cls(seed, entities, text, passages, [])
+    if book is not None:
+      world = cls(seed, entities, text, passages, [], book.record_words, book.procedure_words,
+                  book.records)
     world.examples = world_questions.generate(world, rng, num_questions)
     return world
 
@@ -202,8 +212,15 @@ class World:
   def name(self, entity_id: str) -> str:
     return self.entities[entity_id].name
 
-  def passage(self, entity_id: str) -> Passage:
-    return self._passage_of[entity_id]
+  def passage(self, passage_id: str) -> Passage:
+    return self._passage_of[passage_id]
+
+  def has_passage(self, passage_id: str) -> bool:
+    return passage_id in self._passage_of
+
+  def entity_of(self, passage_id: str) -> str:
+    """The entity a passage is about (its own, or the one whose records it lists or holds)."""
+    return self._entity_of[passage_id]
 
   def hop(self, entity_id: str, query: str, answer: str) -> Hop:
     return Hop(query, entity_id, self.entities[entity_id].name, answer)
@@ -231,6 +248,11 @@ class World:
             "passages": len(self.passages), "questions": len(self.examples),
             "train": len(train), "test": len(test), "test_fraction": test_fraction,
             "holdout_categories": list(holdout_categories)}
+    if self.records:  # the words are in the passages; which one is right is not written
+      from apex_jax.datasets.world_records import RECORDS
+
+      meta.update(procedures=True, procedure_categories=sorted(self.record_words),
+                  records_per_fact=RECORDS)
     with open(os.path.join(folder, "meta.json"), "w") as f:
       json.dump(meta, f, indent=2)
     return meta

@@ -10,7 +10,11 @@
   first: the title of the earlier film);
 - distinct hops: no two hops of a question read the same passage;
 - no giveaway: a chain or age question does not name its own answer;
-- size: questions of at most 30 words, passages of at most 60, 1 to 3 hops.
+- size: questions of at most 30 words, passages of at most 60, 1 to 3 hops (4 with records);
+- records (worlds with procedures, world_records): the record words are distinct, invented (no
+  name word, no word of another passage, not English-like), each entity's record passages exist,
+  its passage lists their words, exactly one record holds the true fact; and every gold hop onto
+  a record finds that record first with the toy's word and trigram searches (topk 2).
 """
 
 from __future__ import annotations
@@ -60,7 +64,52 @@ def problems(world) -> list[str]:
       found.append(f"passage {p.id} has {len(p.text.split())} words")
   for example in world.examples:
     found.extend(f"{example.id}: {m}" for m in _example_problems(world, names, example))
+  if world.records:
+    found.extend(_record_problems(world, set(w.lower() for w in words)))
   return found
+
+
+def _record_problems(world, name_words: set[str]) -> list[str]:
+  from apex_jax.datasets import world_records as R
+  from apex_jax.datasets.world_words import ENGLISH_LIKE
+  from apex_jax.toy.search import NgramSearch, WordSearch
+
+  out = []
+  words = [w for ws in world.record_words.values() for w in ws]
+  record_ids = {r.passage_id for rs in world.records.values() for r in rs}
+  added = record_ids | {R.listing_id(i) for i in world.records}
+  other = {w for i, sentences in world.sentences.items() if i not in added
+           for t in sentences for w in re.findall(r"\w+", t.lower())}
+  if len(set(words)) != len(words):
+    out.append(f"record words repeat: {words}")
+  for w in words:
+    if w in name_words or w in ENGLISH_LIKE or w in other:
+      out.append(f"record word {w!r} is a name word, English-like or in another passage")
+  for i, records in world.records.items():
+    e = world.entities[i]
+    relation, category = R.PROCEDURES[e.kind]
+    truth = R.fact_value(e, relation)
+    if sorted(r.word for r in records) != sorted(world.record_words[category]):
+      out.append(f"{i}: records {[r.word for r in records]} are not {category}'s words")
+    listed = R.listing_id(i)
+    if not world.has_passage(listed) or world.sentences[listed] != (
+        f"Records of {e.name}: {R.listing(records)}.",):
+      out.append(f"{i}: no listing passage {listed!r} of its records")
+    if contains(world.passage(i).text, truth):
+      out.append(f"{i}: its passage still states {truth!r}")
+    if [r.value == truth for r in records] != [r.word == world.procedure_words[category]
+                                               for r in records]:
+      out.append(f"{i}: the true fact {truth!r} is not in the {category} procedure's record only")
+    out.extend(f"{i}: record passage {r.passage_id!r} does not exist" for r in records
+               if not world.has_passage(r.passage_id))
+  hops = [h for ex in world.examples for h in ex.chain if h.passage_id in record_ids]
+  for search in (WordSearch(world.passages, 2), NgramSearch(world.passages, 2)):
+    found = search.search(sorted({h.query for h in hops}))
+    first = {q: r[0].id for q, r in zip(sorted({h.query for h in hops}), found)}
+    out.extend(f"{type(search).__name__}: {h.query!r} finds {first[h.query]!r} first, not "
+               f"{h.passage_id!r}" for h in hops if first[h.query] != h.passage_id)
+  return out
+
 
 
 def _example_problems(world, names, example) -> list[str]:
@@ -71,11 +120,11 @@ def _example_problems(world, names, example) -> list[str]:
     out.append(f"the question names its own answer {example.answers[0]!r}")
   if len({h.passage_id for h in example.chain}) != len(example.chain):
     out.append("two hops read the same passage")
-  if not 1 <= len(example.chain) <= MAX_HOPS:
+  if not 1 <= len(example.chain) <= MAX_HOPS + bool(world.records):
     out.append(f"{len(example.chain)} hops")
   known = [n for n in names if n in example.question and contains(example.question, n)]
   for k, hop in enumerate(example.chain):
-    if hop.passage_id not in world.entities:
+    if not world.has_passage(hop.passage_id):
       out.append(f"hop {k}: passage {hop.passage_id!r} does not exist")
       continue
     passage = world.passage(hop.passage_id)

@@ -103,6 +103,10 @@ def walk(world, start: str, relations: Sequence[str]) -> tuple[list[Hop], str] |
       current = found[0]
       hops.append(world.hop(current, query.format(name), world.name(current)))
       continue
+    if world.records and _recorded(world, current, relation):
+      hops.extend(_record_hops(world, current, relation))
+      current = hops[-1].answer
+      continue
     query, key = FORWARD[relation]
     value = world.entities[current].facts[key]
     if relation == "n_cities":
@@ -114,6 +118,26 @@ def walk(world, start: str, relations: Sequence[str]) -> tuple[list[Hop], str] |
   return hops, current
 
 
+def _recorded(world, entity_id: str, relation: str) -> bool:
+  from apex_jax.datasets.world_records import PROCEDURES
+
+  return PROCEDURES.get(world.entities[entity_id].kind, (None,))[0] == relation
+
+
+def _record_hops(world, entity_id: str, relation: str) -> list[Hop]:
+  """A recorded fact's two hops: the entity's record listing (the answer: the listed words), then
+  the record of its category's procedure word (the answer: the fact)."""
+  from apex_jax.datasets import world_records as R
+
+  name, records = world.name(entity_id), world.records[entity_id]
+  word = world.procedure_words[R.PROCEDURES[world.entities[entity_id].kind][1]]
+  record = next(r for r in records if r.word == word)
+  return [Hop(R.listing_query(name), R.listing_id(entity_id), R.listing_title(name),
+              R.listing(records)),
+          Hop(R.record_query(name, word), record.passage_id, R.record_title(name, word),
+              record.value)]
+
+
 def _chain(world, rng, template) -> tuple | None:
   category, question, kind, relations = template
   anchor = rng.choice(world.of_kind(kind))
@@ -121,6 +145,11 @@ def _chain(world, rng, template) -> tuple | None:
   if walked is None:
     return None
   hops, _ = walked
+  read = [world.entity_of(h.passage_id) for h in hops]
+  read = [e for k, e in enumerate(read) if k == 0 or e != read[k - 1]]  # a listing, its record
+  if len(set(read)) < len(read):
+    return None  # an entity read twice (its passage, later its records): rejected as without
+    # procedures, so that both worlds ask the same questions
   answer = hops[-1].answer
   aliases = (answer, _PREFIX[relations[-1]] + answer) if relations[-1] in _PREFIX else (answer,)
   return _example(question.format(world.name(anchor)), aliases, category, "chain", hops)

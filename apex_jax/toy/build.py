@@ -4,7 +4,10 @@ conversation (on the gold trace or a corrupted one) and, per category, a few dis
   turns, stats = build.corpus(seeds=(0, 1), entities=120, questions=400,
                               config=AgentConfig(prompts="compact"))
 
-Deterministic in (seeds, sizes, config, corpus config). With CorpusConfig.judge_share /
+Deterministic in (seeds, sizes, config, corpus config). With `procedures`, the worlds keep their
+career and property facts in records (apex_jax.datasets.world_records): an executor run without a
+plan naming the record word reads a record picked at random, and the memories store what the
+run searched. With CorpusConfig.judge_share /
 align_share the TTRL judges' conversations are added too (apex_jax.toy.judging), with
 CorpusConfig.reading_hops the reading drills (apex_jax.toy.reading). Questions whose gold passage
 a search misses are skipped and counted (`stats["gold_missed"]`): the tool would not show the
@@ -40,7 +43,13 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       stats["gold_missed"] += 1
       continue
     plan = C.numbered(C.plan_steps(ex)) if rng.random() < corpus_config.plan_share else None
-    turns.append(C.executor_conversation(ex, gold, plan, config))
+    run, run_correct = gold, True  # the executor's run: what a memory of the episode stores
+    if C.record_step(ex) is not None:
+      plan, run, run_correct = _record_run(world, ex, gold, plan is not None, searcher, config,
+                                           corpus_config, rng, stats)
+      if run is None:
+        continue
+    turns.append(C.executor_conversation(ex, run, plan, config))
     stats["execute"] += 1
     trace, searched, kind = gold, ex.hops, None
     if rng.random() < corpus_config.negative_share:
@@ -49,8 +58,9 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       if trace is None:
         stats["corrupt_missed"] += 1
         continue
+    remembered, pitfall = (trace, kind) if kind else (run, None if run_correct else "wrong_record")
     if rng.random() < corpus_config.summary_share:
-      turns.append(C.summary_conversation(ex, trace, config))
+      turns.append(C.summary_conversation(ex, remembered, config))
       stats["summary"] += 1
     earlier, context = [m for m, _ in memories[ex.category]], None
     if rng.random() < corpus_config.context_share:
@@ -66,8 +76,8 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
           ex, C.skill_reply(ex.category, earlier, None, [])["skill"], rng))
       stats["judge_align"] += 1
     memories[ex.category].append((Memory(sum(map(len, memories.values())) + 1, ex.category,
-                                         C.MODALITY, ex.question, C.workflow(trace),
-                                         "correct" if kind is None else "incorrect"), kind))
+                                         C.MODALITY, ex.question, C.workflow(remembered),
+                                         "correct" if pitfall is None else "incorrect"), pitfall))
   size = corpus_config.distill_batch
   for category in sorted(memories):
     items = memories[category]
@@ -88,13 +98,47 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
   return turns, stats
 
 
+def _record_run(world: World, ex, gold_run, planned: bool, searcher, config: AgentConfig,
+                corpus_config: C.CorpusConfig, rng: random.Random, stats):
+  """(plan, executor run, correct) of a procedure question: with a plan naming the record word
+  (word_plan_share of the plans) the gold run; else (the generic plan, or none) a run reading a
+  record picked at random from the entity's listing. The run is None when its search misses."""
+  gold = ex.chain[C.record_step(ex)]
+  records = _owner(world)[gold.passage_id]
+  if planned and rng.random() < corpus_config.word_plan_share:
+    word = gold.query[:-len(" record")].rsplit(" ", 1)[1]
+    stats["record_word_plan"] += 1
+    return C.numbered(C.plan_steps(ex, word)), gold_run, True
+  plan = C.numbered(C.plan_steps(ex)) if planned else None
+  guess = rng.choice([r.word for r in records])
+  run = C.executor_rounds(C.reread(ex, records, guess), searcher, config,
+                          spaced=corpus_config.spaced_copies)
+  correct = guess == gold.passage_id.rsplit("-", 1)[1]
+  stats["record_guess_right" if correct else "record_guess_wrong"] += 1
+  if run is None:
+    stats["guess_missed"] += 1
+  return plan, run, correct
+
+
+def _owner(world: World) -> dict:
+  """record passage id -> its entity's records."""
+  return {r.passage_id: rs for rs in world.records.values() for r in rs}
+
+
+def world_seeds(seed: int, worlds: int) -> tuple[list[int], list[int]]:
+  """(training worlds, held-out world) of a toy run with this seed (launchers.pretrain_toy)."""
+  return [seed * 1000 + i for i in range(worlds)], [100000 + seed]
+
+
 def corpus(seeds: Sequence[int], entities: int, questions: int, config: AgentConfig,
-           corpus_config: C.CorpusConfig = C.CorpusConfig()) -> tuple[list[dict],
-                                                                   collections.Counter]:
-  """The turns of one world per seed (World.generate(seed, entities, questions)), in order."""
+           corpus_config: C.CorpusConfig = C.CorpusConfig(), procedures: bool = False,
+           ) -> tuple[list[dict], collections.Counter]:
+  """The turns of one world per seed (World.generate(seed, entities, questions, procedures)), in
+  order."""
   turns, stats = [], collections.Counter()
   for seed in seeds:
-    t, s = world_turns(World.generate(seed, entities, questions), config, corpus_config, seed)
+    t, s = world_turns(World.generate(seed, entities, questions, procedures), config,
+                       corpus_config, seed)
     turns += t
     stats.update(s)
   return turns, stats

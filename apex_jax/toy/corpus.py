@@ -21,6 +21,12 @@ A conversation is a dict in the shape of `morse_jax.toy.corpus` turns plus round
   A quarter of the runs also get a summary turn (their workflow), as Distiller.remember asks.
 - half of the plan prompts show earlier memories (and half of those a skill) of the question's
   category, laid out as the bank shows them, with the same plan as reply.
+
+Worlds with procedures (apex_jax.datasets.world_records): a chain's record step is
+"<entity> <word> record". The plan names the word only when the plan prompt shows it (a positive
+memory's workflow, else the skill's procedure: `shown_record_word`), else it reads
+`Search one record of <entity>.`; the executor follows a plan naming the word, and otherwise
+searches a record picked at random from the listing (`reread`) and answers its value.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ ROLES = ("apex_execute", "apex_plan", "apex_distill", "apex_judge", "apex_read")
 CORRUPTIONS = ("early", "wrong", "no_search")
 MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
+_RECORD_SUFFIX, _LISTING_SUFFIX = " record", " records"  # of world_records' queries
+_RECORD_WORD = re.compile(r'([a-z]+) record["\']')  # search("Kalkar Rula vesk record") -> vesk
+_RECORD_SEARCH = re.compile(r'search\((["\'])\s*(.*?) [a-z]+ record\1\)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +67,12 @@ class CorpusConfig:
   align_share: float = 0.0  # questions whose plan the skill-alignment judge scores
   reading_hops: int = 0  # hops per reading drill (apex_jax.toy.reading); 0: no drills
   spaced_copies: bool = False  # the executor's queries and answers after a space (`copied`)
+  word_plan_share: float = 0.5  # executor plans of a procedure question that name the record
+  # word (the others: the generic record step); the runs without such a plan guess a record
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
-                 "align_share"):
+                 "align_share", "word_plan_share"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
@@ -85,15 +96,30 @@ def tool_output(queries: Sequence[str], results) -> str:
 
 # ---------------------------------------------------------------------------------- plans
 
-def plan_steps(example: QAExample) -> list[str]:
+def record_step(example: QAExample) -> int | None:
+  """The index of the hop that reads a record (worlds with procedures), or None."""
+  return next((k for k, h in enumerate(example.chain) if h.query.endswith(_RECORD_SUFFIX)), None)
+
+
+def record_entity(query: str) -> str:
+  """"Kalkar Rula vesk record" -> "Kalkar Rula"."""
+  return query[:-len(_RECORD_SUFFIX)].rsplit(" ", 1)[0]
+
+
+def plan_steps(example: QAExample, record_word: str | None = None) -> list[str]:
   """One search step per hop, a later hop's query naming the earlier result it depends on as
-  "<result of step j>" (a plan must hold no facts), then the step that gives the answer."""
+  "<result of step j>" (a plan must hold no facts), then the step that gives the answer. A record
+  step (worlds with procedures) searches `record_word`'s record, or without one reads
+  `Search one record of <entity>.`"""
   steps, known = [], []
-  for hop in example.chain:
+  for k, hop in enumerate(example.chain):
     query = hop.query
+    if k == record_step(example):
+      query = record_entity(query) + (f" {record_word}{_RECORD_SUFFIX}" if record_word else "")
     for j, answer in known:
       query = query.replace(answer, f"<result of step {j}>")
-    steps.append(f'Search "{query}".')
+    steps.append(f'Search "{query}".' if k != record_step(example) or record_word else
+                 f"Search one record of {query}.")
     known.append((len(steps), hop.answer))
   n = len(steps)
   final = {"age": "Subtract the birth year from the release year.",
@@ -108,8 +134,29 @@ def numbered(steps: Sequence[str]) -> str:
   return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
 
 
-def plan_reply(example: QAExample) -> str:
-  return f"<think>{example.hops} searches.</think>\n{numbered(plan_steps(example))}"
+def plan_reply(example: QAExample, record_word: str | None = None) -> str:
+  return f"<think>{example.hops} searches.</think>\n{numbered(plan_steps(example, record_word))}"
+
+
+def shown_record_word(skill: str, memory: str) -> str | None:
+  """The record word a plan prompt shows: searched in a positive memory's workflow, else in the
+  skill's procedure; None when neither shows one (a negative memory's word is a failed guess)."""
+  positive = memory.split("#### Negative Examples")[0]
+  found = _RECORD_WORD.search(positive) or _RECORD_WORD.search(skill)
+  return found.group(1) if found else None
+
+
+def reread(example: QAExample, records, word: str) -> QAExample:
+  """The example as a run reading `word`'s record sees it: that record's hop, its value as the
+  answer (records: the entity's world_records.Record tuple)."""
+  k = record_step(example)
+  record = next(r for r in records if r.word == word)
+  hop = example.chain[k]
+  chain = example.chain[:k] + (dataclasses.replace(
+      hop, query=f"{record_entity(hop.query)} {word}{_RECORD_SUFFIX}", passage_id=record.passage_id,
+      title=f"{record_entity(hop.query)} {word}{_RECORD_SUFFIX}", answer=record.value),
+  ) + example.chain[k + 1:]
+  return dataclasses.replace(example, chain=chain, answers=(record.value,))
 
 
 # ------------------------------------------------------------------------------- executor
@@ -130,7 +177,9 @@ def copied(text: str, spaced: bool) -> str:
 
 
 def _search_turn(hops_done: Sequence, hop, spaced: bool = False) -> str:
-  prev = f"{hops_done[-1].query}: {hops_done[-1].answer}. " if hops_done else ""
+  # a record listing is not restated: with it the turn outgrows the demo's 80 new tokens
+  restate = hops_done and not hops_done[-1].query.endswith(_LISTING_SUFFIX)
+  prev = f"{hops_done[-1].query}: {hops_done[-1].answer}. " if restate else ""
   call = render_tool_call([copied(hop.query, spaced)])
   return f"<think>{prev}Next: {hop.query}.</think>\n{call}"
 
@@ -215,18 +264,20 @@ def planner_context(category: str, earlier: Sequence[Memory], with_skill: bool,
 
 def planner_conversation(example: QAExample, trace: list[dict], searched: int, correct: bool,
                          config: AgentConfig, context: tuple[str, str] | None = None) -> dict:
-  """context: (skill text, memory text) shown in the plan prompt (None: no skill, no memory)."""
+  """context: (skill text, memory text) shown in the plan prompt (None: no skill, no memory).
+  A record step names the word the context shows (`shown_record_word`), if any."""
   skill, memory = context or (prompts.NO_SKILL, skills_lib.render_memories([], []).strip())
+  word = shown_record_word(skill, memory) if record_step(example) is not None else None
   opening = prompts.plan_messages(skill, memory, example.question, config.plan_word_limit,
                                   config.prompt_style)
   n = example.hops
   supported = "in" if correct else "not in"
   decision = (f"<think>{searched} of {n} searches done; the answer is {supported} the "
               f"results.</think>\n{'no' if correct else 'yes'}")
-  replies, follow = [plan_reply(example), decision], [[prompts.judge_message(
+  replies, follow = [plan_reply(example, word), decision], [[prompts.judge_message(
       example.question, trace, config.prompt_style)]]
   if not correct:
-    remaining = plan_steps(example)[searched:]
+    remaining = plan_steps(example, word)[searched:]
     replies.append(f"<think>Stopped after {searched} searches.</think>\n{numbered(remaining)}")
     follow.append([prompts.replan_message(example.question, None, config.replan_word_limit,
                                           config.prompt_style)])
@@ -259,29 +310,43 @@ def summary_conversation(example: QAExample, trace: list[dict], config: AgentCon
 
 PITFALLS = {"early": "Answering before every search is done.",
             "wrong": "Answering with a name the results do not support.",
-            "no_search": "Answering without searching."}
+            "no_search": "Answering without searching.",
+            "wrong_record": "Answering from a record that correct runs did not read."}
 
 
 def skill_reply(category: str, batch: Sequence[Memory], current: dict | None,
                 pitfalls_seen: Sequence[str]) -> dict:
   """A synthesize (no current skill) or refine reply: the procedure of the batch's first correct
-  workflow with names generalised to X (no answer in it), the pitfalls of its incorrect ones."""
+  workflow with names generalised to X (no answer in it), the pitfalls of its incorrect ones.
+  The lowercase record word of a correct workflow survives (search("X vesk record")); without a
+  correct one, a record search reads "search one record of X" (a failed run's word is a wrong
+  guess), and a refinement with a correct one replaces such a generic procedure."""
   good = [m for m in batch if m.correct]
   source = (good or batch)[0].workflow_summary.splitlines()
-  steps = [{"step": i, "action": _NAME.sub("X", line.split(". ", 1)[1]),
+  steps = [{"step": i, "action": _generic(_NAME.sub("X", line.split(". ", 1)[1]), not good),
             "purpose": "find the next fact"} if "search(" in line else
            {"step": i, "action": "answer with the last fact found", "purpose": "give the answer"}
            for i, line in enumerate(source, 1)]
+  if current is not None and not (good and _has_generic(current["procedure"])):
+    steps = current["procedure"]
   pitfalls = sorted(set(pitfalls_seen) | set(current["pitfalls"] if current else ()))
   n = len(batch) + (current["evidence_count"] if current else 0)
   wins = len(good) + (round(current["win_rate"] * current["evidence_count"]) if current else 0)
   skill = {"skill_name": f"{category}_{MODALITY}_strategy", "category": category,
            "modality": MODALITY, "description": f"Search each fact a {category} question needs.",
-           "procedure": steps if current is None else current["procedure"],
+           "procedure": steps,
            "pitfalls": pitfalls or [PITFALLS["early"]], "win_rate": round(wins / n, 2),
            "version": 1 + (current["version"] if current else 0), "evidence_count": n}
   return {"operation": "synthesize" if current is None else "refine", "skill": skill,
           "absorbed_ids": [m.id for m in good]}
+
+
+def _generic(action: str, generic: bool) -> str:
+  return _RECORD_SEARCH.sub(r"search one record of \2", action) if generic else action
+
+
+def _has_generic(procedure) -> bool:
+  return any(str(s.get("action", "")).startswith("search one record of") for s in procedure)
 
 
 def distiller_conversations(category: str, batches: Sequence[Sequence[Memory]],

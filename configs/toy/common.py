@@ -40,6 +40,7 @@ def base(out: str = "assets/toy_qwen3", **toy_values) -> ml_collections.ConfigDi
       categories=(),  # with init: train on the executor turns of these categories' subtasks
       replay=1.0,  # with init: replayed turns of the other categories per taught turn
       worlds=4, world_entities=120, world_questions=400,  # corpus apex / both
+      world_procedures=False,  # the worlds' career / property facts in records (world_records)
       apex_topk=3,  # passages per search in the APEx turns (AgentConfig.topk must match)
       # share of the APEx planner, distiller and judge conversations kept (the executor's and
       # the reading drills are all kept)

@@ -174,6 +174,18 @@ def test_the_outcome_scorer_is_part_of_the_memory_build_identity(tmp_path):
       "max_tokens": 32}
 
 
+def test_procedures_enter_the_memory_build_identity_only_when_on(tmp_path):
+  c = small_config(tmp_path)
+  c.model.path = str(tmp_path)  # an empty folder: a fingerprint without weights
+  assert "procedures" not in pipeline.memory_build_identity(c)["data"]  # earlier snapshots match
+  c.data.procedures = True
+  assert pipeline.memory_build_identity(c)["data"]["procedures"] is True
+  train, test, passages = experiment.load_data(c)
+  assert any(p.id.endswith("-records") for p in passages)
+  plain_train, plain_test, _ = experiment.load_data(small_config(tmp_path))
+  assert [e.question for e in train + test] == [e.question for e in plain_train + plain_test]
+
+
 def test_evolve_temperature_is_checked(exp):
   exp.config.memory.evolve_temperature = -1.0
   with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
