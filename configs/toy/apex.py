@@ -21,8 +21,14 @@ RUNS = {
     5: (dict(steps=300, lr=1e-3, warmup=10, buckets=(384, 640, 1024, 1536), seed=5),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
+    # procedures: worlds whose career / property facts sit in records only experience names
+    # (datasets.world_records), with the same reading drills and spaced copies
+    6: (dict(steps=150, lr=7e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=6),
+        dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
+             spaced_copies=True)),
 }
-DATA = {5: dict(worlds=30, apex_other_share=0.25)}
+DATA = {5: dict(worlds=30, apex_other_share=0.25),
+        6: dict(worlds=20, apex_other_share=0.5, world_procedures=True)}
 
 
 def get_config(arg=None):
