@@ -148,7 +148,7 @@ class Server:
 
   def __init__(self, label, request_fd, response_fd, deadline, pid=None):
     self.label, self.req, self.resp, self.deadline = label, request_fd, response_fd, deadline
-    self.pid = pid if type(pid) is int and pid > 0 else None  # pylint: disable=unidiomatic-typecheck
+    self.pid = pid if isinstance(pid, int) and pid > 0 else None  # the sandbox's host pid
     self.cpu_limit = self.cpu_base = None  # the test's limit, the tree's CPU when it began
     self.cpu_checked = 0.0
     self.buf = bytearray()
@@ -257,8 +257,7 @@ class Server:
     if not isinstance(reply, dict):
       raise RemoteGone("garbled answer")
     used = reply.get("cpu")  # as the program reports it; check_cpu stops one that lies
-    if (self.cpu_left is not None and type(used) in (int, float)  # pylint: disable=unidiomatic-typecheck
-        and math.isfinite(used) and used > 0):
+    if self.cpu_left is not None and isinstance(used, float) and math.isfinite(used) and used > 0:
       self.cpu_left -= used
     if "error" in reply:
       raise _exception(reply["error"])
@@ -664,9 +663,10 @@ def _bind(space, servers, remote, used):
 
 def _run(space, tests, per_test, shared, servers, summary):
   """Runs each test under its limits (`per_test`): "cpu", the CPU seconds each program may use in
-  the test's calls (its own timer, armed per call) and the test's own code may use here
-  (ITIMER_PROF), so that load on the machine does not decide a reward; "wall", the wall-clock
-  seconds of the whole test, which stop a program that sleeps or blocks (no CPU used)."""
+  the test's calls (its own timer, armed per call, and its processes' CPU time read here:
+  `check_cpu`) and the test's own code may use here (ITIMER_PROF), so that load on the machine
+  does not decide a reward; "wall", the wall-clock seconds of the whole test, which stop a
+  program that sleeps or blocks (no CPU used)."""
   cpu, wall = per_test.get("cpu"), per_test.get("wall")
   def over_wall(*_):
     raise TimeoutError(f"test ran longer than its wall-clock limit of {wall} s")
