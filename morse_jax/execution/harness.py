@@ -22,6 +22,12 @@ Nothing the program sends chooses what we import or call: a name the program bou
 gets the module we pick for that name (`_module_for`), and the global random states go to the
 program only after a test seeded them and never come back (`_rng_state`).
 
+A test's limit counts CPU time, not wall time, so that load on the machine does not decide a
+reward (`_run`): the program's timer per call (armed with what the test has left), ours on the
+test's own code, and the program's process tree read from /proc here (`check_cpu`: the program
+can switch its timer off or under-report, not change what the kernel counts). A wall-clock
+limit per test stops a program that sleeps or blocks.
+
 Self-contained (stdlib; numpy and scipy imported only when a value needs them), so it runs with
 -I and without the project on sys.path.
 """
@@ -32,6 +38,7 @@ import builtins
 import importlib
 import importlib.util
 import json
+import math
 import os
 import resource
 import select
@@ -43,6 +50,32 @@ import types
 _MODULES = ("numpy", "scipy", "sympy", "mpmath")  # besides the stdlib: what tests may use
 _MAX_REPLY = 512 << 20  # bytes of one reply line; more is an error, not a memory blow-up
 _GRACE_S = 0.5
+_CPU_CHECK_S = 0.2  # how often the program's CPU time is read from /proc while it is busy
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(pid):
+  """CPU seconds used by the process tree under `pid` (the sandbox the verifier started: bwrap
+  and the program, or the program itself), children that ended and were reaped included; None
+  when it cannot be read. Measured by the kernel, so the program cannot under-report it."""
+  total, stack, seen = 0, [pid], set()
+  while stack:
+    p = stack.pop()
+    if p in seen:
+      continue
+    seen.add(p)
+    try:
+      with open(f"/proc/{p}/stat", "rb") as f:
+        stat = f.read()
+      fields = stat[stat.rindex(b")") + 2:].split()
+      total += sum(int(n) for n in fields[11:15])  # utime stime cutime cstime
+      for tid in os.listdir(f"/proc/{p}/task"):
+        with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
+          stack.extend(int(c) for c in f.read().split())
+    except (OSError, ValueError, IndexError):
+      if p == pid:
+        return None
+  return total / _TICKS
 
 
 class RemoteError(Exception):
@@ -113,11 +146,15 @@ class Remote:
 class Server:
   """The pipe pair to one sandboxed harness_server."""
 
-  def __init__(self, label, request_fd, response_fd, deadline):
+  def __init__(self, label, request_fd, response_fd, deadline, pid=None):
     self.label, self.req, self.resp, self.deadline = label, request_fd, response_fd, deadline
+    self.pid = pid if isinstance(pid, int) and pid > 0 else None  # the sandbox's host pid
+    self.cpu_limit = self.cpu_base = None  # the test's limit, the tree's CPU when it began
+    self.cpu_checked = 0.0
     self.buf = bytearray()
     self.dead = None
-    self.call_deadline = None  # the current test's end, set by the test loop
+    self.call_deadline = None  # the current test's wall-clock end, set by the test loop
+    self.cpu_left = None  # CPU seconds the current test's calls may still use (the test loop)
     self.names = {}
     self.program_error = None
     self.seeds_sent = {}  # generator -> the seeding (see _SeedWatch) last sent to this program
@@ -139,8 +176,12 @@ class Server:
         del self.buf[:at + 1]
         return line
       left = until - time.monotonic()
-      if left <= 0 or not select.select([self.resp], [], [], left)[0]:
+      if left <= 0:
         raise RemoteGone("the tested program did not answer in time")
+      guarded = self.cpu_base is not None
+      if not select.select([self.resp], [], [], min(left, _CPU_CHECK_S) if guarded else left)[0]:
+        self.check_cpu()
+        continue
       chunk = os.read(self.resp, 1 << 20)
       if not chunk:
         raise RemoteGone("the tested program exited or was killed before it answered")
@@ -167,12 +208,40 @@ class Server:
       self.names = {k: v for k, v in names.items()
                     if type(k) is str and type(v) is str}  # pylint: disable=unidiomatic-typecheck
 
+  def begin_test(self, cpu_limit):
+    """The CPU time the program's calls may use in the next test: `cpu_limit` seconds (None:
+    no limit), counted by the program's timer and, independently, on its process tree here."""
+    self.cpu_left = self.cpu_limit = cpu_limit
+    self.cpu_base = _tree_cpu(self.pid) if cpu_limit and self.pid else None
+    self.cpu_checked = time.monotonic()
+
+  def check_cpu(self, every=0.0):
+    """Raises RemoteGone once the program's process tree has used more than the test's CPU
+    limit (plus a grace): the stop for a program that switched off its own timer or
+    under-reports. Reads /proc at most once per `every` seconds."""
+    if self.cpu_base is None or time.monotonic() - self.cpu_checked < every:
+      return
+    self.cpu_checked = time.monotonic()
+    used = _tree_cpu(self.pid)
+    if used is not None and used - self.cpu_base > self.cpu_limit + _GRACE_S:
+      raise RemoteGone(f"the tested program used more than its CPU time limit of "
+                       f"{self.cpu_limit} s in this test (measured on its processes)")
+
   def request(self, message):
     if self.dead is not None:
       raise RemoteGone(f"the tested program is gone: {self.dead}")
+    try:
+      self.check_cpu(every=_CPU_CHECK_S)
+    except RemoteGone as e:
+      self.close(_describe(e))
+      raise
     until = self.deadline if self.call_deadline is None else min(self.deadline,
                                                                  self.call_deadline)
     message["timeout"] = max(until - time.monotonic(), 0.001)
+    if self.cpu_left is not None:
+      if self.cpu_left <= 0:
+        raise TimeoutError("the test's calls used up its CPU time limit")
+      message["cpu"] = self.cpu_left
     if message["op"] == "call":
       message["rng"] = _rng_state(self)
     try:
@@ -187,6 +256,9 @@ class Server:
       raise RemoteGone(f"the channel to the tested program broke: {_describe(e)}") from None
     if not isinstance(reply, dict):
       raise RemoteGone("garbled answer")
+    used = reply.get("cpu")  # as the program reports it; check_cpu stops one that lies
+    if self.cpu_left is not None and isinstance(used, float) and math.isfinite(used) and used > 0:
+      self.cpu_left -= used
     if "error" in reply:
       raise _exception(reply["error"])
     try:
@@ -489,14 +561,14 @@ def main():
   sys.path.extend(p for p in job.get("sys_path", ()) if p not in sys.path)
   sys.meta_path.insert(0, _SupportFinder(job.get("support") or {}))
   _SeedWatch.install()
-  servers = [Server(s["label"], s["request_fd"], s["response_fd"], deadline)
+  servers = [Server(s["label"], s["request_fd"], s["response_fd"], deadline, s.get("pid"))
              for s in job["servers"]]
   for server in servers:
     server.start()
   load_error = next((f"program raised {s.program_error}" if s.program_error else
                      f"program did not load: {s.dead}" for s in servers if s.dead is not None),
                     None)
-  tests, per_test = job["tests"], job.get("per_test")
+  tests, per_test = job["tests"], job.get("per_test") or {}
   summary = {"passed": [False] * len(tests), "errors": [None] * len(tests),
              "program_error": load_error, "harness_error": None}
   space = _test_space(job)
@@ -590,24 +662,36 @@ def _bind(space, servers, remote, used):
 
 
 def _run(space, tests, per_test, shared, servers, summary):
-  def alarm(*_):
-    raise TimeoutError(f"test ran longer than {per_test} s")
+  """Runs each test under its limits (`per_test`): "cpu", the CPU seconds each program may use in
+  the test's calls (its own timer, armed per call, and its processes' CPU time read here:
+  `check_cpu`) and the test's own code may use here (ITIMER_PROF), so that load on the machine
+  does not decide a reward; "wall", the wall-clock seconds of the whole test, which stop a
+  program that sleeps or blocks (no CPU used)."""
+  cpu, wall = per_test.get("cpu"), per_test.get("wall")
+  def over_wall(*_):
+    raise TimeoutError(f"test ran longer than its wall-clock limit of {wall} s")
+  def over_cpu(*_):
+    raise TimeoutError(f"the test's own code used more than its CPU time limit of {cpu} s")
   for i, test in enumerate(tests):
     scope = space if shared else dict(space)
-    until = time.monotonic() + per_test if per_test else None
+    until = time.monotonic() + wall if wall else None
     for server in servers:
       server.call_deadline = until
+      server.begin_test(cpu)
     try:
-      if per_test:
-        signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, per_test + _GRACE_S)
+      if wall:
+        signal.signal(signal.SIGALRM, over_wall)
+        signal.setitimer(signal.ITIMER_REAL, wall + _GRACE_S)
+      if cpu:
+        signal.signal(signal.SIGPROF, over_cpu)
+        signal.setitimer(signal.ITIMER_PROF, cpu + _GRACE_S)
       exec(compile(test, f"test_{i}", "exec"), scope)  # pylint: disable=exec-used
       summary["passed"][i] = True
     except BaseException as e:  # pylint: disable=broad-except
       summary["errors"][i] = _describe(e)
     finally:
-      if per_test:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+      signal.setitimer(signal.ITIMER_REAL, 0)
+      signal.setitimer(signal.ITIMER_PROF, 0)
 
 
 if __name__ == "__main__":

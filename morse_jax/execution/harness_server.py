@@ -19,6 +19,7 @@ import json as _json
 import os as _os
 import signal as _signal
 import sys as _sys
+import time as _time
 import types as _types
 
 _REFS = {}
@@ -137,8 +138,11 @@ def _serve(program, request_fd, response_fd):
     view = memoryview(data)
     while view:
       view = view[_os.write(response_fd, view):]
-  def alarm(*_):
-    raise TimeoutError("the call ran past its time limit")
+  def over_wall(*_):
+    raise TimeoutError("the call ran past its wall-clock time limit (it slept, blocked or "
+                       "waited)")
+  def over_cpu(*_):
+    raise TimeoutError("the call used more than its CPU time limit")
   module = _types.ModuleType("solution")
   module.__file__ = "solution.py"
   _sys.modules["solution"] = module
@@ -153,12 +157,19 @@ def _serve(program, request_fd, response_fd):
     send({"ready": True, "program_error": _error(e)["error"]})
     return
   for line in reader:
+    start = _time.process_time()
     try:
       req = _json.loads(line)
-      timeout = req.get("timeout")
+      # Two limits per call: `cpu`, the CPU time (all our threads) the test may still use, so
+      # that a loaded machine does not cut a correct program; `timeout`, the wall clock, which
+      # stops a call that sleeps or blocks and so uses no CPU.
+      timeout, cpu = req.get("timeout"), req.get("cpu")
       if timeout:
-        _signal.signal(_signal.SIGALRM, alarm)
+        _signal.signal(_signal.SIGALRM, over_wall)
         _signal.setitimer(_signal.ITIMER_REAL, max(float(timeout), 0.001))
+      if cpu:
+        _signal.signal(_signal.SIGPROF, over_cpu)
+        _signal.setitimer(_signal.ITIMER_PROF, max(float(cpu), 0.001))
       rng = req.get("rng") or {}  # a state the test seeded: our draws go on from it
       if "np" in rng:
         import numpy
@@ -186,7 +197,10 @@ def _serve(program, request_fd, response_fd):
       finally:
         if timeout:
           _signal.setitimer(_signal.ITIMER_REAL, 0)
+        if cpu:
+          _signal.setitimer(_signal.ITIMER_PROF, 0)
       reply = {"value": encode(result)}
     except BaseException as e:  # pylint: disable=broad-except
       reply = _error(e)
+    reply["cpu"] = _time.process_time() - start  # the harness counts it against the test
     send(reply)

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 
 # The bubblewrap binary (a name on PATH or a path). Tests set it to a missing one to simulate a
 # host without it; the probe result is cached per value.
@@ -188,7 +189,8 @@ class _Plan:
 def run_python(source: str, *, stdin: str = "", timeout_s: float = 10.0, memory_mb: int = 512,
                max_output_bytes: int = 1 << 20, max_processes: int = 32,
                files: dict[str, str] | None = None,
-               pass_fds: tuple[int, ...] = ()) -> SandboxResult:
+               pass_fds: tuple[int, ...] = (),
+               on_start: Callable[[int], None] | None = None) -> SandboxResult:
   """Runs `source` as a script in a fresh temp dir (its cwd) under the best isolation available.
 
   Args:
@@ -202,6 +204,9 @@ def run_python(source: str, *, stdin: str = "", timeout_s: float = 10.0, memory_
     pass_fds: open file descriptors the program inherits under the same numbers (the
       verifier's channel to the program). run_python owns them: it closes them here once the
       program has started (or failed to), so the other end sees EOF when the program ends.
+    on_start: called with the host pid of the process started (bwrap, or under reduced
+      isolation the program itself) once it exists; not called when none was started. The
+      program runs in that pid's process tree (the verifier measures its CPU time there).
 
   Returns:
     A SandboxResult. The temp dir is always removed.
@@ -218,7 +223,7 @@ def run_python(source: str, *, stdin: str = "", timeout_s: float = 10.0, memory_
     raise
   return _execute(plan, source, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb,
                   max_output_bytes=max_output_bytes, max_processes=max_processes,
-                  files=files or {}, pass_fds=pass_fds)
+                  files=files or {}, pass_fds=pass_fds, on_start=on_start)
 
 
 def _close(fds) -> None:
@@ -289,7 +294,8 @@ def _plan_for(bwrap: str | None, root: bool, isolation: str = "bubblewrap",
 
 def _execute(plan: _Plan, source: str, *, stdin: str = "", timeout_s: float = 10.0,
              memory_mb: int = 512, max_output_bytes: int = 1 << 20, max_processes: int = 32,
-             files: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> SandboxResult:
+             files: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+             on_start: Callable[[int], None] | None = None) -> SandboxResult:
   files = files or {}
   owned = list(pass_fds)  # closed by _run right after the start, or below on an early failure
   try:
@@ -320,7 +326,7 @@ def _execute(plan: _Plan, source: str, *, stdin: str = "", timeout_s: float = 10
       stdin_file.seek(0)
       with _not_dumpable(plan.isolation == "rlimits"):
         return _run(cmd, stdin_file, env, workdir, timeout_s, max_output_bytes, plan.isolation,
-                    info, owned, uid)
+                    info, owned, uid, on_start)
   finally:
     _close(owned)
     _rmtree(workdir)
@@ -362,7 +368,8 @@ def _not_dumpable(needed: bool):
 
 def _run(cmd: list[str], stdin_file, env: dict[str, str], cwd: str, timeout_s: float,
          cap: int, isolation: str, info: tuple[int, int] | None,
-         pass_fds: list[int] | None = None, uid: int = -1) -> SandboxResult:
+         pass_fds: list[int] | None = None, uid: int = -1,
+         on_start: Callable[[int], None] | None = None) -> SandboxResult:
   """Starts `cmd` in its own session, reads capped output, enforces the wall-clock timeout.
 
   `info` is the pipe given to bwrap's --info-fd: it names the sandbox's init, see _stop.
@@ -389,6 +396,8 @@ def _run(cmd: list[str], stdin_file, env: dict[str, str], cwd: str, timeout_s: f
   truncated = timed_out = False
   init_pidfd = None
   try:
+    if on_start is not None:
+      on_start(proc.pid)
     with selectors.DefaultSelector() as sel:
       for fd in bufs:
         sel.register(fd, selectors.EVENT_READ)

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import io
 import json
+import math
 import os
 import re
 import select
@@ -440,9 +441,35 @@ def _mentions(upstream: str, tests: Sequence[str], prelude: str) -> bool:
   return any(u & defined for u in used)
 
 
+# A test's default wall-clock limit, from its CPU limit: generous, so that a correct program on a
+# loaded machine (where its wall time is several times its CPU time) is not cut by it, yet a
+# program that sleeps or blocks (no CPU used) is stopped.
+WALL_FACTOR = 4.0
+WALL_EXTRA_S = 10.0
+
+
+def per_test_limits(per_test_timeout_s: float | None,
+                    per_test_wall_s: float | None = None) -> dict[str, float]:
+  """One test's limits, checked: {"cpu": CPU seconds, "wall": wall-clock seconds}, either left
+  out when not set. The wall limit defaults to max(WALL_FACTOR x cpu, cpu + WALL_EXTRA_S)."""
+  for field, value in (("per_test_timeout_s", per_test_timeout_s),
+                       ("per_test_wall_s", per_test_wall_s)):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value <= 0):
+      raise ValueError(f"{field}={value!r}: expected a positive number of seconds or None")
+  cpu, wall = per_test_timeout_s, per_test_wall_s
+  if cpu is not None and wall is not None and wall < cpu:
+    raise ValueError(f"per_test_wall_s={wall!r} is below per_test_timeout_s={cpu!r}: the "
+                     "wall-clock limit must be at least the CPU limit")
+  if cpu is not None and wall is None:
+    wall = max(WALL_FACTOR * cpu, cpu + WALL_EXTRA_S)
+  return {k: float(v) for k, v in (("cpu", cpu), ("wall", wall)) if v is not None}
+
+
 def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
-              per_test_timeout_s: float | None = None, memory_mb: int = 512,
-              shared_namespace: bool = False, files: dict[str, str] | None = None,
+              per_test_timeout_s: float | None = None, per_test_wall_s: float | None = None,
+              memory_mb: int = 512, shared_namespace: bool = False,
+              files: dict[str, str] | None = None,
               prelude: str = "", remote: Sequence[str] | None = None,
               upstream: str | None = None) -> TestRun:
   """Runs the test snippets against `program`; a test passes when it raises nothing.
@@ -459,17 +486,22 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
   `upstream` + `program`, and a second sandbox runs `upstream` alone, whose definitions the
   tests use, so the program cannot replace a function of the code it builds on. `shared_namespace`: the
   tests run in order in one namespace (a later test sees what an earlier one bound);
-  otherwise each in a copy. `per_test_timeout_s` stops one hanging test (in the program, by an
-  alarm there; in the harness, by one here); `timeout_s` bounds the whole call. `files`: extra
-  files, importable on both sides (e.g. SciCode's `scicode.compare`). When the harness gives no
-  readable summary (timeout, crash), nothing counts as passed."""
+  otherwise each in a copy. `per_test_timeout_s`: the CPU seconds one test may use, in each
+  program's calls (a CPU timer there, and the CPU time of its processes, which the harness reads
+  from /proc) and in the test's own code (a timer in the harness), so that machine load does not
+  decide a reward; `per_test_wall_s`: the test's wall-clock limit, which stops a program that
+  sleeps or blocks (default: `per_test_limits`); `timeout_s` bounds the whole call in wall-clock
+  time. `files`: extra files, importable on both sides (e.g. SciCode's `scicode.compare`). When
+  the harness gives no readable summary (timeout, crash), nothing counts as passed."""
   tests = list(tests)
+  limits = per_test_limits(per_test_timeout_s, per_test_wall_s)
   isolation = sandbox.ensure_available()
   if upstream and not _mentions(upstream, tests, prelude):  # nothing of it to protect: one sandbox
     program, upstream = f"{upstream}\n\n{program}", None
   codes = [("upstream", upstream), ("program", f"{upstream}\n\n{program}")] if upstream else [
       ("program", program)]
   pipes, threads, results, spec = [], [], {}, []
+  pids, launched = {}, []  # each program's host pid: the harness measures its CPU time there
   server_fds = []  # the program's ends: run_python owns them once its thread starts
   workdir = tempfile.mkdtemp(prefix="morse-harness-")
   harness = None
@@ -485,19 +517,20 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
       # _os._exit after the loop: a thread the program left running cannot keep it alive.
       source = _server_source() + f"\n_serve({code!r}, {req_r}, {resp_w})\n_os._exit(0)\n"
 
-      def serve(label=label, source=source, fds=(req_r, resp_w)):
+      launched.append(threading.Event())
+
+      def serve(label=label, source=source, fds=(req_r, resp_w), launched=launched[-1]):
+        def on_start(pid):
+          pids[label] = pid
+          launched.set()
         try:
           results[label] = sandbox.run_python(source, timeout_s=timeout_s, memory_mb=memory_mb,
-                                              files=files, pass_fds=fds)
+                                              files=files, pass_fds=fds, on_start=on_start)
         except BaseException as e:  # pylint: disable=broad-except
           results[label] = e
+        finally:
+          launched.set()
       threads.append(threading.Thread(target=serve, daemon=True))
-    job = json.dumps({"servers": spec, "tests": tests, "prelude": prelude,
-                      "support": dict(files or {}),
-                      "remote": list(remote) if remote is not None else None,
-                      "per_test": per_test_timeout_s, "shared": bool(shared_namespace),
-                      "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
-                      "sys_path": _site_paths(), "strict": _strict_source()}).encode()
     harness = subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
         [sys.executable, "-I", "-S", "-B", "-c", _source(_HARNESS_PATH)], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,
@@ -513,6 +546,16 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
     server_fds = []
     for t in threads:
       t.start()
+    for event in launched if threads else ():
+      event.wait(timeout_s)
+    for server in spec:
+      server["pid"] = pids.get(server["label"])
+    job = json.dumps({"servers": spec, "tests": tests, "prelude": prelude,
+                      "support": dict(files or {}),
+                      "remote": list(remote) if remote is not None else None,
+                      "per_test": limits, "shared": bool(shared_namespace),
+                      "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
+                      "sys_path": _site_paths(), "strict": _strict_source()}).encode()
     try:
       out, err = harness.communicate(job, timeout=timeout_s + _HARNESS_GRACE_S)
     except subprocess.TimeoutExpired:

@@ -386,9 +386,11 @@ class SciCode:
 
   Time limits: the official harness gives a step's test script 1800 s; the slowest dev step's
   gold code (51.4, a pure-Python MD run, four tests) takes about 75 s on a busy 2-core machine,
-  so a step gets `timeout_s` in all and each test `per_test_timeout_s`. Memory: the official
-  harness sets no limit; `memory_mb` (the sandbox's address-space limit) lets every dev step's
-  gold code run."""
+  so a step gets `timeout_s` (wall clock) in all and each test `per_test_timeout_s` of CPU time
+  (so that machine load does not decide a reward) and `per_test_wall_s` of wall-clock time
+  (which stops a program that sleeps or blocks; None: `verifier.per_test_limits`' default,
+  several times the CPU limit). Memory: the official harness sets no limit; `memory_mb` (the
+  sandbox's address-space limit) lets every dev step's gold code run."""
 
   targets: Mapping[str, Sequence[Any]] | None = None
   targets_h5: str | None = None
@@ -397,6 +399,7 @@ class SciCode:
   with_background: bool = False
   timeout_s: float = 300.0
   per_test_timeout_s: float | None = 120.0
+  per_test_wall_s: float | None = None
   memory_mb: int = 4096  # address space; 10.11's gold code (an Ewald sum) makes 738 MiB arrays
   workers: int = 4  # sandbox calls in flight at once when one node is run against every step
   name: str = FAMILY
@@ -404,6 +407,9 @@ class SciCode:
                                                              repr=False, compare=False)
   _gold: scicode_gold.GoldTargets | None = dataclasses.field(default=None, init=False,
                                                              repr=False, compare=False)
+
+  def __post_init__(self):
+    verifier.per_test_limits(self.per_test_timeout_s, self.per_test_wall_s)  # raises when bad
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
     step = _step(problem, node["id"])
@@ -516,6 +522,7 @@ class SciCode:
     tests = self._tests(problem, step) if tests is None else tests
     return verifier.run_tests(program, tests, timeout_s=self.timeout_s,
                               per_test_timeout_s=self.per_test_timeout_s,
+                              per_test_wall_s=self.per_test_wall_s,
                               memory_mb=self.memory_mb, shared_namespace=True,
                               files=scicode_gold.support_files(step["test_cases"]),
                               prelude=problem.data["required_dependencies"], upstream=upstream)

@@ -183,12 +183,22 @@ class Synthetic:
   """The synthetic task family. A node's reward is the share of its unit tests passed beyond
   what the best answer that computes nothing passes (`base.reward_above_null`: a constant or the
   input unchanged passes the edge cases, e.g. `f([]) == []`), run on its code after the code of
-  its passed ancestors; it passes when all pass."""
+  its passed ancestors; it passes when all pass.
+
+  Limits (`verifier.run_tests`): `timeout_s`, the wall-clock seconds of one sandbox call (all of
+  a suite's tests); `per_test_timeout_s`, the CPU seconds of one test, so that a loaded machine
+  does not fail a correct program; `per_test_wall_s`, one test's wall-clock seconds, which stop
+  a program that sleeps or blocks (None: `verifier.per_test_limits`' default, several times the
+  CPU limit)."""
 
   timeout_s: float = 10.0
   per_test_timeout_s: float | None = 2.0
+  per_test_wall_s: float | None = None
   workers: int = 8  # sandbox calls in flight at once in score_problem
   name: str = FAMILY
+
+  def __post_init__(self):
+    verifier.per_test_limits(self.per_test_timeout_s, self.per_test_wall_s)  # raises when bad
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
     found = _find(problem, node)
@@ -210,7 +220,8 @@ class Synthetic:
 
   def _run(self, program: str, tests: Sequence[str]) -> verifier.TestRun:
     return verifier.run_tests(program, tests, timeout_s=self.timeout_s,
-                              per_test_timeout_s=self.per_test_timeout_s)
+                              per_test_timeout_s=self.per_test_timeout_s,
+                              per_test_wall_s=self.per_test_wall_s)
 
   def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
                  upstream: Mapping[str, str]) -> NodeScore:

@@ -25,7 +25,8 @@ import ctypes, json, os, sys
 from morse_jax.execution import verifier
 job = json.load(sys.stdin)
 run = verifier.run_tests(job["program"], job["tests"], prelude=job["prelude"],
-                         upstream=job["upstream"], files=job["files"], timeout_s=30.0)
+                         upstream=job["upstream"], files=job["files"], timeout_s=job["timeout"],
+                         per_test_timeout_s=job["cpu"], per_test_wall_s=job["wall"])
 print(json.dumps({"passed": run.passed, "total": run.total, "errors": run.errors,
                   "isolation": run.isolation, "pid": os.getpid(), "uid": os.getuid(),
                   "dumpable_after": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)}))
@@ -73,14 +74,16 @@ def unprivileged(readable_code):
     shutil.rmtree(top, ignore_errors=True)
 
 
-def _score(unprivileged, program, tests, prelude="", upstream=None, files=None):
+def _score(unprivileged, program, tests, prelude="", upstream=None, files=None, cpu=None,
+           wall=None, timeout=30.0):
   prefix, uid, top, code = unprivileged
   env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": top, "TMPDIR": top,
          "PYTHONPATH": code, "MORSE_SANDBOX": "reduced", "LANG": "C.UTF-8"}
   job = {"program": textwrap.dedent(program), "tests": tests, "prelude": prelude,
-         "upstream": upstream, "files": files or {}}
+         "upstream": upstream, "files": files or {}, "cpu": cpu, "wall": wall,
+         "timeout": timeout}
   proc = subprocess.run(prefix + ["-c", SCORER], input=json.dumps(job), capture_output=True,
-                        text=True, env=env, cwd=top, timeout=120, check=False)
+                        text=True, env=env, cwd=top, timeout=timeout + 90, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out["isolation"] == "rlimits" and out["uid"] == uid != 0, out
@@ -216,3 +219,20 @@ def test_a_program_cannot_open_the_scorers_memory(unprivileged):
     # caller's shell) are beyond the verifier: docs/SECURITY.md.
     ours = [o for o in report["opened"] if o[0] == scorer or scorer in o[2]]
     assert not ours, report
+
+
+def test_a_program_that_stops_its_cpu_timer_is_stopped_as_this_uid(unprivileged):
+  """The harness reads the CPU time of the program's processes from /proc as the scoring user
+  (no root): a program that switched off its own CPU timer is stopped by that."""
+  program = """
+      import signal, time
+      def f():
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        start = time.process_time()
+        while time.process_time() - start < 2.5:
+          pass
+        return 1
+      """
+  out = _score(unprivileged, program, ["assert f() == 1"], cpu=1.0, wall=60.0, timeout=120.0)
+  assert out["passed"] == 0, out
+  assert "measured on its processes" in out["errors"][0], out
