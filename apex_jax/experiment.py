@@ -23,6 +23,7 @@ from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Executor
 from apex_jax.datasets import World, read_examples
 from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import MemoryBank, MemoryConfig
+from apex_jax.memory.schema import CATEGORIES
 from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import StageConfig
 from apex_jax.training.ttrl import TtrlConfig
@@ -68,6 +69,20 @@ class Experiment:
     return dataclasses.replace(self.agents, temperature=float(t))
 
 
+def world_questions_of(world: World, categories) -> list:
+  """The world's questions of `categories` (data.categories; empty: all), in order: a demo
+  about the procedure categories asks mostly those."""
+  categories = tuple(categories)
+  unknown = [x for x in categories if x not in CATEGORIES]
+  if unknown:
+    raise ValueError(f"config.data.categories: {unknown[0]!r} is not one of "
+                     f"{', '.join(CATEGORIES)}")
+  kept = [e for e in world.examples if not categories or e.category in categories]
+  if not kept:
+    raise ValueError(f"config.data.categories {categories!r}: the world has no such question")
+  return kept
+
+
 def load_data(c) -> tuple[list, list, list]:
   """(train, test, passages) of the synthetic world, of a folder World.write wrote, or of
   HotpotQA / 2WikiMultiHopQA (data.folder: the official file folder; data.train_split /
@@ -80,7 +95,8 @@ def load_data(c) -> tuple[list, list, list]:
   if kind == "world":
     world = World.generate(c.data.world_seed, c.data.entities, c.data.questions,
                            procedures=c.data.get("procedures", False))
-    train, test = split_examples(world.examples, c.data.test_fraction, c.data.world_seed)
+    train, test = split_examples(world_questions_of(world, c.data.get("categories", ())),
+                                 c.data.test_fraction, c.data.world_seed)
     passages = world.passages
   elif kind in ("hotpotqa", "twowiki"):
     from apex_jax.datasets import sources

@@ -36,7 +36,7 @@ def get_config(arg=None):
   # procedures: the world's career / property facts in records whose right one only experience
   # tells (apex_jax.datasets.world_records; the committed toy was not trained on such worlds)
   c.data = dict(source="world", folder="", world_seed=777, entities=120, questions=64,
-                test_fraction=0.25, procedures=False)
+                test_fraction=0.25, procedures=False, categories=())
   # "ngram": the trigram search (misspelled names still find their passage); "word": exact words;
   # "index": LocalSearch over a built index
   c.search = dict(kind="ngram", index="", topk=2)

@@ -563,3 +563,16 @@ def test_the_smollm2_demo_config():
   assert not c.eval.untrained and c.eval.temperature == 0.0
   assert pipeline.ablation_names(c) == ("full", "without_memories", "without_skills")
   assert pipeline.outcome_scorer_identity(c) is None  # the rule (EM), as the toy's demo
+
+
+def test_data_categories_keep_only_those_questions():
+  from apex_jax.experiment import world_questions_of
+  from apex_jax.datasets.world import World
+
+  world = World.generate(777, 120, 60)
+  kept = world_questions_of(world, ("career", "property"))
+  assert kept and {e.category for e in kept} == {"career", "property"}
+  assert kept == [e for e in world.examples if e.category in ("career", "property")]
+  assert world_questions_of(world, ()) == list(world.examples)
+  with pytest.raises(ValueError, match=r"config.data.categories: 'carrer'"):
+    world_questions_of(world, ("carrer",))

@@ -1,0 +1,21 @@
+"""The APEx CPU demo on a world where experience carries what the question does not: the career
+and property facts sit in records (datasets.world_records), the right record's word is fixed per
+category in this world and only a right episode's workflow shows it, so memories and skills built
+from the pipeline's own episodes can tell the planner which record to search.
+
+  python -m launchers.train --config=configs/apex/demo_procedures.py
+
+Everything else is the demo's (configs/apex/demo_cpu.py); the questions are the two procedure
+categories' only, so the held-out set measures the effect experience can have.
+"""
+
+from configs.apex import demo_cpu
+
+
+def get_config(arg=None):
+  c = demo_cpu.get_config(arg)
+  c.workdir = "/tmp/apex_runs/demo_procedures"
+  # 240 questions, 48 of them career / property: 36 train, 12 held out
+  c.data.update(procedures=True, categories=("career", "property"), questions=240)
+  c.memory_build.questions = 24
+  return c
