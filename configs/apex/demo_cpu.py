@@ -30,6 +30,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.system = "apex"  # launchers.train dispatches on it (-> apex_jax.pipeline.run)
   c.seed = 0
+  c.seeds = ()  # (s1, s2, ...): the whole chain once per seed (apex_jax.seeds); (): once at seed
   c.workdir = "/tmp/apex_runs/demo_cpu"
   c.model = dict(path=arg or os.path.join(ROOT, "assets", "toy_apex"), dtype="float32")
   # "world": generated in memory; "folder": train/test/corpus.jsonl as World.write writes them

@@ -18,4 +18,5 @@ def get_config(arg=None):
   # 240 questions, 48 of them career / property: 36 train, 12 held out
   c.data.update(procedures=True, categories=("career", "property"), questions=240)
   c.memory_build.questions = 24
+  c.seeds = (0, 1, 2)  # apex_jax.seeds: the whole chain per seed, the rows side by side
   return c

@@ -1,0 +1,46 @@
+"""apex_jax.seeds: the per-seed table's statistics and orders, by hand."""
+
+import ml_collections
+import pytest
+
+from apex_jax import seeds
+
+
+def test_summarize_means_spreads_and_orders_by_hand():
+  per_seed = {
+      0: {"untrained": {"em": 0.25, "f1": 0.25}, "full": {"em": 0.5, "f1": 0.5},
+          "without_memories": {"em": 0.25, "f1": 0.25}, "without_skills": {"em": 0.5, "f1": 0.5}},
+      1: {"untrained": {"em": 0.5, "f1": 0.5}, "full": {"em": 0.75, "f1": 0.75},
+          "without_memories": {"em": 0.5, "f1": 0.5}, "without_skills": {"em": 0.5, "f1": 0.625}},
+  }
+  s = seeds.summarize(per_seed)
+  full = s["rows"]["full"]
+  assert full["f1"] == [0.5, 0.75] and full["f1_mean"] == pytest.approx(0.625)
+  assert full["f1_std"] == pytest.approx(0.1767767, abs=1e-6)  # sqrt(2 * 0.125^2 / 1)
+  assert s["orders"]["full>without_memories"] == {"f1_held_on": 2, "ties": 0, "seeds": 2}
+  assert s["orders"]["full>without_skills"] == {"f1_held_on": 1, "ties": 1, "seeds": 2}
+  assert s["orders"]["full>untrained"] == {"f1_held_on": 2, "ties": 0, "seeds": 2}
+  text = seeds.table(s)
+  assert "full>without_skills: F1 higher on 1 of 2 seeds (1 ties)" in text
+  assert text.splitlines()[0].split()[:3] == ["system", "F1", "s0"]
+
+
+def test_a_row_missing_in_a_seed_is_left_out_of_that_seed():
+  s = seeds.summarize({0: {"full": {"em": 1.0, "f1": 1.0}},
+                       1: {"full": {"em": 0.0, "f1": 0.0}, "untrained": {"em": 0.0, "f1": 0.0}}})
+  assert s["rows"]["untrained"]["seeds"] == [1] and s["rows"]["untrained"]["f1_std"] == 0.0
+  assert s["orders"] == {"full>untrained": {"f1_held_on": 0, "ties": 1, "seeds": 1}}
+
+
+def test_each_seed_gets_its_own_workdir_and_seed():
+  c = ml_collections.ConfigDict(dict(seed=0, seeds=(3, 4), workdir="/tmp/w"))
+  c.lock()
+  one = seeds.seed_config(c, 4)
+  assert (one.seed, one.seeds, one.workdir) == (4, (), "/tmp/w/seed_4")
+  assert (c.seed, c.workdir) == (0, "/tmp/w")
+
+
+@pytest.mark.parametrize("bad", [(), (1, 1)])
+def test_seeds_must_be_distinct(bad):
+  with pytest.raises(ValueError, match="config.seeds"):
+    seeds.run(ml_collections.ConfigDict(dict(seeds=bad, workdir="/tmp/w")))
