@@ -56,6 +56,18 @@ class Experiment:
   def executor(self, agents: AgentConfig | None = None) -> Executor:
     return Executor(self.generator, self.searcher, agents or self.agents)
 
+  def memory_build_agents(self) -> AgentConfig:
+    """The agents' settings of memory building's episodes and summaries:
+    `memory_build.temperature` (None: the agents' temperature). A small model sampled at 1
+    garbles the names it copies, so a demo on one builds its memories at a lower one."""
+    t = self.config.memory_build.get("temperature")
+    if t is None:
+      return self.agents
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+      raise ValueError(f"config.memory_build.temperature must be a number >= 0 or None, "
+                       f"got {t!r}")
+    return dataclasses.replace(self.agents, temperature=float(t))
+
   def evolving_agents(self) -> AgentConfig:
     """The agents' settings when the Distiller writes skills outside its own training stage
     (memory building, TTRL's per-batch evolution): `memory.evolve_temperature` (None: the

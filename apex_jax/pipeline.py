@@ -67,7 +67,8 @@ def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None
   """Runs the untrained system on `memory_build.questions` training questions, stores each
   episode's summarised workflow with its outcome, updates the shown memories' win rates, and
   lets the Distiller evolve every bucket that is due (all touched ones when
-  `memory_build.force_evolve`), at `memory.evolve_temperature`. snapshot: a file to back the
+  `memory_build.force_evolve`), at `memory.evolve_temperature`; episodes and summaries at
+  `memory_build.temperature` (None: the agents'). snapshot: a file to back the
   bank up to after the episodes and before the evolution (the ablations' one-pass bank).
 
   The outcome is judged as the authors' memory server records it: y2 scored by the stages'
@@ -78,8 +79,9 @@ def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None
   win rates count wins). stats: judge_calls / judge_fallbacks (answers sent to the judge, and of
   those scored by the rule; both 0 under "rule")."""
   c = exp.config.memory_build
-  planner, executor = Planner(exp.generator, exp.agents), exp.executor()
-  distiller = Distiller(exp.generator, exp.agents)
+  agents = exp.memory_build_agents()
+  planner, executor = Planner(exp.generator, agents), exp.executor(agents)
+  distiller = Distiller(exp.generator, agents)
   evolver = Distiller(exp.generator, exp.evolving_agents())
   scorer = judging.reward_accuracy(exp)
   stats = dict(episodes=0, correct=0, memories_stored=0, evolutions_applied=0,

@@ -151,7 +151,8 @@ PAPER = dict(
           dataclasses.replace(PAPER_AGENTS, max_context_tokens=32768, max_tool_tokens=8192)))
 APEX = {
     ("demo_cpu", None): DEMO_APEX,
-    ("demo_procedures", None): DEMO_APEX,  # the same settings on a procedure world
+    ("demo_procedures", None): dict(  # the demo's settings on a procedure world, TTRL "best"
+        DEMO_APEX, ttrl=(dataclasses.replace(DEMO_APEX["ttrl"][0], store="best"), DEMO_AGENTS)),
     ("demo_smollm2", None): dict(DEMO_APEX, agents=SMOLLM2_AGENTS,  # no stage, no TTRL
                                  stages=dict.fromkeys(STAGE_ORDER), ttrl=None),
     ("paper", None): PAPER,

@@ -17,6 +17,9 @@ def get_config(arg=None):
   c.workdir = "/tmp/apex_runs/demo_procedures"
   # 240 questions, 48 of them career / property: 36 train, 12 held out
   c.data.update(procedures=True, categories=("career", "property"), questions=240)
-  c.memory_build.questions = 24
+  # the toy copies names greedily but garbles them sampled at 1: memories are built greedily,
+  # and TTRL keeps each question's best judged episode, not all four
+  c.memory_build.update(questions=24, temperature=0.0)
+  c.ttrl.store = "best"
   c.seeds = (0, 1, 2)  # apex_jax.seeds: the whole chain per seed, the rows side by side
   return c

@@ -576,3 +576,21 @@ def test_data_categories_keep_only_those_questions():
   assert world_questions_of(world, ()) == list(world.examples)
   with pytest.raises(ValueError, match=r"config.data.categories: 'carrer'"):
     world_questions_of(world, ("carrer",))
+
+
+def test_memory_build_temperature_sets_only_memory_buildings_agents():
+  import ml_collections
+  from apex_jax.agents import AgentConfig
+  from apex_jax.experiment import Experiment
+
+  def built(value):
+    c = ml_collections.ConfigDict(dict(memory_build=dict(questions=2)))
+    if value != "absent":
+      c.memory_build.temperature = value
+    return type("Built", (), {"config": c, "agents": AgentConfig(temperature=1.0)})()
+
+  assert Experiment.memory_build_agents(built("absent")).temperature == 1.0
+  assert Experiment.memory_build_agents(built(None)).temperature == 1.0
+  assert Experiment.memory_build_agents(built(0.0)).temperature == 0.0
+  with pytest.raises(ValueError, match=r"config.memory_build.temperature .* got -1"):
+    Experiment.memory_build_agents(built(-1))
