@@ -180,6 +180,13 @@ def trainable_fraction(lora: LoraConfig, model: LlmConfig, router_dim: int = 128
   return trainable / (model.num_params() + trainable)
 
 
+def adapter_of(experts, routes, lora: LoraConfig, model: LlmConfig, kernel: str) -> Adapter:
+  """The one constructor of the per-row Adapter (sampler, update, lowering checks): the experts,
+  each row's route, and the layers and scale `lora` adapts."""
+  return Adapter(experts=experts, routes=routes, layers=lora.adapted_layers(model),
+                 scale=lora.scale, kernel=kernel)
+
+
 def make_adapter(experts: dict[str, ExpertWeights], lora: LoraConfig, model: LlmConfig,
                  expert_sets, kernel: str = "auto", width: int | None = None):
   """An Adapter for rows whose experts are `expert_sets[row]` (uniform weights 1/|E|).
@@ -190,5 +197,4 @@ def make_adapter(experts: dict[str, ExpertWeights], lora: LoraConfig, model: Llm
   expert_sets = [lora.check_route(s, f"route of row {row}") for row, s in enumerate(expert_sets)]
   if kernel == "auto" and len({tuple(s) for s in expert_sets}) == 1:
     kernel = "merged"
-  return Adapter(experts=experts, routes=uniform_routes(expert_sets, width),
-                 layers=lora.adapted_layers(model), scale=lora.scale, kernel=kernel)
+  return adapter_of(experts, uniform_routes(expert_sets, width), lora, model, kernel)

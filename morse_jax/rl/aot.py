@@ -35,9 +35,9 @@ from morse_jax.llm.params import abstract_params
 from morse_jax.llm.sampling import (SamplingConfig, bucket, generate_padded, length_bucket,
                                     prefill)
 from morse_jax.lora import router as router_lib
-from morse_jax.lora.experts import (LoraConfig, expert_axes, init_experts, target_dims,
+from morse_jax.lora.experts import (LoraConfig, adapter_of, expert_axes, init_experts, target_dims,
                                     target_weight)
-from morse_jax.lora.mixture import Adapter, Routes, adapted_linear
+from morse_jax.lora.mixture import Routes, adapted_linear
 from morse_jax.rl import train_step as ts
 from morse_jax.rl import update as update_lib
 from morse_jax.rl.batch import PolicyBatch, RouterBatch, padded_rows
@@ -225,10 +225,9 @@ def _sampler_inputs(config, lora, shapes, mesh, rows, kernel, dtype):
   adapter = None
   if lora is not None:
     e = shapes.route_width
-    adapter = Adapter(experts=experts(lora, config, mesh),
-                      routes=Routes(idx=_rows(mesh, (rows, e), jnp.int32),
-                                    w=_rows(mesh, (rows, e), jnp.float32)),
-                      layers=lora.adapted_layers(config), scale=lora.scale, kernel=kernel)
+    adapter = adapter_of(experts(lora, config, mesh),
+                         Routes(idx=_rows(mesh, (rows, e), jnp.int32),
+                                w=_rows(mesh, (rows, e), jnp.float32)), lora, config, kernel)
   return backbone(config, mesh, dtype), adapter
 
 

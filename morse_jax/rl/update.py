@@ -20,7 +20,7 @@ import numpy as np
 from morse_jax.llm import sharding
 from morse_jax.llm.config import LlmConfig
 from morse_jax.lora import router as router_lib
-from morse_jax.lora.experts import LoraConfig
+from morse_jax.lora.experts import LoraConfig, adapter_of
 from morse_jax.lora.mixture import Adapter
 from morse_jax.rl import compaction
 from morse_jax.rl import train_step as ts
@@ -67,8 +67,7 @@ class Update:
 
   def adapter(self, experts, routes) -> Adapter:
     """The per-row adapter of the update's forward passes (experts + each row's route)."""
-    return Adapter(experts=experts, routes=routes, layers=self.lora.adapted_layers(self.model),
-                   scale=self.lora.scale, kernel=self.kernel)
+    return adapter_of(experts, routes, self.lora, self.model, self.kernel)
 
   def init_opt_states(self, experts, router_params=None):
     return ts.init_opt_states(experts, router_params, self.step)
