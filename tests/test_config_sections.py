@@ -220,10 +220,12 @@ def test_the_toy_configs_are_the_committed_toys_runs():
   logged = logged_toy_configs("toy_apex_pretrain.log")
   assert toy(apex.get_config("1")) == logged[0]
   used = ("buckets", "max_len", "batch", "lr", "warmup", "steps", "seed")  # runs 2-4 continue
-  for run in (2, 3, 4):
+  for run in (2, 3, 4, 5):
     got = toy(apex.get_config(str(run)))
     assert {k: got[k] for k in used} == {k: logged[run - 1][k] for k in used}, run
   assert qwen3_dose.get_config().data.categories == ("string_analysis",)
   c = apex.get_config("3")
   assert (c.corpus.judge_share, c.corpus.align_share, c.corpus.distill_batches) == (0.2, 0.15, 3)
-  assert c.init == "/tmp/toy_apex_2" and apex.get_config("4").out == "assets/toy_apex"
+  assert c.init == "/tmp/toy_apex_2" and apex.get_config("4").out == "/tmp/toy_apex_4"
+  assert apex.get_config("5").out == "assets/toy_apex"  # the committed run
+  assert apex.get_config("6").init == "assets/toy_apex"
