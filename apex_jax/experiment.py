@@ -60,26 +60,22 @@ class Experiment:
     """The agents' settings of memory building's episodes and summaries:
     `memory_build.temperature` (None: the agents' temperature). A small model sampled at 1
     garbles the names it copies, so a demo on one builds its memories at a lower one."""
-    t = self.config.memory_build.get("temperature")
-    if t is None:
-      return self.agents
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
-      raise ValueError(f"config.memory_build.temperature must be a number >= 0 or None, "
-                       f"got {t!r}")
-    return dataclasses.replace(self.agents, temperature=float(t))
+    return self._agents_at("memory_build", "temperature")
 
   def evolving_agents(self) -> AgentConfig:
     """The agents' settings when the Distiller writes skills outside its own training stage
     (memory building, TTRL's per-batch evolution): `memory.evolve_temperature` (None: the
     agents' temperature). The skill document is a bank edit, not a rollout to learn from."""
-    t = self.config.memory.get("evolve_temperature")
+    return self._agents_at("memory", "evolve_temperature")
+
+  def _agents_at(self, section: str, key: str) -> AgentConfig:
+    """The agents' settings with the temperature config.<section>.<key> gives (None: theirs)."""
+    t = self.config[section].get(key)
     if t is None:
       return self.agents
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
-      raise ValueError(f"config.memory.evolve_temperature must be a number >= 0 or None, "
-                       f"got {t!r}")
+      raise ValueError(f"config.{section}.{key} must be a number >= 0 or None, got {t!r}")
     return dataclasses.replace(self.agents, temperature=float(t))
-
 
 def world_questions_of(world: World, categories) -> list:
   """The world's questions of `categories` (data.categories; empty: all), in order: a demo

@@ -587,7 +587,8 @@ def test_memory_build_temperature_sets_only_memory_buildings_agents():
     c = ml_collections.ConfigDict(dict(memory_build=dict(questions=2)))
     if value != "absent":
       c.memory_build.temperature = value
-    return type("Built", (), {"config": c, "agents": AgentConfig(temperature=1.0)})()
+    return type("Built", (), {"config": c, "agents": AgentConfig(temperature=1.0),
+                              "_agents_at": Experiment._agents_at})()
 
   assert Experiment.memory_build_agents(built("absent")).temperature == 1.0
   assert Experiment.memory_build_agents(built(None)).temperature == 1.0
