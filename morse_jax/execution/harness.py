@@ -7,7 +7,9 @@ writes the job to its stdin: the trusted prelude (e.g. HumanEval's prompt, SciCo
 lines), the test snippets, the support modules' source (imported from memory), and the pipe fds
 to each sandboxed `harness_server` that holds model-written code. It answers on its own stdout,
 which only the verifier reads: no marker, nothing the program can write to. Its first byte
-there says it made itself non-dumpable; the verifier starts the programs only after it.
+there says it made itself non-dumpable; the verifier starts the programs only after it. Each
+server says it is non-dumpable too (armed) and runs its program only on our go, which we give
+once every server of the run is armed: no program runs beside a server still starting up.
 
 The tests run here, in this process. A name a test uses that the prelude does not bind and the
 program defines (or the names given as `remote`) is bound to a proxy; calling it asks the
@@ -188,6 +190,23 @@ class Server:
       self.buf += chunk
       if len(self.buf) > _MAX_REPLY:
         raise RemoteGone("the tested program's answer is too large")
+
+  def arm(self):
+    """Waits for the server's first line: it is non-dumpable and holds its program unrun."""
+    try:
+      armed = json.loads(self._readline(self.deadline))
+    except BaseException as e:  # pylint: disable=broad-except
+      self.close(_describe(e))
+      return
+    if armed != {"armed": True}:
+      self.close("garbled armed message")
+
+  def go(self):
+    """Lets an armed server run its program."""
+    try:
+      os.write(self.req, b"go\n")
+    except OSError as e:
+      self.close(_describe(e))
 
   def start(self):
     try:
@@ -564,7 +583,13 @@ def main():
   servers = [Server(s["label"], s["request_fd"], s["response_fd"], deadline, s.get("pid"))
              for s in job["servers"]]
   for server in servers:
-    server.start()
+    server.arm()
+  if all(s.dead is None for s in servers):  # else none runs: the run fails on the dead one
+    for server in servers:
+      server.go()
+  for server in servers:
+    if server.dead is None:
+      server.start()
   load_error = next((f"program raised {s.program_error}" if s.program_error else
                      f"program did not load: {s.dead}" for s in servers if s.dead is not None),
                     None)

@@ -138,6 +138,12 @@ def _serve(program, request_fd, response_fd):
     view = memoryview(data)
     while view:
       view = view[_os.write(response_fd, view):]
+  # No program code runs until every server of the run is non-dumpable: the harness says go
+  # once all said armed (a program beside an upstream's server that was still starting could
+  # open that server's memory, the window after its exec and before the prctl above).
+  send({"armed": True})
+  if not reader.readline():
+    return
   def over_wall(*_):
     raise TimeoutError("the call ran past its wall-clock time limit (it slept, blocked or "
                        "waited)")

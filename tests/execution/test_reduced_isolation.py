@@ -12,8 +12,11 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import pytest
+
+from morse_jax.execution import verifier
 
 from tests.execution.test_sandbox import _readable_by_all
 
@@ -236,3 +239,35 @@ def test_a_program_that_stops_its_cpu_timer_is_stopped_as_this_uid(unprivileged)
   out = _score(unprivileged, program, ["assert f() == 1"], cpu=1.0, wall=60.0, timeout=120.0)
   assert out["passed"] == 0, out
   assert "measured on its processes" in out["errors"][0], out
+
+
+def test_a_server_runs_its_program_only_after_the_go():
+  """A server says it is armed (non-dumpable) before it runs any program code, and runs it only
+  when the harness says go: the harness gives it once every server of the run is armed, so no
+  program runs beside a server that is still starting (and dumpable)."""
+  top = tempfile.mkdtemp(prefix="morse-go-")
+  try:
+    mark = os.path.join(top, "ran")
+    program = f"open({mark!r}, 'w').close()\ndef f():\n  return 1\n"
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    source = (verifier._server_source()  # pylint: disable=protected-access
+              + f"\n_serve({program!r}, {req_r}, {resp_w})\n_os._exit(0)\n")
+    proc = subprocess.Popen([sys.executable, "-I", "-c", source], pass_fds=(req_r, resp_w))
+    os.close(req_r)
+    os.close(resp_w)
+    reader = os.fdopen(resp_r, "rb")
+    try:
+      assert json.loads(reader.readline()) == {"armed": True}
+      time.sleep(0.5)
+      assert not os.path.exists(mark), "the program ran before the go"
+      os.write(req_w, b"go\n")
+      ready = json.loads(reader.readline())
+      assert ready["ready"] and ready["names"] == {"f": "call"}, ready
+      assert os.path.exists(mark)
+    finally:
+      os.close(req_w)
+      reader.close()
+      proc.wait(10)
+  finally:
+    shutil.rmtree(top, ignore_errors=True)
