@@ -11,10 +11,10 @@ as that is); the world, its split and every other setting stay the config's.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 from apex_jax import pipeline
+from morse_jax.experiments.table2 import mean_std
 
 # (row that should be higher, row that should be lower): the orders the ablation is about
 ORDERS = (("full", "without_memories"), ("full", "without_skills"), ("full", "untrained"))
@@ -28,13 +28,6 @@ def seed_config(config, seed: int):
   return c
 
 
-def _mean_std(values):
-  n = len(values)
-  mean = sum(values) / n
-  std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-  return mean, std
-
-
 def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
   """{"rows": {name: {"em": [..], "f1": [..], "f1_mean", "f1_std", "em_mean", "em_std"}},
   "orders": {"full>without_memories": {"f1_held_on": k, "seeds": n, "ties": t}, ...}} from each
@@ -46,7 +39,7 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
     row = {"seeds": [s for s in per_seed if name in per_seed[s]]}
     for key in ("em", "f1"):
       row[key] = [r[key] for r in got]
-      row[f"{key}_mean"], row[f"{key}_std"] = _mean_std(row[key])
+      row[f"{key}_mean"], row[f"{key}_std"] = mean_std(row[key])
     rows[name] = row
   orders = {}
   for high, low in ORDERS:

@@ -144,6 +144,12 @@ def finish(variant: str, seed: int | None, updates: int, workdir: str, records_p
   return run
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+  """The mean and the sample standard deviation over seeds (ddof 1; 0 for one value)."""
+  values = np.asarray(values, np.float64)
+  return float(values.mean()), float(values.std(ddof=1)) if values.size > 1 else 0.0
+
+
 def summarize(runs: Sequence[dict], comparisons: Sequence[Sequence[str]]) -> dict:
   """Mean and spread (sample std over seeds, 0 for one run) of held-out step pass (nodes), the
   family's step pass (mean over problems) and problem pass per variant, and the paired tests of
@@ -155,10 +161,9 @@ def summarize(runs: Sequence[dict], comparisons: Sequence[Sequence[str]]) -> dic
   for variant, rs in by_variant.items():
     row = {"seeds": [r["seed"] for r in rs], "updates": [r["updates"] for r in rs]}
     for k in ("step_pass", "family_step_pass", "problem_pass"):
-      values = np.array([r["summary"][k] for r in rs], np.float64)
-      row[k] = {"mean": float(values.mean()),
-                "std": float(values.std(ddof=1)) if values.size > 1 else 0.0,
-                "runs": values.tolist()}
+      values = [float(r["summary"][k]) for r in rs]
+      mean, std = mean_std(values)
+      row[k] = {"mean": mean, "std": std, "runs": values}
     rows[variant] = row
   means = {(v, unit): _seed_means(rs, unit) for v, rs in by_variant.items()
            for unit in UNITS}

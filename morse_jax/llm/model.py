@@ -121,16 +121,23 @@ def _attention(q, k, v, mask, config: LlmConfig):
   if t == 1:
     return _decode_attention(q, k, v, mask, config)
   out_dtype = v.dtype
-  if jax.default_backend() == "cpu" and q.dtype != jnp.float32:
-    # XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk")
-    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
-  q = q.reshape(b, t, config.num_kv_heads, groups, config.head_dim)
-  scores = jnp.einsum("btkgx,bksx->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = scores * (config.head_dim ** -0.5)
-  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bksx->btkgx", probs, v, preferred_element_type=jnp.float32)
-  return out.reshape(b, t, config.q_size).astype(out_dtype)
+
+  def attend(q, k, v):
+    q = q.reshape(b, t, config.num_kv_heads, groups, config.head_dim)
+    scores = jnp.einsum("btkgx,bksx->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (config.head_dim ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksx->btkgx", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, config.q_size).astype(out_dtype)
+
+  if q.dtype == jnp.float32:
+    return attend(q, k, v)
+  # XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk"), so
+  # on CPU the 16-bit operands go up to f32 first. Chosen when lowering, for the platform lowered
+  # for (a TPU export made on this CPU gets the 16-bit dots), not by the host's default backend.
+  upcast = lambda q, k, v: attend(*(a.astype(jnp.float32) for a in (q, k, v)))
+  return jax.lax.platform_dependent(q, k, v, cpu=upcast, default=attend)
 
 
 def _decode_attention(q, k, v, mask, config: LlmConfig):

@@ -135,12 +135,23 @@ def _grouped(x, a, b, routes: Routes):
   return out.reshape(bsz, t, -1)
 
 
+def _auto_delta(x, a, b, routes: Routes):
+  """`pick_kernel`'s choice, made for the platform lowered for: a TPU export made on this CPU
+  gets the accelerator's kernel, not the host's."""
+  shapes = x.shape[1], a.shape[0], routes.idx.shape[1]
+  on_cpu, elsewhere = pick_kernel(*shapes, backend="cpu"), pick_kernel(*shapes, backend="tpu")
+  delta = lambda kernel: lambda x, a, b, routes: mixture_delta(x, a, b, routes, kernel)
+  if on_cpu == elsewhere:
+    return delta(on_cpu)(x, a, b, routes)
+  return jax.lax.platform_dependent(x, a, b, routes, cpu=delta(on_cpu), default=delta(elsewhere))
+
+
 def mixture_delta(x, a, b, routes: Routes, kernel: str):
   """The unscaled per-row mixture x -> [b, t, o] float32 by a per-row kernel. "merged" folds its
   delta into the frozen weight, which a fused decode layer does not hold apart; its rows share
   one route, so `gather` gives the same delta."""
   if kernel == "auto":
-    kernel = pick_kernel(x.shape[1], a.shape[0], routes.idx.shape[1])
+    return _auto_delta(x, a, b, routes)
   if kernel == "merged":
     kernel = "gather"
   if kernel not in ("dense", "gather", "grouped"):
@@ -153,8 +164,6 @@ def adapted_linear(x, w, bias, a, b, routes: Routes, scale: float, kernel: str):
 
   kernel "auto" picks among the per-row kernels from the (static) shapes at trace time.
   """
-  if kernel == "auto":
-    kernel = pick_kernel(x.shape[1], a.shape[0], routes.idx.shape[1])
   if kernel == "merged":
     # One [d, E*r] x [E*r, o] product: a 3-operand einsum can materialise [e, d, r, o].
     a_cat = a[routes.idx[0]] * routes.w[0][:, None, None].astype(a.dtype)  # [e, d, r]
@@ -180,16 +189,15 @@ def reference_delta(x, a, b, routes: Routes, scale: float):
   return jnp.stack(rows)
 
 
-def pick_kernel(tokens_per_row: int, num_experts: int, route_width: int,
-                backend: str | None = None) -> str:
-  """A per-row kernel from static shapes (`benchmarks.mixture` measures the real choice).
+def pick_kernel(tokens_per_row: int, num_experts: int, route_width: int, backend: str) -> str:
+  """A per-row kernel from static shapes on `backend` ("cpu" or an accelerator's name;
+  `benchmarks.mixture` measures the real choice).
 
   `dense` computes every expert but needs no gather: best while K is at most twice the route
   width (the default 6 experts, routes of 3). `gather` wins for larger K. `grouped` uses
   ragged_dot, which XLA:CPU emulates slowly (measured 2.4x the dense kernel), so only on
   accelerators and long rows.
   """
-  backend = backend or jax.default_backend()
   if backend != "cpu" and tokens_per_row >= 256 and num_experts > 2 * route_width:
     return "grouped"
   return "dense" if num_experts <= 2 * route_width else "gather"

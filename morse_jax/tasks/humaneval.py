@@ -104,10 +104,18 @@ class HumanEval:
   prefilling turned its 66 body-less repeats of 164 into 145 blocks closed at once, and pass@1
   from 3 to 0 of 164."""
 
-  timeout_s: float = 10.0
+  timeout_s: float = 120.0
   allow_unfenced: bool = True
   prefill: bool = False
   name: str = FAMILY
+  # The check's limits count CPU time (`per_test_timeout_s`), so machine load does not decide a
+  # reward, with a wall-clock guard (`per_test_wall_s`, None: several times the CPU limit) for
+  # a program that sleeps or blocks; `timeout_s` bounds the whole call in wall-clock time.
+  per_test_timeout_s: float | None = 10.0
+  per_test_wall_s: float | None = None
+
+  def __post_init__(self):
+    verifier.per_test_limits(self.per_test_timeout_s, self.per_test_wall_s)  # raises when bad
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
     entry = problem.data["entry_point"]
@@ -159,6 +167,8 @@ class HumanEval:
     # The test and the prompt (its helpers, e.g. `poly` of problem 32) run in the trusted
     # harness; only `entry` is the program's, called in the sandbox (docs/SECURITY.md).
     run = verifier.run_tests(program, [test], timeout_s=self.timeout_s,
+                             per_test_timeout_s=self.per_test_timeout_s,
+                             per_test_wall_s=self.per_test_wall_s,
                              prelude=problem.data["prompt"], remote=[entry])
     reward = 1.0 if run.total and run.passed == run.total else 0.0
     details: dict[str, Any] = {"isolation": run.isolation, "code": code}

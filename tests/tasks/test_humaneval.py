@@ -165,3 +165,15 @@ def test_canonical_oracle_runs_a_chunk():
   config.task.skip = 162  # the last two problems
   summary = pipeline.canonical(config)
   assert (summary["tasks"], summary["passed"]) == (2, 2)
+
+
+def test_the_checks_limit_counts_cpu_time(problems):
+  """An endless loop is stopped by the check's CPU-time limit (not the call's wall clock), and a
+  bad limit is refused naming the field."""
+  family = humaneval.HumanEval(per_test_timeout_s=1.0)
+  p = problems["HumanEval/0"]
+  spin = "```python\ndef has_close_elements(numbers, threshold):\n    while True:\n        pass\n```"
+  score = _score(family, p, spin)
+  assert not score.passed and "CPU time" in score.details["reason"], score.details
+  with pytest.raises(ValueError, match="per_test_timeout_s=-1"):
+    humaneval.HumanEval(per_test_timeout_s=-1)
