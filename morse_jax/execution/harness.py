@@ -191,14 +191,18 @@ class Server:
       if len(self.buf) > _MAX_REPLY:
         raise RemoteGone("the tested program's answer is too large")
 
-  def arm(self):
-    """Waits for the server's first line: it is non-dumpable and holds its program unrun."""
+  def _start_message(self):
+    """The server's next start-up line as JSON (None when it closed: `dead` says why)."""
     try:
-      armed = json.loads(self._readline(self.deadline))
+      return json.loads(self._readline(self.deadline))
     except BaseException as e:  # pylint: disable=broad-except
       self.close(_describe(e))
-      return
-    if armed != {"armed": True}:
+      return None
+
+  def arm(self):
+    """Waits for the server's first line: it is non-dumpable and holds its program unrun."""
+    armed = self._start_message()
+    if self.dead is None and armed != {"armed": True}:
       self.close("garbled armed message")
 
   def go(self):
@@ -209,10 +213,8 @@ class Server:
       self.close(_describe(e))
 
   def start(self):
-    try:
-      ready = json.loads(self._readline(self.deadline))
-    except BaseException as e:  # pylint: disable=broad-except
-      self.close(_describe(e))
+    ready = self._start_message()
+    if self.dead is not None:
       return
     if not isinstance(ready, dict):
       self.close("garbled start message")
