@@ -1,13 +1,14 @@
-"""The committed APEx toy (assets/toy_apex): five runs on this 2-core CPU, each continuing from
-the one before (docs/RESULTS.md, assets/toy_apex_pretrain.log):
+"""The committed APEx toy (assets/toy_apex): runs 1-5 and 7 on this 2-core CPU, each continuing
+from its parent (`PARENT`, else the run before; docs/RESULTS.md, assets/toy_apex_pretrain.log):
 
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:1    # -> /tmp/toy_apex_1
-  python -m launchers.pretrain_toy --config=configs/toy/apex.py:2    # ... 3, 4, then 5 -> assets/toy_apex
-  python -m launchers.pretrain_toy --config=configs/toy/apex.py:6    # procedure worlds, from assets/toy_apex
-  python -m launchers.pretrain_toy --config=configs/toy/apex.py:7    # both, longer, from assets/toy_apex
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:2    # ... 3, 4, 5 -> /tmp/toy_apex_5
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:6    # procedure worlds, from run 5
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:7    # both, longer, from run 5 -> assets/toy_apex
 
 Runs 1-4 taught the formats on eight new worlds each; run 5 taught reading (drills, copies after
-a space); runs 6 and 7 (not committed) continue on procedure worlds (datasets.world_records).
+a space); run 6 (not committed) and run 7 (committed) continue run 5 on procedure worlds
+(datasets.world_records).
 """
 
 from configs.toy import common
@@ -36,11 +37,15 @@ RUNS = {
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
 }
-COMMITTED = 5  # the run whose model is assets/toy_apex
+COMMITTED = 7  # the run whose model is assets/toy_apex
 DATA = {5: dict(worlds=30, apex_other_share=0.25),
         6: dict(worlds=20, apex_other_share=0.5, world_procedures=True),
         7: dict(worlds=30, apex_other_share=0.4, world_procedures=True)}
-INIT = {7: "assets/toy_apex"}  # where a run starts that does not continue the one before
+PARENT = {6: 5, 7: 5}  # the run a run continues, where it is not the one before
+
+
+def out_dir(run: int) -> str:
+  return "assets/toy_apex" if run == COMMITTED else f"/tmp/toy_apex_{run}"
 
 
 def get_config(arg=None):
@@ -48,10 +53,8 @@ def get_config(arg=None):
   if run not in RUNS:
     raise ValueError(f"configs/toy/apex.py: run {arg!r} is not one of {sorted(RUNS)}")
   toy_values, corpus_values = RUNS[run]
-  out = "assets/toy_apex" if run == COMMITTED else f"/tmp/toy_apex_{run}"
-  c = common.base(out, hidden=192, vocab_size=2048, batch=16, **toy_values)
-  c.init = INIT.get(run, "" if run == 1 else "assets/toy_apex" if run - 1 == COMMITTED
-                   else f"/tmp/toy_apex_{run - 1}")
+  c = common.base(out_dir(run), hidden=192, vocab_size=2048, batch=16, **toy_values)
+  c.init = "" if run == 1 else out_dir(PARENT.get(run, run - 1))
   c.corpus.update(corpus_values)
   c.data.update(corpus="apex", worlds=8, apex_topk=2, replay=0.0)
   c.data.update(DATA.get(run, {}))
