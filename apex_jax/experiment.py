@@ -77,6 +77,7 @@ class Experiment:
       raise ValueError(f"config.{section}.{key} must be a number >= 0 or None, got {t!r}")
     return dataclasses.replace(self.agents, temperature=float(t))
 
+
 def world_questions_of(world: World, categories) -> list:
   """The world's questions of `categories` (data.categories; empty: all), in order: a demo
   about the procedure categories asks mostly those."""

@@ -9,7 +9,9 @@ import pytest
 
 from configs.morse import common
 from morse_jax.llm import sharding
+from morse_jax.llm import model as model_lib
 from morse_jax.llm.config import LlmConfig
+from morse_jax.lora import mixture
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.router import RouterConfig
 from morse_jax.rl import aot
@@ -270,7 +272,6 @@ def test_fit_launcher_reports_the_presets_shapes_and_bytes(tmp_path):
   assert update["arguments"] > backbone and "compiled_cpu" not in entry["programs"]["update"]
 
 
-
 def _dot_operand_types(module_text):
   """The element types of the dot_general operands in an exported module."""
   dots = re.findall(r"stablehlo\.dot_general.*?-> tensor<[^>]*>", module_text)
@@ -281,13 +282,11 @@ def test_platform_choices_follow_the_platform_lowered_for():
   """Choices made for XLA:CPU (16-bit attention products upcast, no ragged_dot kernel) are made
   when lowering, for the platform lowered for: a TPU or GPU export made on this CPU does not
   carry them."""
-  from morse_jax.llm import model  # pylint: disable=import-outside-toplevel
-  from morse_jax.lora import mixture  # pylint: disable=import-outside-toplevel
   bf16, f32 = jax.numpy.bfloat16, jax.numpy.float32
   q = jax.ShapeDtypeStruct((2, 16, SMALL.num_heads, SMALL.head_dim), bf16)
   kv = jax.ShapeDtypeStruct((2, SMALL.num_kv_heads, 16, SMALL.head_dim), bf16)
   mask = jax.ShapeDtypeStruct((2, 16, 16), jax.numpy.bool_)
-  attend = jax.jit(lambda q, k, v, m: model._attention(q, k, v, m, SMALL))  # pylint: disable=protected-access
+  attend = jax.jit(lambda q, k, v, m: model_lib._attention(q, k, v, m, SMALL))  # pylint: disable=protected-access
   types = {p: _dot_operand_types(aot.export(attend, (q, kv, kv, mask), platform=p).mlir_module())
            for p in ("cpu", "tpu", "cuda")}
   assert types == {"cpu": {"f32"}, "tpu": {"bf16"}, "cuda": {"bf16"}}, types

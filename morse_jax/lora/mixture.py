@@ -139,6 +139,7 @@ def _auto_delta(x, a, b, routes: Routes):
   """`pick_kernel`'s choice, made for the platform lowered for: a TPU export made on this CPU
   gets the accelerator's kernel, not the host's."""
   shapes = x.shape[1], a.shape[0], routes.idx.shape[1]
+  # pick_kernel tells only CPU from accelerators: "tpu" stands for every accelerator
   on_cpu, elsewhere = pick_kernel(*shapes, backend="cpu"), pick_kernel(*shapes, backend="tpu")
   delta = lambda kernel: lambda x, a, b, routes: mixture_delta(x, a, b, routes, kernel)
   if on_cpu == elsewhere:
@@ -162,7 +163,8 @@ def mixture_delta(x, a, b, routes: Routes, kernel: str):
 def adapted_linear(x, w, bias, a, b, routes: Routes, scale: float, kernel: str):
   """x [b,t,d], w [o,d], bias [o] or None, a [K,d,r], b [K,r,o] -> [b,t,o] in x.dtype.
 
-  kernel "auto" picks among the per-row kernels from the (static) shapes at trace time.
+  kernel "auto" picks among the per-row kernels from the (static) shapes, for the platform
+  lowered for (`_auto_delta`).
   """
   if kernel == "merged":
     # One [d, E*r] x [E*r, o] product: a 3-operand einsum can materialise [e, d, r, o].
