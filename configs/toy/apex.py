@@ -1,14 +1,15 @@
-"""The committed APEx toy (assets/toy_apex): runs 1-5 and 7 on this 2-core CPU, each continuing
+"""The committed APEx toy (assets/toy_apex): runs 1-5, 7 and 8 on this 2-core CPU, each continuing
 from its parent (`PARENT`, else the run before; docs/RESULTS.md, assets/toy_apex_pretrain.log):
 
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:1    # -> /tmp/toy_apex_1
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:2    # ... 3, 4, 5 -> /tmp/toy_apex_5
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:6    # procedure worlds, from run 5
-  python -m launchers.pretrain_toy --config=configs/toy/apex.py:7    # both, longer, from run 5 -> assets/toy_apex
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:7    # both, longer, from run 5
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:8    # run 7 continued -> assets/toy_apex
 
 Runs 1-4 taught the formats on eight new worlds each; run 5 taught reading (drills, copies after
-a space); run 6 (not committed) and run 7 (committed) continue run 5 on procedure worlds
-(datasets.world_records).
+a space); run 6 (not committed) and run 7 continue run 5 on procedure worlds
+(datasets.world_records); run 8 (committed) continues run 7 on 30 new ones.
 """
 
 from configs.toy import common
@@ -36,11 +37,16 @@ RUNS = {
     7: (dict(steps=400, lr=7e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=7),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
+    # run 7 continued at a lower rate on 30 new procedure worlds: its loss was still falling
+    8: (dict(steps=300, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=8),
+        dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
+             spaced_copies=True)),
 }
-COMMITTED = 7  # the run whose model is assets/toy_apex
+COMMITTED = 8  # the run whose model is assets/toy_apex
 DATA = {5: dict(worlds=30, apex_other_share=0.25),
         6: dict(worlds=20, apex_other_share=0.5, world_procedures=True),
-        7: dict(worlds=30, apex_other_share=0.4, world_procedures=True)}
+        7: dict(worlds=30, apex_other_share=0.4, world_procedures=True),
+        8: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
 PARENT = {6: 5, 7: 5}  # the run a run continues, where it is not the one before
 
 
