@@ -60,8 +60,10 @@ def cache_bytes(config, rows: int, slots: int, itemsize: int = 4) -> int:
   return 2 * config.num_layers * rows * config.num_kv_heads * slots * config.head_dim * itemsize
 
 
-def step_ms(model, prompts, new: int, sampling=None, repeats: int = 3) -> dict:
-  """ms per decode step and the prefill (+ first step) seconds, from `new` and 1 tokens."""
+def step_ms(model, prompts, new: int, sampling=None, repeats: int = 3,
+            unstack: bool | None = None) -> dict:
+  """ms per decode step and the prefill (+ first step) seconds, from `new` and 1 tokens.
+  unstack: the decode loop's layout (`generate_padded`'s; None: `default_unstack`'s choice)."""
   import jax
   import jax.numpy as jnp
 
@@ -76,19 +78,21 @@ def step_ms(model, prompts, new: int, sampling=None, repeats: int = 3) -> dict:
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(rows))
   gen_len = sampling_lib.bucket(new)
   bits = model_lib.bits_view(model.params)  # as `llm.sample` runs it
+  if unstack is None:
+    unstack = sampling_lib.default_unstack(model.params)
 
   def run(n):
     out = sampling_lib.generate_padded(
         model.params, model.config, jnp.asarray(tokens), jnp.asarray(mask), keys, jnp.int32(n),
         sampling=sampling, gen_len=gen_len, eos_ids=(),
-        unstack=sampling_lib.default_unstack(model.params), bits=bits)
+        unstack=unstack, bits=bits)
     return jax.block_until_ready(out)
 
   run(1)  # compile
   one = min(_seconds(lambda: run(1)) for _ in range(repeats))
   full = min(_seconds(lambda: run(new)) for _ in range(repeats))
   return {"step_ms": 1000 * (full - one) / (new - 1), "prefill_and_first_step_s": one,
-          "prompt_bucket": p, "cache_slots": p + gen_len}
+          "prompt_bucket": p, "cache_slots": p + gen_len, "fused_decode_layout": unstack}
 
 
 def profile(model, prompts, new: int, full_ms: float) -> dict:
@@ -113,12 +117,15 @@ def profile(model, prompts, new: int, full_ms: float) -> dict:
           "head": model.params.embed if model.params.lm_head is None else model.params.lm_head,
           "final_norm": model.params.final_norm}
 
+  def dot(spec, x, w):  # as the model's products: f32 accumulation, back to the input's type
+    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
   def projections(x, a):
     for lp in a["layers"]:
       q, _, _ = fused_decode.FUSED.qkv(x, lp, None, None, c)
-      x = x + jnp.einsum("btd,do->bto", q, lp.wo)
-      gate, up = jnp.split(jnp.einsum("btd,df->btf", x, lp.w_gate_up), 2, axis=-1)
-      x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp.w_down) * 0.01
+      x = x + dot("btd,do->bto", q.astype(x.dtype), lp.wo)
+      gate, up = jnp.split(dot("btd,df->btf", x, lp.w_gate_up), 2, axis=-1)
+      x = x + dot("btf,fd->btd", jax.nn.silu(gate) * up, lp.w_down) * 0.01
     return x
 
   def head(x, a):
@@ -139,9 +146,10 @@ def profile(model, prompts, new: int, full_ms: float) -> dict:
   return out
 
 
-def measure(model, prompts, new: int, sampling=None, with_profile: bool = True) -> dict:
+def measure(model, prompts, new: int, sampling=None, with_profile: bool = True,
+            unstack: bool | None = None, repeats: int = 3) -> dict:
   """step_ms, the floor and (optionally) the profile for one batch of prompts."""
-  result = step_ms(model, prompts, new, sampling)
+  result = step_ms(model, prompts, new, sampling, repeats, unstack)
   bw = read_bandwidth_gbs()
   weights = weight_bytes(model.params)
   kv = cache_bytes(model.config, len(prompts), result["cache_slots"],
@@ -167,12 +175,15 @@ def main(argv):
   model = llm.load(os.path.expanduser(f.model), dtype=getattr(jnp, f.dtype))
   prompts = np.random.RandomState(0).randint(5, model.config.vocab_size,
                                              (f.rows, f.prompt)).tolist()
-  r = measure(model, prompts, f.new)
+  layout = {"auto": None, "fused": True, "stacked": False}[f.layout]
+  r = measure(model, prompts, f.new, with_profile=f.profile, unstack=layout, repeats=f.repeats)
   print(f"{r['step_ms']:.1f} ms per decode step ({f.rows} rows, {f.prompt}-token "
         f"prompts, {r['cache_slots']} cache slots); floor {r['floor_ms']:.1f} ms "
         f"({r['weight_bytes'] / 1e6:.0f} MB at {r['read_bandwidth_gbs']['best']:.1f} GB/s), "
-        f"{r['step_over_floor']:.2f}x; with the cache {r['floor_with_cache_ms']:.1f} ms")
-  print("profile (ms per step):", {k: round(v, 1) for k, v in r["profile_ms"].items()})
+        f"{r['step_over_floor']:.2f}x; with the cache {r['floor_with_cache_ms']:.1f} ms; "
+        f"fused decode layout: {r['fused_decode_layout']}")
+  if f.profile:
+    print("profile (ms per step):", {k: round(v, 1) for k, v in r["profile_ms"].items()})
 
 
 if __name__ == "__main__":
@@ -182,4 +193,9 @@ if __name__ == "__main__":
   flags.DEFINE_integer("prompt", 350, "Prompt tokens per row.")
   flags.DEFINE_integer("new", 256, "Generated tokens.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights.")
+  flags.DEFINE_enum("layout", "auto", ["auto", "fused", "stacked"],
+                    "The decode loop's weights: fused_decode's per-layer copies, the stored "
+                    "stacked ones, or the default's choice (fused where the copy fits).")
+  flags.DEFINE_bool("profile", True, "Also measure where a step's time goes.")
+  flags.DEFINE_integer("repeats", 3, "Timed runs per length (the fastest counts).")
   app.run(main)

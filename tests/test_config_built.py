@@ -123,7 +123,7 @@ PAPER_AGENTS = AgentConfig(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,
 DEMO_APEX = dict(
     lora=dataclasses.replace(APEX_LORA, last_n_layers=2),
     step=StepConfig(estimator="grpo", aggregation="token-mean", advantage_clip=5.0,
-                    min_reward_std=5e-4),
+                    min_reward_std=5e-4, micro_batches=4),
     agents=DEMO_AGENTS,
     bank=MemoryConfig(k=2, k_replan=1, evolve_every=4, evolve_min_size=2, evolve_window=8),
     stages={"executor": (StageConfig("executor", 6, 4, 4, 1e-3, 1.0, 80), DEMO_AGENTS),
