@@ -1,0 +1,86 @@
+"""What the APEx demo's system does on each held-out question, with and without the memories of
+a bank: the planner context it was shown, its plan, the executor's turns and the answer.
+
+  python -m benchmarks.apex_demo_trace --bank=<workdir>/seed_0/banks/before_ttrl.db \
+      [--config=configs/apex/demo_procedures.py] [--model=assets/toy_apex] [--questions=12]
+
+The experts are the untrained ones (the base toy: the demo's `untrained` row), greedy; the bank
+file is copied first, so it is read only. Why it exists: the ablation table says whether the
+rows differ, this says why (RESULTS, "The procedure demo").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+
+from absl import app, flags
+
+_BANK = flags.DEFINE_string("bank", None, "A memory bank file (sqlite) of a demo run.")
+_CONFIG = flags.DEFINE_string("config", "configs/apex/demo_procedures.py", "The demo's config.")
+_MODEL = flags.DEFINE_string("model", None, "The backbone folder (default: the config's).")
+_QUESTIONS = flags.DEFINE_integer("questions", 0, "Held-out questions (0: the config's eval).")
+
+
+def _config(path: str, model: str | None):
+  spec = importlib.util.spec_from_file_location("demo_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(model)
+
+
+def _flat(text: str, limit: int) -> str:
+  return re.sub(r"\s+", " ", text)[:limit]
+
+
+def trace(c, bank_file: str, questions: int = 0) -> dict:
+  """{use_memories: right answers} after printing every episode."""
+  import jax
+
+  from apex_jax import experiment
+  from apex_jax.agents.episode import run_episode
+  from apex_jax.agents.executor import Executor
+  from apex_jax.agents.planner import Planner
+
+  work = tempfile.mkdtemp(prefix="apex_trace_")
+  c.workdir, c.memory.path = work, os.path.join(work, "bank.db")
+  shutil.copy(bank_file, c.memory.path)
+  exp = experiment.build(c)
+  agents = dataclasses.replace(exp.agents, temperature=0.0)
+  examples = exp.test[:questions or c.eval.questions]
+  right = {}
+  for use_memories in (True, False):
+    episodes = run_episode(Planner(exp.generator, agents),
+                           Executor(exp.generator, exp.searcher, agents),
+                           [ex.question for ex in examples], rng=jax.random.PRNGKey(c.seed),
+                           bank=exp.bank, categories=[ex.category for ex in examples],
+                           use_memories=use_memories, use_skills=True)
+    right[use_memories] = 0
+    for ep, ex in zip(episodes, examples):
+      ok = (ep.y2 or "").strip() in [a.strip() for a in ex.answers]
+      right[use_memories] += ok
+      print(f"=== memories={use_memories} right={ok} [{ex.category}] {ex.question} "
+            f"gold {list(ex.answers)} answer {ep.y2!r}")
+      print("  gold searches:", [h.query for h in ex.chain])
+      if use_memories and ep.context is not None:
+        print("  context:", _flat(ep.context.text, 900))
+      print("  plan:", ep.plan.replace("\n", " | "))
+      for run in ep.executor:
+        print("  executor:", _flat(run.text, 600))
+    print(f"right with memories={use_memories}: {right[use_memories]} of {len(examples)}")
+  shutil.rmtree(work, ignore_errors=True)
+  return right
+
+
+def main(argv):
+  del argv
+  trace(_config(_CONFIG.value, _MODEL.value), _BANK.value, _QUESTIONS.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("bank")
+  app.run(main)
