@@ -45,6 +45,7 @@ def trace(c, bank_file: str, questions: int = 0) -> dict:
   from apex_jax.agents.episode import run_episode
   from apex_jax.agents.executor import Executor
   from apex_jax.agents.planner import Planner
+  from apex_jax.judges import rule
 
   work = tempfile.mkdtemp(prefix="apex_trace_")
   c.workdir, c.memory.path = work, os.path.join(work, "bank.db")
@@ -61,7 +62,7 @@ def trace(c, bank_file: str, questions: int = 0) -> dict:
                            use_memories=use_memories, use_skills=True)
     right[use_memories] = 0
     for ep, ex in zip(episodes, examples):
-      ok = (ep.y2 or "").strip() in [a.strip() for a in ex.answers]
+      ok = rule.exact_match(ep.y2 or "", ex.answers) == 1.0  # the ablation table's EM
       right[use_memories] += ok
       print(f"=== memories={use_memories} right={ok} [{ex.category}] {ex.question} "
             f"gold {list(ex.answers)} answer {ep.y2!r}")

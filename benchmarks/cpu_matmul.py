@@ -10,9 +10,9 @@ decode step's products should run (RESULTS, Qwen2.5-Coder: "Speed against transf
 
 from __future__ import annotations
 
-import time
-
 from absl import app, flags
+
+from benchmarks.common import median_seconds
 
 _ROWS = flags.DEFINE_list("rows", ["8", "32", "128"], "Rows (tokens) per product.")
 _K = flags.DEFINE_integer("k", 1536, "Input width.")
@@ -21,13 +21,11 @@ _LAYERS = flags.DEFINE_integer("layers", 4, "Stacked weights of the scan case.")
 
 
 def _seconds(fn, *args, repeats: int = 10) -> float:
+  """Median seconds of one call, after a first (compiling) one."""
   import jax
-  jax.block_until_ready(fn(*args))
-  start = time.perf_counter()
-  for _ in range(repeats):
-    out = fn(*args)
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / repeats
+  run = lambda: jax.block_until_ready(fn(*args))
+  run()
+  return median_seconds(run, repeats)
 
 
 def measure(rows: int, k: int, n: int, layers: int) -> dict:

@@ -2,7 +2,6 @@
 counts what it prints."""
 
 import os
-import shutil
 
 import pytest
 
