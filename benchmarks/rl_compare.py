@@ -6,8 +6,10 @@ fixed_grpo=/tmp/morse_runs/smollm2_train_cpu_fixed_grpo \
       --out=benchmarks/results/real_model/rl_smollm2_tier
 
 A run folder is a demo's workdir (`launchers.train` with config.demo): metrics.jsonl, and
-demo.json once the run finished. Writes <out>/summary.json, <out>/reward_curves.png and copies
-each run's metrics.jsonl, demo.json and evaluation records to <out>/<name>/.
+demo.json once the run finished. Writes <out>/summary.json (with paired sign-flip tests over the
+held-out nodes: each run after against before, and each pair of runs after training),
+<out>/reward_curves.png and copies each run's metrics.jsonl, demo.json and evaluation records to
+<out>/<name>/.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import shutil
 from absl import app, flags
 
 from morse_jax.experiments import plots
+from morse_jax.experiments.table2 import passes, sign_flip_test
 from morse_jax.rl.metrics import read_jsonl
 
 _COPIED = ("metrics.jsonl", "demo.json", "eval_test_before.jsonl", "eval_test_after.jsonl")
@@ -59,6 +62,37 @@ def summarize(folder: str) -> dict:
   return out
 
 
+def paired(a: dict[str, float], b: dict[str, float], what: str) -> dict:
+  """a - b over the held-out nodes both evaluated: how many a passes and b fails, the reverse,
+  and the sign-flip p-value of the mean difference."""
+  if set(a) != set(b):
+    raise ValueError(f"rl_compare: {what}: the evaluations hold different nodes "
+                     f"({sorted(set(a) ^ set(b))[:4]} ...)")
+  d = [a[k] - b[k] for k in sorted(a)]
+  return {"nodes": len(d), "mean_difference": sum(d) / len(d), "better": d.count(1.0),
+          "worse": d.count(-1.0), "p_value": sign_flip_test(d)}
+
+
+def paired_tests(runs: dict[str, str]) -> dict:
+  """Paired tests of every finished run (its after against its before) and of every two runs
+  after training."""
+  after = {}
+  out = {}
+  for name, folder in runs.items():
+    before_path, after_path = (os.path.join(folder, f"eval_test_{w}.jsonl")
+                               for w in ("before", "after"))
+    if not os.path.exists(after_path):
+      continue
+    after[name] = passes(after_path)["nodes"]
+    if os.path.exists(before_path):
+      out[f"{name} after - before"] = paired(after[name], passes(before_path)["nodes"], name)
+  names = sorted(after)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      out[f"{a} - {b} after"] = paired(after[a], after[b], f"{a} against {b}")
+  return out
+
+
 def compare(runs: dict[str, str], out: str) -> dict:
   os.makedirs(out, exist_ok=True)
   summary = {name: summarize(folder) for name, folder in runs.items()}
@@ -71,6 +105,7 @@ def compare(runs: dict[str, str], out: str) -> dict:
     for file in _COPIED:
       if os.path.exists(os.path.join(folder, file)):
         shutil.copy(os.path.join(folder, file), os.path.join(out, name, file))
+  summary["paired_tests"] = paired_tests(runs)
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   return summary

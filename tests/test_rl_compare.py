@@ -47,3 +47,30 @@ def test_bad_runs_are_named(tmp_path):
   empty = _run(tmp_path / "e", [])
   with pytest.raises(ValueError, match="has no updates"):
     rl_compare.summarize(empty)
+
+
+def _records(folder, passed):
+  with open(os.path.join(folder, "eval_test_" + passed[0] + ".jsonl"), "w") as f:
+    for i, ok in enumerate(passed[1]):
+      f.write(json.dumps({"kind": "node", "problem_id": f"p{i}", "node_id": "1",
+                          "passed": ok}) + "\n")
+      f.write(json.dumps({"kind": "problem", "problem_id": f"p{i}", "passed": ok,
+                          "steps_passed": int(ok), "steps": 1}) + "\n")
+
+
+def test_paired_tests_count_the_nodes_that_changed(tmp_path):
+  h, f = _run(tmp_path / "h", [0.5]), _run(tmp_path / "f", [0.5])
+  for folder, before, after in ((h, [0, 0, 0, 0, 1, 1], [1, 1, 1, 1, 1, 0]),
+                                (f, [0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 1])):
+    _records(folder, ("before", [bool(x) for x in before]))
+    _records(folder, ("after", [bool(x) for x in after]))
+  tests = rl_compare.paired_tests({"hgrpo": h, "fixed": f})
+  gain = tests["hgrpo after - before"]
+  assert (gain["nodes"], gain["better"], gain["worse"]) == (6, 4, 1)
+  assert gain["mean_difference"] == pytest.approx(3 / 6)
+  assert gain["p_value"] == pytest.approx(12 / 32)  # |sum| >= 3 in 12 of the 2^5 sign flips
+  assert tests["fixed after - before"]["p_value"] == 1.0  # nothing changed
+  assert (tests["fixed - hgrpo after"]["better"], tests["fixed - hgrpo after"]["worse"]) == (1, 4)
+  _records(f, ("after", [False] * 5))
+  with pytest.raises(ValueError, match="different nodes"):
+    rl_compare.paired_tests({"hgrpo": h, "fixed": f})

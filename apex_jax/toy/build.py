@@ -75,8 +75,12 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       turns.append(judging.alignment_conversation(
           ex, C.skill_reply(ex.category, earlier, None, [])["skill"], rng))
       stats["judge_align"] += 1
+    flow = C.workflow(remembered)
+    if C.record_step(ex) is not None and rng.random() < corpus_config.memory_noise:
+      flow = C.noisy_workflow(flow, rng)
+      stats["memory_noisy"] += 1
     memories[ex.category].append((Memory(sum(map(len, memories.values())) + 1, ex.category,
-                                         C.MODALITY, ex.question, C.workflow(remembered),
+                                         C.MODALITY, ex.question, flow,
                                          "correct" if pitfall is None else "incorrect"), pitfall))
   size = corpus_config.distill_batch
   for category in sorted(memories):

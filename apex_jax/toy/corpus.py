@@ -50,7 +50,7 @@ CORRUPTIONS = ("early", "wrong", "no_search")
 MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
 _RECORD_SUFFIX, _LISTING_SUFFIX = " record", " records"  # of world_records' queries
-_RECORD_WORD = re.compile(r'([a-z]+) record["\']')  # search("Kalkar Rula vesk record") -> vesk
+_RECORD_WORD = re.compile(r'\b([a-z]+) record["\']')  # search("Kalkar Rula vesk record") -> vesk
 _RECORD_SEARCH = re.compile(r'search\((["\'])\s*(.*?) [a-z]+ record\1\)')
 
 
@@ -69,10 +69,13 @@ class CorpusConfig:
   spaced_copies: bool = False  # the executor's queries and answers after a space (`copied`)
   word_plan_share: float = 0.5  # executor plans of a procedure question that name the record
   # word (the others: the generic record step); the runs without such a plan guess a record
+  memory_noise: float = 0.0  # memories of procedure runs whose workflow drops or garbles the
+  # record word, as the toy Distiller's summaries do at run time (`noisy_workflow`): the planner
+  # learns to plan from what a positive memory shows, and the generic step when it shows none
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
-                 "align_share", "word_plan_share"):
+                 "align_share", "word_plan_share", "memory_noise"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
@@ -297,6 +300,22 @@ def workflow(trace: list[dict]) -> str:
     elif answer:
       steps.append(f"answer '{answer.group(1)}'")
   return numbered(steps)
+
+
+def noisy_workflow(text: str, rng: random.Random) -> str:
+  """A workflow whose record searches lost their word (half) or had one letter of it changed
+  (half), as a weak Distiller writes them; the other steps as they were."""
+  drop = rng.random() < 0.5
+
+  def damage(match: re.Match) -> str:
+    word = match.group(1)
+    if drop:
+      return " record"
+    k = rng.randrange(len(word))
+    letter = rng.choice([c for c in "abdeiklmnoprstuvz" if c != word[k]])
+    return f" {word[:k]}{letter}{word[k + 1:]} record"
+
+  return re.sub(r" ([a-z]+) record(?=[\"'])", damage, text)
 
 
 def summary_conversation(example: QAExample, trace: list[dict], config: AgentConfig) -> dict:

@@ -41,12 +41,18 @@ RUNS = {
     8: (dict(steps=300, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=8),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
+    # run 8 continued on planner contexts as the demo's bank shows them: memories whose record
+    # word the Distiller dropped or garbled, more plan prompts with memories, more summaries
+    9: (dict(steps=300, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=9),
+        dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
+             spaced_copies=True, context_share=0.8, summary_share=0.5, memory_noise=0.3)),
 }
 COMMITTED = 8  # the run whose model is assets/toy_apex
 DATA = {5: dict(worlds=30, apex_other_share=0.25),
         6: dict(worlds=20, apex_other_share=0.5, world_procedures=True),
         7: dict(worlds=30, apex_other_share=0.4, world_procedures=True),
-        8: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
+        8: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
+        9: dict(worlds=30, apex_other_share=0.5, world_procedures=True)}
 PARENT = {6: 5, 7: 5}  # the run a run continues, where it is not the one before
 
 

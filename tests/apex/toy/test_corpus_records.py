@@ -128,6 +128,32 @@ def test_planner_copies_the_word_from_the_memory_text(pworld):
                     f"2. Search one record of {name}."), (earlier, step)
 
 
+def test_noisy_memories_drop_or_garble_the_word_and_the_plan_follows_the_positives(pworld):
+  wf = '1. search("Pamo Kis records")\n2. search("Pamo Kis zubzub record")\n3. answer \'x\''
+  rng, damaged = __import__("random").Random(0), collections.Counter()
+  for _ in range(40):
+    noisy = corpus.noisy_workflow(wf, rng)
+    first, second, third = noisy.splitlines()
+    assert (first, third) == tuple(wf.splitlines()[::2])  # only the record search changes
+    word = re.fullmatch(r'2\. search\("Pamo Kis ?([a-z]*) record"\)', second).group(1)
+    kind = "dropped" if not word else "garbled"
+    assert not word or (len(word) == 6 and sum(a != b for a, b in zip(word, "zubzub")) == 1)
+    damaged[kind] += 1
+  assert damaged["dropped"] > 5 and damaged["garbled"] > 5
+  # a positive memory without a word and a negative with one: the generic record step
+  ex = next(e for e in pworld.examples if e.category == "career" and e.hops == 2)
+  good = _memory(1, "career", "q1", wf.replace(" zubzub record", " record"), True)
+  bad = _memory(2, "career", "q2", wf.replace("zubzub", "nonon"), False)
+  turn = corpus.planner_conversation(ex, [], 0, True, COMPACT,
+                                     corpus.planner_context("career", [good, bad], False))
+  assert "one record of" in prompts.after_think(turn["target"]).splitlines()[1]
+  noisy_config = corpus.CorpusConfig(memory_noise=1.0)
+  stats = build.world_turns(pworld, COMPACT, noisy_config, seed=7)[1]
+  assert stats["memory_noisy"] > 10
+  with pytest.raises(ValueError, match="memory_noise must be in"):
+    corpus.CorpusConfig(memory_noise=1.5)
+
+
 def test_skill_keeps_a_correct_workflow_record_word():
   wf = '1. search("Kalkar Rula records")\n2. search("Kalkar Rula {} record")\n3. answer \'x\''
   good = _memory(1, "career", "q1", wf.format("vesk"), True)
