@@ -5,12 +5,17 @@ the paper claims holds (full above without memories, without skills and the untr
   python -m launchers.train --config=configs/apex/demo_procedures.py   # seeds (0, 1, 2)
 
 Each seed is a whole `pipeline.run` (its own memory building, stages, TTRL and table; resumable
-as that is); the world, its split and every other setting stay the config's.
+as that is); the world, its split and every other setting stay the config's. `seed_workers` > 1
+runs that many seeds at once, each in its own spawned process printing to <workdir>/seed_<s>/log.txt:
+the toy's steps are too small to keep two cores busy from one process, and seeds share nothing.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
+import multiprocessing
 import os
 
 from apex_jax import pipeline
@@ -66,18 +71,50 @@ def table(summary: dict) -> str:
   return "\n".join(lines)
 
 
-def run(config) -> dict:
+def chain(c) -> dict[str, dict]:
+  """One seed's whole chain (`pipeline.run`): its rows' EM / F1."""
+  results = pipeline.run(c)
+  pipeline.print_summary(results, c.workdir)
+  return {name: {"em": row["em"], "f1": row["f1"]} for name, row in results["eval"].items()}
+
+
+def in_worker(one_seed, c, log: str) -> dict[str, dict]:
+  """`one_seed(c)` in a worker process, its output appended to `log`."""
+  os.makedirs(os.path.dirname(log), exist_ok=True)
+  with open(log, "a", buffering=1) as out, contextlib.redirect_stdout(out), \
+      contextlib.redirect_stderr(out):
+    return one_seed(c)
+
+
+def workers(config) -> int:
+  n = config.get("seed_workers", 1)
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ValueError(f"config.seed_workers must be an integer >= 1, got {n!r}")
+  return n
+
+
+def run(config, one_seed=chain) -> dict:
   seeds = tuple(int(s) for s in config.seeds)
   if not seeds or len(set(seeds)) != len(seeds):
     raise ValueError(f"config.seeds must be distinct integers, got {tuple(config.seeds)!r}")
+  n = min(workers(config), len(seeds))
+  configs = {seed: seed_config(config, seed) for seed in seeds}
   per_seed = {}
-  for seed in seeds:
-    c = seed_config(config, seed)
-    print(f"[apex seeds] seed {seed} -> {c.workdir}", flush=True)
-    results = pipeline.run(c)
-    pipeline.print_summary(results, c.workdir)
-    per_seed[seed] = {name: {"em": row["em"], "f1": row["f1"]}
-                      for name, row in results["eval"].items()}
+  if n == 1:
+    for seed, c in configs.items():
+      print(f"[apex seeds] seed {seed} -> {c.workdir}", flush=True)
+      per_seed[seed] = one_seed(c)
+  else:  # spawned, not forked: the parent's JAX runtime and threads must not be copied
+    pool = concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+    with pool:
+      futures = {}
+      for seed, c in configs.items():
+        log = os.path.join(c.workdir, "log.txt")
+        print(f"[apex seeds] seed {seed} -> {c.workdir} (output: {log})", flush=True)
+        futures[seed] = pool.submit(in_worker, one_seed, c, log)
+      for seed in seeds:  # in the config's order; a failed seed raises here with its error
+        per_seed[seed] = futures[seed].result()
+        print(f"[apex seeds] seed {seed} done", flush=True)
   summary = {"seeds": list(seeds), "per_seed": per_seed, **summarize(per_seed)}
   os.makedirs(config.workdir, exist_ok=True)
   with open(os.path.join(config.workdir, "seeds.json"), "w") as f:

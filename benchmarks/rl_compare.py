@@ -73,6 +73,15 @@ def paired(a: dict[str, float], b: dict[str, float], what: str) -> dict:
           "worse": d.count(-1.0), "p_value": sign_flip_test(d)}
 
 
+def before_records(folder: str) -> str | None:
+  """The untrained measurement's records a finished run names in its demo.json, if any."""
+  demo = os.path.join(folder, "demo.json")
+  if not os.path.exists(demo):
+    return None
+  with open(demo) as f:
+    return json.load(f).get("before_records")
+
+
 def paired_tests(runs: dict[str, str]) -> dict:
   """Paired tests of every finished run (its after against its before) and of every two runs
   after training."""
@@ -83,6 +92,8 @@ def paired_tests(runs: dict[str, str]) -> dict:
                                for w in ("before", "after"))
     if not os.path.exists(after_path):
       continue
+    if not os.path.exists(before_path):  # a run that reused another's untrained measurement
+      before_path = before_records(folder) or before_path
     after[name] = passes(after_path)["nodes"]
     if os.path.exists(before_path):
       out[f"{name} after - before"] = paired(after[name], passes(before_path)["nodes"], name)

@@ -129,3 +129,6 @@ def test_demo_end_to_end_and_reuse_of_before(tmp_path):
   assert again["before"] == summary["before"]
   assert sorted(n for n in os.listdir(config.workdir) if n.startswith("eval_")) == [
       "eval_test_after.jsonl"]  # the reused measurement's records stay where it was made
+  with open(os.path.join(config.workdir, "demo.json")) as f:  # and the run says where
+    assert json.load(f)["before_records"] == os.path.join(str(tmp_path / "demo"),
+                                                          "eval_test_before.jsonl")

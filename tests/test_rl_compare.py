@@ -74,3 +74,16 @@ def test_paired_tests_count_the_nodes_that_changed(tmp_path):
   _records(f, ("after", [False] * 5))
   with pytest.raises(ValueError, match="different nodes"):
     rl_compare.paired_tests({"hgrpo": h, "fixed": f})
+
+
+def test_a_run_that_reused_the_untrained_measurement_pairs_with_its_records(tmp_path):
+  h = _run(tmp_path / "h", [0.5])
+  _records(h, ("before", [False, False, True]))
+  f = _run(tmp_path / "f", [0.5], {"before": {}, "after": {},
+                                   "before_records": os.path.join(h, "eval_test_before.jsonl")})
+  _records(f, ("after", [True, True, True]))
+  gain = rl_compare.paired_tests({"fixed": f})["fixed after - before"]
+  assert (gain["nodes"], gain["better"], gain["worse"]) == (3, 2, 0)
+  alone = _run(tmp_path / "alone", [0.5], {"before": {}, "after": {}})
+  _records(alone, ("after", [True]))
+  assert rl_compare.paired_tests({"alone": alone}) == {}  # no before anywhere: no test

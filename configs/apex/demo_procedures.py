@@ -22,4 +22,5 @@ def get_config(arg=None):
   c.memory_build.update(questions=24, temperature=0.0)
   c.ttrl.store = "best"
   c.seeds = (0, 1, 2)  # apex_jax.seeds: the whole chain per seed, the rows side by side
+  c.seed_workers = 2  # two seeds at once: one process leaves the second core mostly idle
   return c

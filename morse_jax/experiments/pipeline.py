@@ -303,9 +303,13 @@ def demo(config) -> dict:
       raise ValueError(f"config.eval.before={config.eval.before!r} was measured on other "
                        f"settings: {earlier.get('before_identity')} != {identity}")
     before = earlier["before"]
+    # where its per-node records are, so this run's after pairs with them (benchmarks.rl_compare)
+    before_records = earlier.get("before_records") or os.path.join(
+        os.path.dirname(os.path.abspath(config.eval.before)), "eval_test_before.jsonl")
     print(f"reused from {config.eval.before}")
   else:
     before = evaluate(config, None, "test", name="eval_test_before")
+    before_records = os.path.join(workdir, "eval_test_before.jsonl")
   print("  ".join(f"{k} {before[k]:.3f}" for k in ("step_pass", "problem_pass") if k in before))
   train(config)
   steps = len(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
@@ -322,7 +326,7 @@ def demo(config) -> dict:
               if metric in before and metric in after}
   written = plots.training_plots(os.path.join(workdir, "metrics.jsonl"), workdir, held_out)
   summary = {"before": before, "after": after, "plots": written, "before_identity": identity,
-             "steps": steps}
+             "before_records": before_records, "steps": steps}
   with open(os.path.join(workdir, "demo.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"plots: {', '.join(written)}\nTensorBoard: tensorboard --logdir {workdir}")

@@ -44,3 +44,30 @@ def test_each_seed_gets_its_own_workdir_and_seed():
 def test_seeds_must_be_distinct(bad):
   with pytest.raises(ValueError, match="config.seeds"):
     seeds.run(ml_collections.ConfigDict(dict(seeds=bad, workdir="/tmp/w")))
+
+
+def _fake_chain(c):
+  """A stand-in for one seed's chain: rows from the seed, the worker's pid, and some output."""
+  import os
+  print(f"chain of seed {c.seed}")
+  return {"full": {"em": c.seed / 10, "f1": c.seed / 10},
+          "untrained": {"em": 0.0, "f1": float(os.getpid())}}
+
+
+def test_seed_workers_run_the_seeds_in_separate_processes_with_their_own_logs(tmp_path):
+  import os
+  c = ml_collections.ConfigDict(dict(seeds=(2, 0, 1), seed=0, seed_workers=2,
+                                     workdir=str(tmp_path)))
+  s = seeds.run(c, one_seed=_fake_chain)
+  assert s["seeds"] == [2, 0, 1] and s["rows"]["full"]["f1"] == [0.2, 0.0, 0.1]
+  pids = set(s["rows"]["untrained"]["f1"])
+  assert os.getpid() not in pids and 1 <= len(pids) <= 2
+  for seed in (2, 0, 1):
+    assert (tmp_path / f"seed_{seed}" / "log.txt").read_text() == f"chain of seed {seed}\n"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_seed_workers_must_be_a_positive_integer(bad):
+  c = ml_collections.ConfigDict(dict(seeds=(0, 1), seed_workers=bad, workdir="/tmp/w"))
+  with pytest.raises(ValueError, match="config.seed_workers"):
+    seeds.run(c, one_seed=_fake_chain)
