@@ -21,7 +21,7 @@ import shutil
 from absl import app, flags
 
 from morse_jax.experiments import plots
-from morse_jax.experiments.table2 import passes, sign_flip_test
+from morse_jax.experiments.table2 import paired_difference, passes
 from morse_jax.rl.metrics import read_jsonl
 
 _COPIED = ("metrics.jsonl", "demo.json", "eval_test_before.jsonl", "eval_test_after.jsonl")
@@ -68,9 +68,9 @@ def paired(a: dict[str, float], b: dict[str, float], what: str) -> dict:
   if set(a) != set(b):
     raise ValueError(f"rl_compare: {what}: the evaluations hold different nodes "
                      f"({sorted(set(a) ^ set(b))[:4]} ...)")
-  d = [a[k] - b[k] for k in sorted(a)]
-  return {"nodes": len(d), "mean_difference": sum(d) / len(d), "better": d.count(1.0),
-          "worse": d.count(-1.0), "p_value": sign_flip_test(d)}
+  test = paired_difference([a[k] - b[k] for k in sorted(a)])
+  return {"nodes": len(a), "mean_difference": test["mean_difference"],
+          "better": test["a_better"], "worse": test["b_better"], "p_value": test["p_value"]}
 
 
 def before_records(folder: str) -> str | None:

@@ -50,7 +50,8 @@ CORRUPTIONS = ("early", "wrong", "no_search")
 MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
 _RECORD_SUFFIX, _LISTING_SUFFIX = " record", " records"  # of world_records' queries
-_RECORD_WORD = re.compile(r'\b([a-z]+) record["\']')  # search("Kalkar Rula vesk record") -> vesk
+# search("Kalkar Rula vesk record") -> vesk (the quote looked at, not taken: `noisy_workflow`)
+_RECORD_WORD = re.compile(r'\b([a-z]+) record(?=["\'])')
 _RECORD_SEARCH = re.compile(r'search\((["\'])\s*(.*?) [a-z]+ record\1\)')
 
 
@@ -310,12 +311,12 @@ def noisy_workflow(text: str, rng: random.Random) -> str:
   def damage(match: re.Match) -> str:
     word = match.group(1)
     if drop:
-      return " record"
+      return "record"
     k = rng.randrange(len(word))
     letter = rng.choice([c for c in "abdeiklmnoprstuvz" if c != word[k]])
-    return f" {word[:k]}{letter}{word[k + 1:]} record"
+    return f"{word[:k]}{letter}{word[k + 1:]} record"
 
-  return re.sub(r" ([a-z]+) record(?=[\"'])", damage, text)
+  return _RECORD_WORD.sub(damage, text)
 
 
 def summary_conversation(example: QAExample, trace: list[dict], config: AgentConfig) -> dict:

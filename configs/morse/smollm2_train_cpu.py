@@ -27,7 +27,8 @@ def get_config(arg=None):
                 holdout_categories=("list_filter", "list_order", "list_math",
                                     "string_transform", "string_analysis"),
                 test_problems=32)
-  # 30 updates fit a 2-core CPU in about half an hour: expert and router learning rates 5x and 10x the paper's.
+  # 30 updates fit a 2-core CPU in about half an hour; expert and router learning rates 5x and
+  # 10x the paper's.
   c.train.update(steps=30, max_minutes=0.0, tasks_per_step=3, routes_per_node=2, group_size=2,
                  max_new_tokens=128, checkpoint_every=10, keep=2)
   c.train.sampling.temperature = 1.0

@@ -52,6 +52,13 @@ def sign_flip_test(differences: Sequence[float], seed: int = 0) -> float:
   return float(np.mean(sums >= observed - 1e-12))
 
 
+def paired_difference(differences: Sequence[float]) -> dict:
+  """a - b per paired unit: the mean, how many units a is better / worse on, the sign-flip p."""
+  d = np.asarray(differences, dtype=float)
+  return {"mean_difference": float(d.mean()), "a_better": int((d > 0).sum()),
+          "b_better": int((d < 0).sum()), "p_value": sign_flip_test(d)}
+
+
 def passes(records_path: str) -> dict[str, dict[str, float]]:
   """{"nodes": {problem/node: 1.0 or 0.0}, "problems": {problem: 1.0 or 0.0},
   "problem_steps": {problem: the family's step pass}} from an evaluation's records
@@ -175,10 +182,8 @@ def summarize(runs: Sequence[dict], comparisons: Sequence[Sequence[str]]) -> dic
       (ka, ma), (kb, mb) = means[a, unit], means[b, unit]
       if ka != kb:  # `single` runs one node per problem: only its problems pair with MoRSE's
         continue
-      d = ma - mb
-      tests.append({"a": a, "b": b, "unit": unit, "paired": len(d),
-                    "mean_difference": float(d.mean()), "a_better": int((d > 0).sum()),
-                    "b_better": int((d < 0).sum()), "p_value": sign_flip_test(d)})
+      tests.append({"a": a, "b": b, "unit": unit, "paired": len(ma),
+                    **paired_difference(ma - mb)})
   return {"rows": rows, "tests": tests}
 
 
