@@ -75,11 +75,11 @@ MORSE = {
     ("smollm2_cpu", None):
         (LORA, ROUTER, STEP, dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=256)),
     ("smollm2_train_cpu", None):
-        (LORA, ROUTER, dataclasses.replace(STEP, expert_lr=4e-4, router_lr=3e-4),
+        (LORA, ROUTER, dataclasses.replace(STEP, expert_lr=4e-4, router_lr=3e-4, remat=True),
          dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128)),
     ("smollm2_train_cpu", "fixed_grpo"):
         (*fixed(LORA, ROUTER, dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128))[:2],
-         dataclasses.replace(STEP, estimator="grpo", expert_lr=4e-4, router_lr=3e-4),
+         dataclasses.replace(STEP, estimator="grpo", expert_lr=4e-4, router_lr=3e-4, remat=True),
          fixed(LORA, ROUTER, dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128))[2]),
 }
 

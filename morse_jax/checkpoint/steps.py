@@ -207,11 +207,13 @@ def _as_json(value: Any) -> Any:
 
 
 def _first_difference(saved: Any, current: Any, path: str = "") -> tuple[str, Any, Any] | None:
-  """(key path, saved value, current value) of the first difference, in the current order."""
+  """(key path, saved value, current value) of the first difference, in the current order.
+  A key only the saved side has is one this version no longer records (a retired field, such
+  as the step config's remat before `trainer.EXECUTION_ONLY`): it is not a difference."""
   if isinstance(saved, dict) and isinstance(current, dict):
-    for key in [*current, *(k for k in saved if k not in current)]:
+    for key in current:
       sub = f"{path}.{key}" if path else str(key)
-      if key not in saved or key not in current:
+      if key not in saved:
         return sub, saved.get(key, _ABSENT), current.get(key, _ABSENT)
       if (found := _first_difference(saved[key], current[key], sub)) is not None:
         return found
@@ -307,9 +309,11 @@ class Checkpoints:
                               f"away to let this run own the directory") from None
     if owner is not None and owner.get("fingerprint") == mine["fingerprint"]:
       return
-    if owner is not None:
-      found = _first_difference(owner.get("identity"), self.identity)
-      where, was, now = found if found else ("identity", None, None)
+    found = None if owner is None else _first_difference(owner.get("identity"), self.identity)
+    if owner is not None and found is None:  # only retired keys differ: the same run
+      mine["continued"] = owner.get("continued", [])
+    elif owner is not None:
+      where, was, now = found
       text = (f"{self.directory} belongs to run {owner.get('fingerprint')} and this is run "
               f"{mine['fingerprint']}: {where} is {_show(was)} there, {_show(now)} here")
       if not continue_other_run:

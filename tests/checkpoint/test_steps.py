@@ -460,3 +460,23 @@ def test_pipeline_run_identity_has_seed_task_data_and_weights(tmp_path):
     Checkpoints(str(tmp_path), every=1, keep=1, metadata=META,
                 identity=pipeline.run_identity(config, META, problems),
                 continue_other_run=config.train.continue_other_run)
+
+
+def test_a_key_this_version_no_longer_records_is_not_a_difference(tmp_path):
+  """Steps and identity files written with a field since retired (the step config's remat
+  before trainer.EXECUTION_ONLY) restore; a key only this version has is still refused."""
+  old_meta = {**META, "step": {"lr": 0.1, "remat": False}}
+  old_identity = {**IDENTITY, "trainer": old_meta}
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=old_meta,
+                   identity=old_identity) as ckpt:
+    ckpt.maybe_save(make_state(1, step=1))
+  meta = {**META, "step": {"lr": 0.1}}
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=meta,
+                   identity={**IDENTITY, "trainer": meta}) as ckpt:
+    assert_same(ckpt.restore(make_state(0)), make_state(1, step=1))
+  owner = json.loads((tmp_path / IDENTITY_FILE).read_text())
+  assert owner["identity"]["trainer"] == meta and owner["continued"] == []
+  changed = {**META, "step": {"lr": 0.2}}
+  with pytest.raises(CheckpointError, match="trainer.step.lr is 0.1 there, 0.2 here"):
+    Checkpoints(str(tmp_path), every=1, keep=2, metadata=changed,
+                identity={**IDENTITY, "trainer": changed})

@@ -103,3 +103,17 @@ def test_ppo_epochs_move_experts_further_and_the_router_once(trainer):
            for a, b in zip(jax.tree.leaves(s1.experts), jax.tree.leaves(s2.experts))]
   assert m1["skipped"] == 0 and max(moved) > 1e-4
   assert m1["expert_loss"] == pytest.approx(m2["expert_loss"], rel=1e-5)  # first epoch's metrics
+
+
+def test_execution_only_settings_resume_the_same_run(trainer, tmp_path):
+  """A run stopped by the OOM killer may resume with layers recomputed or rows split: they
+  leave the update's result unchanged, so they are not part of the checkpoint's metadata."""
+  run(trainer, tmp_path, 2)
+  other = trainer_lib.Trainer(trainer.backbone, shapes.CONFIG, shapes.LORA, shapes.RCFG,
+                              dataclasses.replace(shapes.STEP, remat=True, micro_batches=2),
+                              ROLLOUT, embed_dim=shapes.EMB_DIM)
+  assert other.metadata() == trainer.metadata()
+  assert not set(trainer_lib.EXECUTION_ONLY) & set(trainer.metadata()["step"])
+  ckpt = checkpoint.Checkpoints(str(tmp_path / "ckpt"), every=2, keep=3,
+                               metadata=other.metadata())
+  assert int(ckpt.restore(other.init_state(jax.random.key(7))).step) == 2
