@@ -50,6 +50,9 @@ DEMO_ROLLOUT = dataclasses.replace(ROLLOUT, routes_per_node=2, group_size=4, max
 DEMO = (dataclasses.replace(LORA, last_n_layers=2), DEMO_ROUTER,
         dataclasses.replace(STEP, expert_lr=2e-3, router_lr=1e-3, epochs=2), DEMO_ROLLOUT)
 SMOLLM2_ROLLOUT = dataclasses.replace(ROLLOUT, routes_per_node=2, group_size=2)
+SMOLLM2_TRAIN_ROLLOUT = dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128,
+                                            sampling=SamplingConfig(temperature=0.7))
+SMOLLM2_TRAIN_STEP = dataclasses.replace(STEP, expert_lr=4e-4, router_lr=3e-4, remat=True)
 
 # (config file, its argument) -> (lora, router, step, rollout)
 MORSE = {
@@ -75,12 +78,11 @@ MORSE = {
     ("smollm2_cpu", None):
         (LORA, ROUTER, STEP, dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=256)),
     ("smollm2_train_cpu", None):
-        (LORA, ROUTER, dataclasses.replace(STEP, expert_lr=4e-4, router_lr=3e-4, remat=True),
-         dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128)),
+        (LORA, ROUTER, SMOLLM2_TRAIN_STEP, SMOLLM2_TRAIN_ROLLOUT),
     ("smollm2_train_cpu", "fixed_grpo"):
-        (*fixed(LORA, ROUTER, dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128))[:2],
-         dataclasses.replace(STEP, estimator="grpo", expert_lr=4e-4, router_lr=3e-4, remat=True),
-         fixed(LORA, ROUTER, dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128))[2]),
+        (*fixed(LORA, ROUTER, SMOLLM2_TRAIN_ROLLOUT)[:2],
+         dataclasses.replace(SMOLLM2_TRAIN_STEP, estimator="grpo"),
+         fixed(LORA, ROUTER, SMOLLM2_TRAIN_ROLLOUT)[2]),
 }
 
 
