@@ -30,6 +30,7 @@ from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.state import TrainState
+from morse_jax.rl.train_step import step_identity
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import MODULES, Trajectory
@@ -104,7 +105,7 @@ def _check_rollout(groups, rewards, config: StageConfig, step: int) -> None:
 def _metadata(updater: ModuleUpdater, stages: Sequence[Stage]) -> dict:
   return json.loads(json.dumps({
       "model": dataclasses.asdict(updater.model), "lora": dataclasses.asdict(updater.lora),
-      "step": dataclasses.asdict(updater.step),
+      "step": step_identity(updater.step),
       "stages": [dataclasses.asdict(s.config) for s in stages]}))
 
 

@@ -40,6 +40,7 @@ from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.state import TrainState
+from morse_jax.rl.train_step import step_identity
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import Trajectory
@@ -258,7 +259,7 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
   first = 0
   if checkpoint_dir is not None:
     meta = {"model": dataclasses.asdict(updater.model), "lora": dataclasses.asdict(updater.lora),
-            "step": dataclasses.asdict(updater.step), "ttrl": dataclasses.asdict(config)}
+            "step": step_identity(updater.step), "ttrl": dataclasses.asdict(config)}
     meta = json.loads(json.dumps(meta))
     # The directory belongs to one run: this config, these queries, from this key.
     ckpt, sidecar, found = resume.open_run(

@@ -209,7 +209,7 @@ def _as_json(value: Any) -> Any:
 def _first_difference(saved: Any, current: Any, path: str = "") -> tuple[str, Any, Any] | None:
   """(key path, saved value, current value) of the first difference, in the current order.
   A key only the saved side has is one this version no longer records (a retired field, such
-  as the step config's remat before `trainer.EXECUTION_ONLY`): it is not a difference."""
+  as the step config's remat before `train_step.EXECUTION_ONLY`): it is not a difference."""
   if isinstance(saved, dict) and isinstance(current, dict):
     for key in current:
       sub = f"{path}.{key}" if path else str(key)

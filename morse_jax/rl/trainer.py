@@ -34,11 +34,6 @@ from morse_jax.checkpoint.steps import Checkpoints
 from morse_jax.rl.state import TrainState
 
 
-# StepConfig fields that do not change the update's result: remat recomputes the same layers,
-# micro_batches splits the rows under one denominator (tests/rl/test_train_step.py).
-EXECUTION_ONLY = ("micro_batches", "remat")
-
-
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
   routes_per_node: int = 4  # B
@@ -141,14 +136,11 @@ class Trainer:
 
   def metadata(self) -> dict:
     """The run's identity, stored in checkpoints and compared on restore (after the JSON round
-    trip `Checkpoints` applies). The step config's `EXECUTION_ONLY` fields are left out: they
-    change how an update is computed, not what it computes, so a run stopped by the OOM killer
-    can resume with layers recomputed or the rows split."""
+    trip `Checkpoints` applies); the step config as `train_step.step_identity` gives it."""
     as_dict = dataclasses.asdict
-    step = {k: v for k, v in as_dict(self.step_config).items() if k not in EXECUTION_ONLY}
     return {"model": as_dict(self.model), "lora": as_dict(self.lora),
             "router": None if self.router is None else as_dict(self.router),
-            "step": step,
+            "step": ts.step_identity(self.step_config),
             "rollout": as_dict(self.rollout_config), "embed_dim": self.embed_dim}
 
   def requests(self, key, router_params, nodes: Sequence[TrainNode]):

@@ -464,7 +464,7 @@ def test_pipeline_run_identity_has_seed_task_data_and_weights(tmp_path):
 
 def test_a_key_this_version_no_longer_records_is_not_a_difference(tmp_path):
   """Steps and identity files written with a field since retired (the step config's remat
-  before trainer.EXECUTION_ONLY) restore; a key only this version has is still refused."""
+  before train_step.EXECUTION_ONLY) restore; a key only this version has is still refused."""
   old_meta = {**META, "step": {"lr": 0.1, "remat": False}}
   old_identity = {**IDENTITY, "trainer": old_meta}
   with Checkpoints(str(tmp_path), every=1, keep=2, metadata=old_meta,

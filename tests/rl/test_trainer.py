@@ -12,6 +12,7 @@ import pytest
 from morse_jax import checkpoint, llm
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import trainer as trainer_lib
+from morse_jax.rl import train_step as ts
 from morse_jax.tasks.token_bandit import TokenBandit
 from tests.rl import test_train_step as shapes  # same model and step settings: compiles are shared
 
@@ -113,7 +114,7 @@ def test_execution_only_settings_resume_the_same_run(trainer, tmp_path):
                               dataclasses.replace(shapes.STEP, remat=True, micro_batches=2),
                               ROLLOUT, embed_dim=shapes.EMB_DIM)
   assert other.metadata() == trainer.metadata()
-  assert not set(trainer_lib.EXECUTION_ONLY) & set(trainer.metadata()["step"])
+  assert not set(ts.EXECUTION_ONLY) & set(trainer.metadata()["step"])
   ckpt = checkpoint.Checkpoints(str(tmp_path / "ckpt"), every=2, keep=3,
                                metadata=other.metadata())
   assert int(ckpt.restore(other.init_state(jax.random.key(7))).step) == 2

@@ -1,5 +1,6 @@
 """The alternating stages with fake rollouts: order, freezing, per-stage metrics, validation."""
 
+import dataclasses
 import json
 import os
 
@@ -126,3 +127,14 @@ def test_rollout_metrics_reach_the_stage_metrics(tiny, tmp_path):
   assert result.history[0]["judge_calls"] == 4.0 and result.history[0]["judge_fallbacks"] == 1.0
   records = read_jsonl(os.path.join(tmp_path, "stage0_executor", "metrics.jsonl"))
   assert records[0]["judge_fallbacks"] == 1.0
+
+
+def test_stage_checkpoints_ignore_how_an_update_is_computed(tiny):
+  """A stage run stopped by the OOM killer resumes with its rows split or layers recomputed:
+  the stage checkpoints' metadata is the same with either."""
+  stages = make_stages(tiny)
+  split = tiny.updater(step=dataclasses.replace(STEP, micro_batches=2, remat=True))
+  assert st._metadata(split, stages) == st._metadata(tiny.updater(), stages)
+  assert "micro_batches" not in st._metadata(split, stages)["step"]
+  other = tiny.updater(step=dataclasses.replace(STEP, expert_lr=1e-3))
+  assert st._metadata(other, stages) != st._metadata(tiny.updater(), stages)
