@@ -3,9 +3,13 @@ a bank: the planner context it was shown, its plan, the executor's turns and the
 
   python -m benchmarks.apex_demo_trace --bank=<workdir>/seed_0/banks/before_ttrl.db \
       [--config=configs/apex/demo_procedures.py] [--model=assets/toy_apex] [--questions=12]
+  python -m benchmarks.apex_demo_trace --config.agents.summaries=rule   # no --bank: built here
 
 The experts are the untrained ones (the base toy: the demo's `untrained` row), greedy; the bank
-file is copied first, so it is read only. Why it exists: the ablation table says whether the
+file is copied first, so it is read only. Without --bank, the config's memory building
+(`pipeline.memory_build`, the untrained system on its training questions, then the
+Distiller's evolution) builds one first and prints its memories and skills, so a change to
+memory building is measured in one command. Why it exists: the ablation table says whether the
 rows differ, this says why (RESULTS, "The procedure demo").
 """
 
@@ -19,9 +23,12 @@ import shutil
 import tempfile
 
 from absl import app, flags
+from ml_collections import config_flags
 
-_BANK = flags.DEFINE_string("bank", None, "A memory bank file (sqlite) of a demo run.")
-_CONFIG = flags.DEFINE_string("config", "configs/apex/demo_procedures.py", "The demo's config.")
+_BANK = flags.DEFINE_string("bank", None, "A memory bank file (sqlite) of a demo run (default: "
+                            "build one by the config's memory building).")
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/apex/demo_procedures.py",
+                                          "The demo's config (--config.<field>=... overrides).")
 _MODEL = flags.DEFINE_string("model", None, "The backbone folder (default: the config's).")
 _QUESTIONS = flags.DEFINE_integer("questions", 0, "Held-out questions (0: the config's eval).")
 
@@ -77,11 +84,40 @@ def trace(c, bank_file: str, questions: int = 0) -> dict:
   return right
 
 
+def build_bank(c, bank_file: str) -> dict:
+  """The config's memory building on a new bank saved to `bank_file`; returns its stats after
+  printing every memory (outcome, workflow summary) and skill."""
+  import jax
+
+  from apex_jax import experiment, pipeline
+
+  work = tempfile.mkdtemp(prefix="apex_build_")
+  c.workdir, c.memory.path = work, os.path.join(work, "bank.db")
+  exp = experiment.build(c)
+  stats = pipeline.memory_build(exp, rng=jax.random.PRNGKey(c.seed))
+  for bucket in pipeline.memory_buckets(exp.bank):
+    for m in exp.bank.memories(bucket):
+      print(f"memory [{bucket[0]}] {m.outcome}: {_flat(m.workflow_summary, 300)}")
+    skill = exp.bank.get_skill(bucket)
+    print(f"skill [{bucket[0]}]:", "none" if skill is None else
+          " | ".join(step.action for step in skill.procedure))
+  print("memory building:", {k: v for k, v in stats.items() if v})
+  exp.bank.backup(bank_file)
+  shutil.rmtree(work, ignore_errors=True)
+  return stats
+
+
 def main(argv):
   del argv
-  trace(_config(_CONFIG.value, _MODEL.value), _BANK.value, _QUESTIONS.value)
+  c = _CONFIG.value
+  if _MODEL.value:
+    c.model.path = _MODEL.value
+  bank = _BANK.value
+  if bank is None:
+    bank = os.path.join(tempfile.mkdtemp(prefix="apex_bank_"), "built.db")
+    build_bank(c, bank)
+  trace(c, bank, _QUESTIONS.value)
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("bank")
   app.run(main)

@@ -15,6 +15,7 @@ from morse_jax import llm
 
 from apex_jax.agents.prompts import STYLES as PROMPT_STYLES, PromptStyle
 ON_FORMAT_ERROR = ("end", "feedback")
+SUMMARIES = ("distiller", "rule")
 
 
 class AgentConfigError(ValueError):
@@ -45,6 +46,10 @@ class AgentConfig:
   on_format_error: str = "end"  # "end" (the authors') or "feedback": show the error, go on
   replan_memories: bool = True  # the paper's replan sees k=1 new memories; the code shows none
   prompts: str = "authors"  # "authors": verbatim; "compact": same protocol, a few dozen words
+  # who writes a memory's workflow summary: "distiller" (the paper's: the Distiller, one call a
+  # run) or "rule" (prompts.rule_workflow: the run's searches and answer, for a backbone too
+  # small to copy names; ARCHITECTURE's deviations table)
+  summaries: str = "distiller"
 
   def __post_init__(self):
     for name in ("max_turns", "max_llm_calls", "max_tool_tokens", "max_context_tokens",
@@ -68,6 +73,8 @@ class AgentConfig:
     if self.prompts not in PROMPT_STYLES:
       raise AgentConfigError(f"AgentConfig.prompts {self.prompts!r} not in "
                              f"{tuple(PROMPT_STYLES)}")
+    if self.summaries not in SUMMARIES:
+      raise AgentConfigError(f"AgentConfig.summaries {self.summaries!r} not in {SUMMARIES}")
     for name in ("enforce_word_limit", "replan_memories"):
       if not isinstance(getattr(self, name), bool):
         raise AgentConfigError(f"AgentConfig.{name} must be a bool, got "

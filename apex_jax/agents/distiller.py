@@ -45,7 +45,7 @@ class Evolution:
 class Summary:
   text: str  # what is stored as the workflow summary
   fallback: bool  # True: the reply was empty, the raw trace is stored instead
-  trajectory: Trajectory
+  trajectory: Trajectory | None  # None: written by rule (AgentConfig.summaries "rule")
 
 
 class Distiller:
@@ -98,7 +98,11 @@ class Distiller:
     return out
 
   def summarize(self, traces: Sequence[str], *, rng: jax.Array) -> list[Summary]:
-    """Workflow summaries of execution traces (prompts.render_trace), one sampler call."""
+    """Workflow summaries of execution traces (prompts.render_trace), one sampler call; under
+    `config.summaries == "rule"` written by prompts.rule_workflow, no call (trajectory None)."""
+    if self.config.summaries == "rule":
+      texts = [prompts.rule_workflow(prompts.trace_turns(t)) for t in traces]
+      return [Summary(text or trace, not text, None) for trace, text in zip(traces, texts)]
     out = []
     for trace, (conv, gen) in zip(traces, self._generate(
         [prompts.summary_messages(t, self.config.prompt_style) for t in traces], rng)):

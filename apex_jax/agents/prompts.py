@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Sequence
 
 from apex_jax.memory.records import Memory, Skill
@@ -204,6 +205,31 @@ def render_trace(question: str, turns, max_words: int = TRACE_WORDS) -> str:
       trace += (f"#### Tool Call Return Results:\n"
                 f"{truncate_words(turn['tool_output'], max_words)}\n")
   return trace
+
+
+_ROUND = re.compile(r"### Round \d+:\n#### Agent Reasoning and Tool Call:\n(.*?)"
+                    r"(?=\n#### Tool Call Return Results:\n|\n### Round \d+:\n|\Z)", re.DOTALL)
+_QUERIES = re.compile(r'"query_list": \[(.*?)\]')
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def rule_workflow(turn_texts: Sequence[str]) -> str:
+  """A workflow summary written by rule from a run's assistant turns: each search call and the
+  answer, one numbered step a line (`search(" X records")`, `answer 'painter'`); the form the
+  toy's Distiller is taught (toy.corpus), exact where a small model garbles names."""
+  steps = []
+  for text in turn_texts:
+    call, answer = _QUERIES.search(text), _ANSWER.search(text)
+    if call:
+      steps.append(f"search({call.group(1)})")
+    elif answer:
+      steps.append(f"answer '{answer.group(1)}'")
+  return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+
+
+def trace_turns(trace: str) -> list[str]:
+  """The assistant turns' texts of a `render_trace` trace (its tool outputs left out)."""
+  return _ROUND.findall(trace)
 
 
 def after_think(text: str) -> str:

@@ -292,15 +292,7 @@ def planner_conversation(example: QAExample, trace: list[dict], searched: int, c
 
 def workflow(trace: list[dict]) -> str:
   """A memory's workflow summary of a run: its searches and its answer, one step a line."""
-  steps = []
-  for t in trace:
-    call = re.search(r'"query_list": \[(.*?)\]', t["text"])
-    answer = re.search(r"<answer>(.*?)</answer>", t["text"], re.DOTALL)
-    if call:
-      steps.append(f"search({call.group(1)})")
-    elif answer:
-      steps.append(f"answer '{answer.group(1)}'")
-  return numbered(steps)
+  return prompts.rule_workflow([t["text"] for t in trace])
 
 
 def noisy_workflow(text: str, rng: random.Random) -> str:

@@ -26,3 +26,27 @@ def test_the_trace_reads_the_bank_and_counts_its_answers(tmp_path, capsys):
   assert out.count("=== memories=") == 4 and out.count("  plan:") == 4
   assert f"right with memories=True: {right[True]} of 2" in out
   assert open(bank_file, "rb").read() == before  # read from a copy
+
+
+@pytest.mark.slow  # memory building on 2 questions, then their trace
+def test_without_a_bank_memory_building_builds_one_with_rule_summaries(tmp_path, capsys):
+  from apex_jax.memory.store import MemoryBank
+  from benchmarks import apex_demo_trace
+  from morse_jax import llm
+  from morse_jax.lora.embedders import BackboneMeanEmbedder
+
+  c = apex_demo_trace._config(os.path.join(ROOT, "configs/apex/demo_procedures.py"), None)
+  c.memory_build.update(questions=2, batch_size=2)
+  c.agents.summaries = "rule"
+  bank_file = str(tmp_path / "built.db")
+  stats = apex_demo_trace.build_bank(c, bank_file)
+  out = capsys.readouterr().out
+  assert stats["episodes"] == 2 and out.count("memory [") == 2
+  model = llm.load(c.model.path)
+  bank = MemoryBank(bank_file, BackboneMeanEmbedder(model.params.embed, model.tokenizer))
+  from apex_jax.pipeline import memory_buckets
+  stored = [m for b in memory_buckets(bank) for m in bank.memories(b)]
+  assert len(stored) == 2
+  # rule summaries: numbered search / answer steps, nothing else
+  assert all(line.split(". ", 1)[1].startswith(("search(", "answer '"))
+             for m in stored for line in m.workflow_summary.splitlines()), stored

@@ -3,10 +3,13 @@
 import json
 
 import jax
+import pytest
 
-from apex_jax.agents import AgentConfig, Distiller, Executor, Planner, run_episode
+from apex_jax.agents import AgentConfig, Distiller, Executor, Planner, prompts, run_episode
+from apex_jax.agents.config import AgentConfigError
 from apex_jax.agents.prompts import skill_messages
 from apex_jax.memory import MemoryBank, MemoryConfig
+from apex_jax.tools import render_tool_call
 from tests.apex.agents import fakes
 from tests.apex.memory.fakes import HashEmbedder
 
@@ -128,3 +131,27 @@ def test_workflow_summaries_are_stored_as_memories(tmp_path):
   assert stored[1].workflow_summary == "1. w20 w21"
   prompt = summaries[1].trajectory.info["trace"]
   assert "#### Agent Reasoning and Tool Call:\n<think>w5</think><answer>w7</answer>" in prompt
+
+
+def test_rule_summaries_list_the_runs_searches_and_answer_without_a_call():
+  """AgentConfig.summaries "rule": the stored workflow is the run's own searches and answer, in
+  order, exact; a tool output that mentions a search or an answer is not read as one; a run
+  with neither stores its trace, as an empty Distiller reply does."""
+  def reply(module, prompt, _):
+    raise AssertionError("a rule summary calls no model")
+  run = prompts.render_trace("w40", [
+      {"text": render_tool_call([" w30 records"]),
+       "tool_output": '"query_list": [" w31"] <answer>w32</answer>'},
+      {"text": "<think>w5</think>" + render_tool_call([" w30 vesk record"]), "tool_output": "w6"},
+      {"text": "<think>w5</think><answer>w7</answer>", "tool_output": None}])
+  silent = prompts.render_trace("w41", [{"text": "<think>w1</think>no call", "tool_output": None}])
+  done, empty = Distiller(fakes.ScriptedGenerator(reply), AgentConfig(summaries="rule")).summarize(
+      [run, silent], rng=RNG)
+  assert done.text == '1. search(" w30 records")\n2. search(" w30 vesk record")\n3. answer \'w7\''
+  assert not done.fallback and done.trajectory is None
+  assert empty.fallback and empty.text == silent
+
+
+def test_summaries_setting_is_checked():
+  with pytest.raises(AgentConfigError, match=r"AgentConfig.summaries 'llm' not in"):
+    AgentConfig(summaries="llm")
