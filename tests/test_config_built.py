@@ -132,6 +132,7 @@ DEMO_APEX = dict(
             "distiller": (StageConfig("distiller", 2, 2, 4, 1e-3, 1.0, 320), DEMO_AGENTS),
             "planner": (StageConfig("planner", 3, 4, 4, 1e-3, 1.0, 96), DEMO_AGENTS)},
     ttrl=(TtrlConfig(2, 4, 4, 1e-4, 1.0, 96, store="all"), DEMO_AGENTS))
+RULE_AGENTS = dataclasses.replace(DEMO_AGENTS, summaries="rule")
 SMOLLM2_AGENTS = dataclasses.replace(DEMO_AGENTS, max_context_tokens=4096,
                                      executor_max_new_tokens=96)
 
@@ -153,8 +154,11 @@ PAPER = dict(
           dataclasses.replace(PAPER_AGENTS, max_context_tokens=32768, max_tool_tokens=8192)))
 APEX = {
     ("demo_cpu", None): DEMO_APEX,
-    ("demo_procedures", None): dict(  # the demo's settings on a procedure world, TTRL "best"
-        DEMO_APEX, ttrl=(dataclasses.replace(DEMO_APEX["ttrl"][0], store="best"), DEMO_AGENTS)),
+    ("demo_procedures", None): dict(  # the demo's settings on a procedure world, TTRL "best",
+        # workflow summaries by rule
+        DEMO_APEX, agents=RULE_AGENTS,
+        stages={m: (stage, RULE_AGENTS) for m, (stage, _) in DEMO_APEX["stages"].items()},
+        ttrl=(dataclasses.replace(DEMO_APEX["ttrl"][0], store="best"), RULE_AGENTS)),
     ("demo_smollm2", None): dict(DEMO_APEX, agents=SMOLLM2_AGENTS,  # no stage, no TTRL
                                  stages=dict.fromkeys(STAGE_ORDER), ttrl=None),
     ("paper", None): PAPER,

@@ -21,6 +21,12 @@ def get_config(arg=None):
   # and TTRL keeps each question's best judged episode, not all four
   c.memory_build.update(questions=24, temperature=0.0)
   c.ttrl.store = "best"
+  # the toy garbles the record word when it summarises a run as the Distiller (RESULTS,
+  # "Rule-written workflow summaries"): the summaries are the runs' own searches, by rule
+  c.agents.summaries = "rule"
+  # the rows the demo's orders compare (full against without memories / skills, untrained);
+  # --config.eval.ablations="()" gives every row, the module rows' TTRL reruns included
+  c.eval.ablations = ("full", "without_memories", "without_skills", "without_memories_and_skills")
   c.seeds = (0, 1, 2)  # apex_jax.seeds: the whole chain per seed, the rows side by side
-  c.seed_workers = 2  # two seeds at once: one process leaves the second core mostly idle
+  c.seed_workers = 3  # all three at once: one process leaves the second core mostly idle
   return c
