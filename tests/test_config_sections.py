@@ -30,7 +30,8 @@ CHOICES = {"aggregation": ("seq-mean-token-mean",), "log_prob": ("sum_log_p",),
            "merge_experts": ("random_subset",), "targets": (("q", "k"),), "layers": ((-1,),),
            "estimator": ("grpo",), "kernel": ("dense", "grouped"),
            "train_kernel": ("grouped", "dense"), "prompts": ("authors", "compact"),
-           "on_format_error": ("feedback", "end"), "store": ("best", "all")}
+           "on_format_error": ("feedback", "end"), "store": ("best", "all"),
+           "summaries": ("rule", "distiller")}
 
 
 def other_value(name, default, kind):
