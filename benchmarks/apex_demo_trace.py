@@ -2,7 +2,7 @@
 a bank: the planner context it was shown, its plan, the executor's turns and the answer.
 
   python -m benchmarks.apex_demo_trace --bank=<workdir>/seed_0/banks/before_ttrl.db \
-      [--config=configs/apex/demo_procedures.py] [--model=assets/toy_apex] [--questions=12]
+      [--config=configs/apex/demo_procedures.py] [--config.model.path=assets/toy_apex] [--questions=12]
   python -m benchmarks.apex_demo_trace --config.agents.summaries=rule   # no --bank: built here
 
 The experts are the untrained ones (the base toy: the demo's `untrained` row), greedy; the bank
@@ -16,7 +16,6 @@ rows differ, this says why (RESULTS, "The procedure demo").
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 import shutil
@@ -29,23 +28,16 @@ _BANK = flags.DEFINE_string("bank", None, "A memory bank file (sqlite) of a demo
                             "build one by the config's memory building).")
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/apex/demo_procedures.py",
                                           "The demo's config (--config.<field>=... overrides).")
-_MODEL = flags.DEFINE_string("model", None, "The backbone folder (default: the config's).")
 _QUESTIONS = flags.DEFINE_integer("questions", 0, "Held-out questions (0: the config's eval).")
-
-
-def _config(path: str, model: str | None):
-  spec = importlib.util.spec_from_file_location("demo_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(model)
 
 
 def _flat(text: str, limit: int) -> str:
   return re.sub(r"\s+", " ", text)[:limit]
 
 
-def trace(c, bank_file: str, questions: int = 0) -> dict:
-  """{use_memories: right answers} after printing every episode."""
+def trace(c, bank_file: str, questions: int = 0, model=None) -> dict:
+  """{use_memories: right answers} after printing every episode. model: already loaded (else
+  the config's)."""
   import jax
 
   from apex_jax import experiment
@@ -57,7 +49,7 @@ def trace(c, bank_file: str, questions: int = 0) -> dict:
   work = tempfile.mkdtemp(prefix="apex_trace_")
   c.workdir, c.memory.path = work, os.path.join(work, "bank.db")
   shutil.copy(bank_file, c.memory.path)
-  exp = experiment.build(c)
+  exp = experiment.build(c, model=model)
   agents = dataclasses.replace(exp.agents, temperature=0.0)
   examples = exp.test[:questions or c.eval.questions]
   right = {}
@@ -84,16 +76,16 @@ def trace(c, bank_file: str, questions: int = 0) -> dict:
   return right
 
 
-def build_bank(c, bank_file: str) -> dict:
-  """The config's memory building on a new bank saved to `bank_file`; returns its stats after
-  printing every memory (outcome, workflow summary) and skill."""
+def build_bank(c, bank_file: str, model=None):
+  """The config's memory building on a new bank saved to `bank_file`; returns (its stats, the
+  model it loaded, for `trace`) after printing every memory (outcome, summary) and skill."""
   import jax
 
   from apex_jax import experiment, pipeline
 
   work = tempfile.mkdtemp(prefix="apex_build_")
   c.workdir, c.memory.path = work, os.path.join(work, "bank.db")
-  exp = experiment.build(c)
+  exp = experiment.build(c, model=model)
   stats = pipeline.memory_build(exp, rng=jax.random.PRNGKey(c.seed))
   for bucket in pipeline.memory_buckets(exp.bank):
     for m in exp.bank.memories(bucket):
@@ -104,19 +96,16 @@ def build_bank(c, bank_file: str) -> dict:
   print("memory building:", {k: v for k, v in stats.items() if v})
   exp.bank.backup(bank_file)
   shutil.rmtree(work, ignore_errors=True)
-  return stats
+  return stats, exp.model
 
 
 def main(argv):
   del argv
-  c = _CONFIG.value
-  if _MODEL.value:
-    c.model.path = _MODEL.value
-  bank = _BANK.value
+  c, bank, model = _CONFIG.value, _BANK.value, None
   if bank is None:
     bank = os.path.join(tempfile.mkdtemp(prefix="apex_bank_"), "built.db")
-    build_bank(c, bank)
-  trace(c, bank, _QUESTIONS.value)
+    _, model = build_bank(c, bank)
+  trace(c, bank, _QUESTIONS.value, model=model)
 
 
 if __name__ == "__main__":

@@ -213,10 +213,16 @@ _QUERIES = re.compile(r'"query_list": \[(.*?)\]')
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
+def numbered(steps: Sequence[str]) -> str:
+  """Steps as the plans and workflow summaries write them: `1. ...`, one a line."""
+  return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+
+
 def rule_workflow(turn_texts: Sequence[str]) -> str:
   """A workflow summary written by rule from a run's assistant turns: each search call and the
   answer, one numbered step a line (`search(" X records")`, `answer 'painter'`); the form the
-  toy's Distiller is taught (toy.corpus), exact where a small model garbles names."""
+  toy's Distiller is taught (toy.corpus), exact where a small model garbles names. Read by
+  pattern, not tools.parse_turn: the answer keeps its leading space, as the toy copies it."""
   steps = []
   for text in turn_texts:
     call, answer = _QUERIES.search(text), _ANSWER.search(text)
@@ -224,7 +230,7 @@ def rule_workflow(turn_texts: Sequence[str]) -> str:
       steps.append(f"search({call.group(1)})")
     elif answer:
       steps.append(f"answer '{answer.group(1)}'")
-  return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+  return numbered(steps)
 
 
 def trace_turns(trace: str) -> list[str]:

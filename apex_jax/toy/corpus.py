@@ -38,6 +38,7 @@ import re
 from typing import Sequence
 
 from apex_jax.agents import prompts
+from apex_jax.agents.prompts import numbered
 from apex_jax.agents.config import AgentConfig
 from apex_jax.datasets.records import QAExample
 from apex_jax.memory import skills as skills_lib
@@ -132,10 +133,6 @@ def plan_steps(example: QAExample, record_word: str | None = None) -> list[str]:
            "same": "Compare the two birth cities."}.get(example.kind,
                                                         f"Answer with the result of step {n}.")
   return steps + [final]
-
-
-def numbered(steps: Sequence[str]) -> str:
-  return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
 
 
 def plan_reply(example: QAExample, record_word: str | None = None) -> str:

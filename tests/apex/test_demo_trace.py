@@ -1,11 +1,10 @@
 """benchmarks.apex_demo_trace on the committed toy: it reads a bank without changing it and
 counts what it prints."""
 
-import os
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs.apex import demo_procedures
+
 
 
 @pytest.mark.slow  # the toy's episodes for 2 questions, twice
@@ -15,7 +14,7 @@ def test_the_trace_reads_the_bank_and_counts_its_answers(tmp_path, capsys):
   from morse_jax.lora.embedders import BackboneMeanEmbedder
   from morse_jax import llm
 
-  c = apex_demo_trace._config(os.path.join(ROOT, "configs/apex/demo_procedures.py"), None)
+  c = demo_procedures.get_config()
   model = llm.load(c.model.path)
   bank_file = str(tmp_path / "bank.db")
   MemoryBank(bank_file, BackboneMeanEmbedder(model.params.embed, model.tokenizer)).close()
@@ -32,17 +31,15 @@ def test_the_trace_reads_the_bank_and_counts_its_answers(tmp_path, capsys):
 def test_without_a_bank_memory_building_builds_one_with_rule_summaries(tmp_path, capsys):
   from apex_jax.memory.store import MemoryBank
   from benchmarks import apex_demo_trace
-  from morse_jax import llm
   from morse_jax.lora.embedders import BackboneMeanEmbedder
 
-  c = apex_demo_trace._config(os.path.join(ROOT, "configs/apex/demo_procedures.py"), None)
+  c = demo_procedures.get_config()
   c.memory_build.update(questions=2, batch_size=2)
   c.agents.summaries = "rule"
   bank_file = str(tmp_path / "built.db")
-  stats = apex_demo_trace.build_bank(c, bank_file)
+  stats, model = apex_demo_trace.build_bank(c, bank_file)
   out = capsys.readouterr().out
   assert stats["episodes"] == 2 and out.count("memory [") == 2
-  model = llm.load(c.model.path)
   bank = MemoryBank(bank_file, BackboneMeanEmbedder(model.params.embed, model.tokenizer))
   from apex_jax.pipeline import memory_buckets
   stored = [m for b in memory_buckets(bank) for m in bank.memories(b)]
