@@ -50,7 +50,7 @@ DEMO_ROLLOUT = dataclasses.replace(ROLLOUT, routes_per_node=2, group_size=4, max
 DEMO = (dataclasses.replace(LORA, last_n_layers=2), DEMO_ROUTER,
         dataclasses.replace(STEP, expert_lr=2e-3, router_lr=1e-3, epochs=2), DEMO_ROLLOUT)
 SMOLLM2_ROLLOUT = dataclasses.replace(ROLLOUT, routes_per_node=2, group_size=2)
-SMOLLM2_TRAIN_ROLLOUT = dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=128,
+SMOLLM2_TRAIN_ROLLOUT = dataclasses.replace(SMOLLM2_ROLLOUT, group_size=4, max_new_tokens=128,
                                             sampling=SamplingConfig(temperature=0.7))
 SMOLLM2_TRAIN_STEP = dataclasses.replace(STEP, expert_lr=4e-4, router_lr=3e-4, remat=True)
 
