@@ -391,6 +391,10 @@ def run(config) -> dict:
   skips what was finished and repeats the unbroken run's metrics step for step; the
   evaluations are rerun (they only read). A workdir whose checkpoints another config wrote is
   refused (unless train.continue_other_run); remove <workdir>/checkpoints to start afresh."""
+  # seeds run one after the other (or in spawned workers) reuse the sampler and update
+  # programs the first compiled: 105 s of a seed's 456 s are compilation (docs/RESULTS.md)
+  from morse_jax.experiments.pipeline import use_compilation_cache  # pylint: disable=import-outside-toplevel
+  use_compilation_cache(config)
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)

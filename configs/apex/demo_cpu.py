@@ -33,6 +33,7 @@ def get_config(arg=None):
   c.seeds = ()  # (s1, s2, ...): the whole chain once per seed (apex_jax.seeds); (): once at seed
   c.seed_workers = 1  # seeds run at once, each in its own process (apex_jax.seeds)
   c.workdir = "/tmp/apex_runs/demo_cpu"
+  c.compilation_cache = "~/.cache/morse_jax/xla"  # JAX's persistent cache, as the MoRSE configs; "": off
   c.model = dict(path=arg or os.path.join(ROOT, "assets", "toy_apex"), dtype="float32")
   # "world": generated in memory; "folder": train/test/corpus.jsonl as World.write writes them
   # procedures: the world's career / property facts in records whose right one only experience

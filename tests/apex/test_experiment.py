@@ -595,3 +595,27 @@ def test_memory_build_temperature_sets_only_memory_buildings_agents():
   assert Experiment.memory_build_agents(built(0.0)).temperature == 0.0
   with pytest.raises(ValueError, match=r"config.memory_build.temperature .* got -1"):
     Experiment.memory_build_agents(built(-1))
+
+
+def test_run_uses_the_configs_compilation_cache_before_it_builds(monkeypatch):
+  """pipeline.run points JAX's persistent cache at config.compilation_cache first, so that seeds
+  run one after the other reuse the programs the first compiled."""
+  from morse_jax.experiments import pipeline as morse_pipeline  # pylint: disable=import-outside-toplevel
+
+  calls = []
+
+  class Built(Exception):
+    pass
+
+  def build(config):
+    calls.append("build")
+    raise Built
+
+  monkeypatch.setattr(morse_pipeline, "use_compilation_cache",
+                      lambda config: calls.append(config.compilation_cache))
+  monkeypatch.setattr(pipeline, "build", build)
+  config = demo_cpu.get_config()
+  assert config.compilation_cache == "~/.cache/morse_jax/xla"
+  with pytest.raises(Built):
+    pipeline.run(config)
+  assert calls == ["~/.cache/morse_jax/xla", "build"]
