@@ -5,7 +5,11 @@ the paper claims holds (full above without memories, without skills and the untr
   python -m launchers.train --config=configs/apex/demo_procedures.py   # seeds (0, 1, 2)
 
 Each seed is a whole `pipeline.run` (its own memory building, stages, TTRL and table; resumable
-as that is); the world, its split and every other setting stay the config's. `seed_workers` > 1
+as that is); every other setting stays the config's, and the world too unless `seed_worlds` is
+set: then seed s reads world `data.world_seed + s`, so that the seeds are independent draws of the
+experience effect (a greedy memory-building pass on one world is the same on every seed). Each
+order is also tested over the questions of all seeds pooled: per question, the two rows' F1
+difference, and the paired sign-flip test of their mean (morse_jax.experiments.table2). `seed_workers` > 1
 runs that many seeds at once, each in its own spawned process printing to <workdir>/seed_<s>/log.txt:
 the toy's steps are too small to keep two cores busy from one process, and seeds share nothing.
 """
@@ -19,7 +23,7 @@ import multiprocessing
 import os
 
 from apex_jax import pipeline
-from morse_jax.experiments.table2 import mean_std
+from morse_jax.experiments.table2 import mean_std, paired_difference
 
 # (row that should be higher, row that should be lower): the orders the ablation is about
 ORDERS = (("full", "without_memories"), ("full", "without_skills"), ("full", "untrained"))
@@ -30,13 +34,17 @@ def seed_config(config, seed: int):
   with c.unlocked():
     c.seed, c.seeds = int(seed), ()
     c.workdir = os.path.join(config.workdir, f"seed_{seed}")
+    if config.get("seed_worlds", False):
+      c.data.world_seed = int(config.data.world_seed) + int(seed)
   return c
 
 
 def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
   """{"rows": {name: {"em": [..], "f1": [..], "f1_mean", "f1_std", "em_mean", "em_std"}},
-  "orders": {"full>without_memories": {"f1_held_on": k, "seeds": n, "ties": t}, ...}} from each
-  seed's results["eval"] (rows missing in a seed are left out of that seed)."""
+  "orders": {"full>without_memories": {"f1_held_on": k, "seeds": n, "ties": t, "questions":
+  paired_difference of the per-question F1 over every seed's questions}, ...}} from each seed's
+  results["eval"] (rows missing in a seed are left out of that seed; "questions" only where the
+  rows carry "f1_per_question")."""
   names = list(dict.fromkeys(n for rows in per_seed.values() for n in rows))
   rows = {}
   for name in names:
@@ -50,9 +58,17 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
   for high, low in ORDERS:
     pairs = [(per_seed[s][high]["f1"], per_seed[s][low]["f1"]) for s in per_seed
              if high in per_seed[s] and low in per_seed[s]]
-    if pairs:
-      orders[f"{high}>{low}"] = {"f1_held_on": sum(a > b for a, b in pairs),
-                                 "ties": sum(a == b for a, b in pairs), "seeds": len(pairs)}
+    if not pairs:
+      continue
+    order = {"f1_held_on": sum(a > b for a, b in pairs), "ties": sum(a == b for a, b in pairs),
+             "seeds": len(pairs)}
+    differences = [a[q] - b[q] for s in per_seed if high in per_seed[s] and low in per_seed[s]
+                   for a, b in [(per_seed[s][high].get("f1_per_question"),
+                                 per_seed[s][low].get("f1_per_question"))]
+                   if a is not None and b is not None for q in sorted(a)]
+    if differences:
+      order["questions"] = paired_difference(differences)
+    orders[f"{high}>{low}"] = order
   return {"rows": rows, "orders": orders}
 
 
@@ -66,8 +82,11 @@ def table(summary: dict) -> str:
     lines.append(f"{name:<28} {cells} {r['f1_mean']:>8.3f} {r['f1_std']:>6.3f} "
                  f"{r['em_mean']:>8.3f}")
   for order, o in summary["orders"].items():
+    pooled = "" if "questions" not in o else (
+        f"; pooled questions: {o['questions']['a_better']} better, {o['questions']['b_better']}"
+        f" worse, mean {o['questions']['mean_difference']:+.3f}, p {o['questions']['p_value']:.3f}")
     lines.append(f"{order}: F1 higher on {o['f1_held_on']} of {o['seeds']} seeds "
-                 f"({o['ties']} ties)")
+                 f"({o['ties']} ties){pooled}")
   return "\n".join(lines)
 
 
@@ -75,7 +94,8 @@ def chain(c) -> dict[str, dict]:
   """One seed's whole chain (`pipeline.run`): its rows' EM / F1."""
   results = pipeline.run(c)
   pipeline.print_summary(results, c.workdir)
-  return {name: {"em": row["em"], "f1": row["f1"]} for name, row in results["eval"].items()}
+  return {name: {"em": row["em"], "f1": row["f1"], "f1_per_question": row["f1_per_question"]}
+          for name, row in results["eval"].items()}
 
 
 def in_worker(one_seed, c, log: str) -> dict[str, dict]:

@@ -23,7 +23,8 @@ def _summary(scores: Sequence[tuple[float, float]]) -> dict:
 
 def evaluate(predictions: Mapping[str, str], examples: Sequence[QAExample]) -> dict:
   """{"em", "f1", "n", "missing", "extra", "per_category": {c: {em, f1, n}},
-  "per_hops": {h: {em, f1, n}}} over `examples`, which must all be labelled."""
+  "per_hops": {h: {em, f1, n}}, "f1_per_question": {id: f1}} over `examples`, which must all be
+  labelled (the per-question F1 pairs two systems' runs on the same questions: apex_jax.seeds)."""
   # Imported here: apex_jax.judges' package also holds the in-process LLM judge (jax), which a
   # data-only user (launchers.make_world, the loaders) should not pay for.
   from apex_jax.judges import rule
@@ -34,6 +35,7 @@ def evaluate(predictions: Mapping[str, str], examples: Sequence[QAExample]) -> d
                          f"{type(prediction).__name__}")
   ids = set()
   scores, by_category, by_hops = [], collections.defaultdict(list), collections.defaultdict(list)
+  per_question = {}
   missing = 0
   for example in examples:
     if not example.labelled:
@@ -49,10 +51,12 @@ def evaluate(predictions: Mapping[str, str], examples: Sequence[QAExample]) -> d
       missing += 1
       score = (0.0, 0.0)
     scores.append(score)
+    per_question[example.id] = score[1]
     by_category[example.category].append(score)
     by_hops[example.hops].append(score)
   out = _summary(scores)
   out.update(missing=missing, extra=sum(1 for qid in predictions if qid not in ids),
              per_category={c: _summary(s) for c, s in sorted(by_category.items())},
-             per_hops={h: _summary(s) for h, s in sorted(by_hops.items())})
+             per_hops={h: _summary(s) for h, s in sorted(by_hops.items())},
+             f1_per_question=per_question)
   return out

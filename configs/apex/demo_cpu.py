@@ -32,6 +32,7 @@ def get_config(arg=None):
   c.seed = 0
   c.seeds = ()  # (s1, s2, ...): the whole chain once per seed (apex_jax.seeds); (): once at seed
   c.seed_workers = 1  # seeds run at once, each in its own process (apex_jax.seeds)
+  c.seed_worlds = False  # True: seed s reads world data.world_seed + s (apex_jax.seeds)
   c.workdir = "/tmp/apex_runs/demo_cpu"
   c.compilation_cache = "~/.cache/morse_jax/xla"  # JAX's persistent cache, as the MoRSE configs; "": off
   c.model = dict(path=arg or os.path.join(ROOT, "assets", "toy_apex"), dtype="float32")

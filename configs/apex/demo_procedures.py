@@ -15,8 +15,8 @@ from configs.apex import demo_cpu
 def get_config(arg=None):
   c = demo_cpu.get_config(arg)
   c.workdir = "/tmp/apex_runs/demo_procedures"
-  # 240 questions, 48 of them career / property: 36 train, 12 held out
-  c.data.update(procedures=True, categories=("career", "property"), questions=240)
+  # 320 questions, 64 of them career / property: 48 train, 16 held out (the evaluation's 16)
+  c.data.update(procedures=True, categories=("career", "property"), questions=320)
   # the toy copies names greedily but garbles them sampled at 1: memories are built greedily,
   # and TTRL keeps each question's best judged episode, not all four
   c.memory_build.update(questions=24, temperature=0.0)
@@ -28,5 +28,8 @@ def get_config(arg=None):
   # --config.eval.ablations="()" gives every row, the module rows' TTRL reruns included
   c.eval.ablations = ("full", "without_memories", "without_skills", "without_memories_and_skills")
   c.seeds = (0, 1, 2)  # apex_jax.seeds: the whole chain per seed, the rows side by side
+  # each seed its own world (777, 778, 779): memory building is greedy, so on one world every
+  # seed would build the same memories and the seeds would not be independent draws of its effect
+  c.seed_worlds = True
   c.seed_workers = 1  # one after the other, sharing the compilation cache: 16.6 min for three (at once: 28)
   return c

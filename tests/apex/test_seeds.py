@@ -25,6 +25,30 @@ def test_summarize_means_spreads_and_orders_by_hand():
   assert text.splitlines()[0].split()[:3] == ["system", "F1", "s0"]
 
 
+def test_orders_are_also_tested_over_the_pooled_questions_by_hand():
+  row = lambda *f1: {"em": 0.0, "f1": sum(f1) / len(f1),
+                     "f1_per_question": {f"q{i}": v for i, v in enumerate(f1)}}
+  # seed 0: full better on q0, worse on q1; seed 1: better on q0 and q2, q1 tied
+  per_seed = {0: {"full": row(1.0, 0.0, 1.0), "without_skills": row(0.0, 1.0, 1.0)},
+              1: {"full": row(1.0, 0.5, 1.0), "without_skills": row(0.0, 0.5, 0.0)}}
+  o = seeds.summarize(per_seed)["orders"]["full>without_skills"]
+  assert (o["f1_held_on"], o["ties"]) == (1, 1)
+  q = o["questions"]
+  assert (q["a_better"], q["b_better"]) == (3, 1)
+  assert q["mean_difference"] == pytest.approx((1 - 1 + 0 + 1 + 0 + 1) / 6)
+  assert q["p_value"] == pytest.approx(10 / 16)  # |sum| >= 2 in 10 of the 16 sign patterns of 4
+  assert "pooled questions: 3 better, 1 worse, mean +0.333, p 0.625" in seeds.table(
+      seeds.summarize(per_seed))
+
+
+def test_seed_worlds_gives_each_seed_its_own_world():
+  c = ml_collections.ConfigDict(dict(seed=0, seeds=(0, 2), workdir="/tmp/w",
+                                     data=dict(world_seed=777), seed_worlds=True))
+  assert [seeds.seed_config(c, s).data.world_seed for s in (0, 2)] == [777, 779]
+  c.seed_worlds = False
+  assert seeds.seed_config(c, 2).data.world_seed == 777
+
+
 def test_a_row_missing_in_a_seed_is_left_out_of_that_seed():
   s = seeds.summarize({0: {"full": {"em": 1.0, "f1": 1.0}},
                        1: {"full": {"em": 0.0, "f1": 0.0}, "untrained": {"em": 0.0, "f1": 0.0}}})

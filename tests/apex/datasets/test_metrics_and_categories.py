@@ -35,6 +35,7 @@ def test_evaluate_hand_computed():
   assert out["per_category"]["location"] == pytest.approx({"em": 1.0, "f1": 1.0, "n": 1})
   assert out["per_hops"][2] == pytest.approx({"em": 0.5, "f1": 0.5, "n": 2})
   assert out["per_hops"][3] == pytest.approx({"em": 0.0, "f1": 0.0, "n": 1})
+  assert out["f1_per_question"] == pytest.approx({"a": 0.8, "b": 1.0, "c": 0.0, "d": 0.0})
 
 
 def test_evaluate_rejects_unlabelled_duplicates_and_non_strings():
