@@ -106,7 +106,7 @@ def _record_run(world: World, ex, gold_run, planned: bool, searcher, config: Age
                 corpus_config: C.CorpusConfig, rng: random.Random, stats):
   """(plan, executor run, correct) of a procedure question: with a plan naming the record word
   (word_plan_share of the plans) the gold run; else (the generic plan, or none) a run reading a
-  record picked at random from the entity's listing. The run is None when its search misses."""
+  record of the entity's listing (a random one, or the first: `record_guess`). The run is None when its search misses."""
   gold = ex.chain[C.record_step(ex)]
   records = _owner(world)[gold.passage_id]
   if planned and rng.random() < corpus_config.word_plan_share:
@@ -114,7 +114,8 @@ def _record_run(world: World, ex, gold_run, planned: bool, searcher, config: Age
     stats["record_word_plan"] += 1
     return C.numbered(C.plan_steps(ex, word)), gold_run, True
   plan = C.numbered(C.plan_steps(ex)) if planned else None
-  guess = rng.choice([r.word for r in records])
+  words = [r.word for r in records]  # in the listing's order
+  guess = words[0] if corpus_config.record_guess == "first" else rng.choice(words)
   run = C.executor_rounds(C.reread(ex, records, guess), searcher, config,
                           spaced=corpus_config.spaced_copies)
   correct = guess == gold.passage_id.rsplit("-", 1)[1]

@@ -26,7 +26,8 @@ Worlds with procedures (apex_jax.datasets.world_records): a chain's record step 
 "<entity> <word> record". The plan names the word only when the plan prompt shows it (a positive
 memory's workflow, else the skill's procedure: `shown_record_word`), else it reads
 `Search one record of <entity>.`; the executor follows a plan naming the word, and otherwise
-searches a record picked at random from the listing (`reread`) and answers its value.
+searches a record picked at random from the listing, or the first listed (`record_guess`;
+`reread`), and answers its value.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from apex_jax.tools import format_results, render_tool_call
 # judge: apex_jax.toy.judging, read: apex_jax.toy.reading (both opt-in)
 ROLES = ("apex_execute", "apex_plan", "apex_distill", "apex_judge", "apex_read")
 CORRUPTIONS = ("early", "wrong", "no_search")
+RECORD_GUESSES = ("random", "first")  # CorpusConfig.record_guess
 MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
 _RECORD_SUFFIX, _LISTING_SUFFIX = " record", " records"  # of world_records' queries
@@ -74,6 +76,10 @@ class CorpusConfig:
   memory_noise: float = 0.0  # memories of procedure runs whose workflow drops or garbles the
   # record word, as the toy Distiller's summaries do at run time (`noisy_workflow`): the planner
   # learns to plan from what a positive memory shows, and the generic step when it shows none
+  record_guess: str = "random"  # without a plan naming the word, the executor reads a record
+  # picked at random from the listing ("random"), or the first one listed ("first"): a rule the
+  # toy can follow greedily, and since each entity's listing is shuffled, its unguided guesses
+  # spread over the words, so memory building finds every category's word (RESULTS, run 10)
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
@@ -81,6 +87,9 @@ class CorpusConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
+    if self.record_guess not in RECORD_GUESSES:
+      raise ValueError(f"CorpusConfig.record_guess must be one of {RECORD_GUESSES}, got "
+                       f"{self.record_guess!r}")
     if isinstance(self.reading_hops, bool) or not isinstance(self.reading_hops, int) \
         or self.reading_hops < 0:
       raise ValueError(f"CorpusConfig.reading_hops must be an integer >= 0, got "

@@ -13,7 +13,8 @@ memory server it posts to):
    `rewards.skill_gate` gets R = confidence for every episode: zero advantage, update skipped;
 4. one GRPO update of the planner expert (executor and distiller frozen);
 5. memories consolidated: every episode (`TtrlConfig.store` "all"; "best": only each query's
-   highest-reward one) stored with its judged outcome, the win rates of the
+   highest-reward one; "majority": that of the group's majority answer, if it has one; "none")
+   stored with its judged outcome, the win rates of the
    memories shown to it updated (the plan's, and the replan's when it replanned); every touched
    bucket due for evolution gets a Distiller reply applied.
 A judge that fails or answers out of range is a counted failure with fallback 0 (the authors'
@@ -45,6 +46,7 @@ from morse_jax.rl.train_step import step_identity
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import Trajectory
 from apex_jax.judges.chat import JudgeError
+from apex_jax.judges.rule import normalize_answer
 from apex_jax.judges.nogt import Candidate
 from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContext, Skill
 from apex_jax.memory.consolidation import Judged, consolidate
@@ -55,7 +57,7 @@ from apex_jax.training.grpo import ModuleUpdater
 log = logging.getLogger(__name__)
 
 
-STORE = ("all", "best")
+STORE = ("all", "best", "majority", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +75,12 @@ class TtrlConfig:
   gate_require_procedure: bool = True
   # which judged episodes become memories: "all" (ours; every complete one) or "best" (per
   # query, the first complete episode with the group's highest reward: our reading of the
-  # paper's "selected" episodes). Every episode's outcome moves its shown memories' win rates.
+  # paper's "selected" episodes), "majority" (the best of the episodes giving the group's
+  # majority answer, stored only when more than half of the complete episodes give it: the
+  # self-consistency label of test-time RL without ground truth, Zuo et al. 2025, TTRL, for a
+  # judge that calls nearly every run correct) or "none" (no memory: the bank keeps only what
+  # memory building stored, with the win rates TTRL moves). Every episode's outcome moves its
+  # shown memories' win rates.
   store: str = "all"
 
   def __post_init__(self):
@@ -91,6 +98,23 @@ class TtrlConfig:
     for name in ("base_lambda", "gate_threshold"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"TtrlConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+
+
+def _stored(store: str, complete: Sequence[int], rewards: Sequence[float],
+            answers: Sequence[str]) -> set[int]:
+  """The indices of a group's complete episodes that become memories (TtrlConfig.store)."""
+  if store == "none" or not complete:
+    return set()
+  if store == "all":
+    return set(complete)
+  pool = complete
+  if store == "majority":
+    votes = collections.Counter(normalize_answer(answers[i]) for i in complete)
+    answer, n = votes.most_common(1)[0]
+    if 2 * n <= len(complete) or not answer:
+      return set()
+    pool = [i for i in complete if normalize_answer(answers[i]) == answer]
+  return {max(pool, key=lambda i: (rewards[i], -i))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,15 +320,14 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
                                                stats, bank.config.skill_evidence_n, ctx.skill)
       rewards.append(group_rewards)
       complete = [i for i, c in enumerate(outcomes) if c is not None]
-      best = max(complete, key=lambda i: (group_rewards[i], -i)) if complete else None
+      stored = _stored(config.store, complete, group_rewards, [ep.answer for ep in group])
       for i, (ep, correct) in enumerate(zip(group, outcomes)):
         if correct is None:
           continue
         memory = NewMemory(query.question, ep.summary or ep.workflow, correct, *ctx.bucket,
                            caption=query.caption, data_id=query.data_id)
         shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
-        judged_episodes.append(Judged(memory, correct, shown,
-                                      store=config.store == "all" or i == best))
+        judged_episodes.append(Judged(memory, correct, shown, store=i in stored))
         stats["correct"] += correct
     trajectories = [[ep.trajectory for ep in g] for g in groups]
     experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)

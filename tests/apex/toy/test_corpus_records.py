@@ -70,6 +70,26 @@ def test_executor_follows_a_word_plan_and_guesses_without_one(pworld, turns):
   assert guesses["followed"] and guesses["right"] and guesses["wrong"] > guesses["right"], guesses
 
 
+def test_first_guess_reads_the_first_listed_record(pworld):
+  """record_guess="first": a run without the word in its plan reads the listing's first record,
+  a different word for different entities (the listings are shuffled), never a random one."""
+  turns, _ = build.world_turns(pworld, COMPACT, corpus.CorpusConfig(record_guess="first"), seed=7)
+  by_id, words = {e.id: e for e in pworld.examples}, collections.Counter()
+  for turn in (t for t in turns if t["role"] == "apex_execute"):
+    ex = by_id[turn["example_id"]]
+    k = corpus.record_step(ex)
+    plan = turn["messages"][-1]["content"].partition("\nPlan:\n")[2]
+    if k is None or re.search(r'[a-z]+ record"', plan):
+      continue
+    query = [parse_turn(r).queries[0] for r in _replies(turn)[:-1]][k]
+    first = _records_of(pworld, ex)[0].word
+    assert query == f"{corpus.record_entity(ex.chain[k].query)} {first} record", query
+    words[first] += 1
+  assert len(words) >= 2, words
+  with pytest.raises(ValueError, match="CorpusConfig.record_guess must be one of"):
+    corpus.CorpusConfig(record_guess="last")
+
+
 def test_memories_and_summaries_keep_the_searched_record(pworld, turns):
   summaries = [t for t in turns[0] if t.get("summary")]
   by_id = {e.id: e for e in pworld.examples}

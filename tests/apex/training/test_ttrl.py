@@ -96,11 +96,13 @@ def test_ttrl_writes_memories_and_evolves_a_skill(tiny, tmp_path):
   assert len(bank) == 4 and all(m.correct for m in bank.memories(BUCKET))
 
 
-@pytest.mark.parametrize("store, stored, memories", [("all", 4, 2), ("best", 2, 2)])
+@pytest.mark.parametrize("store, stored, memories", [("all", 4, 2), ("best", 2, 2),
+                                                     ("majority", 0, 0), ("none", 0, 0)])
 def test_store_all_or_each_querys_best_episode(tiny, tmp_path, store, stored, memories):
   """Per query a wrong then a right episode (rewards 0.1, 1.0). "all": both stored, the right
   one replacing the wrong one (same question: dedup), 2 stores per query; "best": only the
-  right one. Either way the bank ends with one correct memory per question."""
+  right one; either way the bank ends with one correct memory per question. "majority": the two
+  answers tie, so no majority and nothing stored; "none": nothing stored."""
   bank = make_bank(tmp_path)
   cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, learning_rate=LR, store=store)
   result = ttrl.run_ttrl(tiny.updater(), tiny.experts, queries(2), bank, object(),
@@ -108,8 +110,24 @@ def test_store_all_or_each_querys_best_episode(tiny, tmp_path, store, stored, me
                          config=cfg, rng=jax.random.key(0))
   assert result.history[0]["memories_stored"] == stored
   assert len(bank) == memories and all(m.correct for m in bank.memories(BUCKET))
-  with pytest.raises(ValueError, match=r"TtrlConfig.store 'some' not in \('all', 'best'\)"):
+  with pytest.raises(ValueError, match=r"TtrlConfig.store 'some' not in \('all', 'best', "):
     ttrl.TtrlConfig(steps=1, batch_size=1, group_size=2, store="some")
+
+
+def test_majority_store_keeps_the_best_episode_of_the_majority_answer():
+  """By hand: answers 'Paris', 'paris.', 'Rome', 'Paris' (3 of 4 agree after normalising):
+  the best-rewarded of the three, the earlier on a tie; 2 of 4 is no majority; an empty
+  majority answer is not one; incomplete episodes (episode 0 below, reward 9) neither vote nor
+  are stored."""
+  answers = ["Paris", "paris.", "Rome", "Paris"]
+  assert ttrl._stored("majority", [0, 1, 2, 3], [0.2, 0.9, 1.0, 0.9], answers) == {1}
+  assert ttrl._stored("best", [0, 1, 2, 3], [0.2, 0.9, 1.0, 0.9], answers) == {2}
+  assert ttrl._stored("majority", [0, 2], [1.0, 0.0, 1.0, 0.0], answers) == set()
+  assert ttrl._stored("majority", [0, 1, 2], [0.0, 0.0, 0.0], ["", " ", "x"]) == set()
+  assert ttrl._stored("majority", [1, 2, 3], [9.0, 0.5, 0.1, 0.5], answers) == {1}
+  assert ttrl._stored("none", [0, 1], [1.0] * 4, answers) == set()
+  assert ttrl._stored("all", [0, 2], [1.0] * 4, answers) == {0, 2}
+  assert ttrl._stored("majority", [], [], []) == set()
 
 
 def test_skill_alignment_and_lambda_enter_the_reward(tiny, tmp_path):
