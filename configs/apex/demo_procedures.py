@@ -17,8 +17,7 @@ def get_config(arg=None):
   c.workdir = "/tmp/apex_runs/demo_procedures"
   # 320 questions, 64 of them career / property: 48 train, 16 held out (the evaluation's 16)
   c.data.update(procedures=True, categories=("career", "property"), questions=320)
-  # the toy copies names greedily but garbles them sampled at 1: memories are built greedily,
-  # and TTRL keeps each question's best judged episode, not all four
+  # the toy copies names greedily but garbles them sampled at 1: memories are built greedily
   c.memory_build.update(questions=24, temperature=0.0)
   # TTRL's queries are held-out questions, and each retrieves its own TTRL memory first; the
   # toy's arbiter called all 8 of world 778's "best" episodes correct, none was (RESULTS, "The
