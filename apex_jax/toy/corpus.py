@@ -80,10 +80,14 @@ class CorpusConfig:
   # picked at random from the listing ("random"), or the first one listed ("first"): a rule the
   # toy can follow greedily, and since each entity's listing is shuffled, its unguided guesses
   # spread over the words, so memory building finds every category's word (RESULTS, run 10)
+  fresh_record_words: float = 0.0  # planner conversations of a procedure category whose record
+  # words are swapped, consistently in prompt and replies, for words drawn anew: the toy had
+  # learnt its training worlds' words and wrote one of those where a memory showed an unseen
+  # word (RESULTS, "The procedure demo on three worlds"); a plan must copy the word it is shown
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
-                 "align_share", "word_plan_share", "memory_noise"):
+                 "align_share", "word_plan_share", "memory_noise", "fresh_record_words"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
@@ -270,6 +274,27 @@ def planner_context(category: str, earlier: Sequence[Memory], with_skill: bool,
   skill = skills_lib.skill_from_doc(json.dumps({
       **doc, "correct_count": sum(m.correct for m in earlier), "operation": "synthesize"}))
   return skills_lib.render_skill(skill, skill.win_rate).strip(), memory
+
+
+def swap_words(conversation: dict, swap: dict[str, str]) -> dict:
+  """The conversation with each word of `swap` replaced (whole words) in every message and
+  reply, rounds included."""
+  if not swap:
+    return conversation
+  pattern = re.compile(r"\b(" + "|".join(map(re.escape, swap)) + r")\b")
+
+  def sub(text: str) -> str:
+    return pattern.sub(lambda m: swap[m.group(1)], text)
+
+  def messages(ms):
+    return [{**m, "content": sub(m["content"])} for m in ms]
+
+  out = {**conversation, "messages": messages(conversation["messages"]),
+         "target": sub(conversation["target"])}
+  if "rounds" in conversation:
+    out["rounds"] = [{**r, "messages": messages(r["messages"]), "target": sub(r["target"])}
+                     for r in conversation["rounds"]]
+  return out
 
 
 def planner_conversation(example: QAExample, trace: list[dict], searched: int, correct: bool,

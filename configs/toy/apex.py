@@ -53,6 +53,12 @@ RUNS = {
     10: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=10),
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, record_guess="first")),
+    # run 8 continued where most plan prompts with memories show record words drawn anew
+    # (corpus.fresh_record_words): the run-8 planner wrote a word of its training worlds where
+    # a memory showed world 779's (12 of 15 plans)
+    11: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=11),
+         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
+              spaced_copies=True, fresh_record_words=0.75)),
 }
 COMMITTED = 8  # the run whose model is assets/toy_apex
 DATA = {5: dict(worlds=30, apex_other_share=0.25),
@@ -60,8 +66,9 @@ DATA = {5: dict(worlds=30, apex_other_share=0.25),
         7: dict(worlds=30, apex_other_share=0.4, world_procedures=True),
         8: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
         9: dict(worlds=30, apex_other_share=0.5, world_procedures=True),
-        10: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
-PARENT = {6: 5, 7: 5, 10: 8}  # the run a run continues, where it is not the one before
+        10: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
+        11: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
+PARENT = {6: 5, 7: 5, 10: 8, 11: 8}  # the run a run continues, where it is not the one before
 
 
 def out_dir(run: int) -> str:

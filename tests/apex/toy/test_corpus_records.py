@@ -267,3 +267,28 @@ def test_a_bank_shows_the_planner_what_the_corpus_assumes(pworld, tmp_path):
     turn = corpus.planner_conversation(asked, [], 0, True, COMPACT, (skill, memory))
     assert turn["messages"][1]["content"].count("Workflow Summary") == 2
     assert (f' {word} record".' in turn["target"]) == (shown is not None), turn["target"]
+
+
+def test_fresh_record_words_are_swapped_consistently(pworld):
+  """fresh_record_words=1: a procedure category's plan prompts with memories name none of the
+  world's record words; a plan naming a word names one its prompt's positive memories show."""
+  turns, stats = build.world_turns(pworld, COMPACT, corpus.CorpusConfig(fresh_record_words=1.0),
+                                   seed=7)
+  assert stats["plan_fresh_words"] > 0
+  world_words = {w for ws in pworld.record_words.values() for w in ws}
+  named = 0
+  for turn in (t for t in turns if t["role"] == "apex_plan"):
+    prompt = turn["messages"][-1]["content"]
+    if "Positive Examples" not in prompt or " record\")" not in prompt:
+      continue
+    text = prompt + turn["target"] + "".join(r["target"] for r in turn.get("rounds", ()))
+    assert not world_words & set(re.findall(r"[a-z]+", text)), text
+    plan_word = re.findall(r'([a-z]+) record"', turn["target"])
+    if plan_word:
+      positive = prompt.split("#### Negative Examples")[0]
+      assert plan_word[0] in re.findall(r'([a-z]+) record"', positive)
+      named += 1
+  assert named
+  assert corpus.swap_words({"messages": [{"role": "user", "content": "a vesk vesky"}],
+                            "target": "vesk"}, {"vesk": "dorn"}) == {
+      "messages": [{"role": "user", "content": "a dorn vesky"}], "target": "dorn"}
