@@ -81,9 +81,9 @@ class CorpusConfig:
   # toy can follow greedily, and since each entity's listing is shuffled, its unguided guesses
   # spread over the words, so memory building finds every category's word (RESULTS, run 10)
   fresh_record_words: float = 0.0  # planner conversations of a procedure category whose record
-  # words are swapped, consistently in prompt and replies, for words drawn anew: the toy had
-  # learnt its training worlds' words and wrote one of those where a memory showed an unseen
-  # word (RESULTS, "The procedure demo on three worlds"); a plan must copy the word it is shown
+  # words are swapped, consistently in prompt and replies, for words drawn anew: the run-8
+  # planner garbled the word a memory showed (`girnal` for `girnos`; RESULTS, "The procedure
+  # demo on three worlds"), after seeing each world's three words in many prompts
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",

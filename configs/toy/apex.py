@@ -54,8 +54,8 @@ RUNS = {
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, record_guess="first")),
     # run 8 continued where most plan prompts with memories show record words drawn anew
-    # (corpus.fresh_record_words): the run-8 planner wrote a word of its training worlds where
-    # a memory showed world 779's (12 of 15 plans)
+    # (corpus.fresh_record_words): the run-8 planner garbled the word a memory showed on
+    # world 779 (12 of 15 plans)
     11: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=11),
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, fresh_record_words=0.75)),
