@@ -10,7 +10,9 @@ from its parent (`PARENT`, else the run before; docs/RESULTS.md, assets/toy_apex
 Runs 1-4 taught the formats on eight new worlds each; run 5 taught reading (drills, copies after
 a space); run 6 (not committed) and run 7 continue run 5 on procedure worlds
 (datasets.world_records); run 8 (committed) continues run 7 on 30 new ones. Run 9 (not
-committed) continues run 8 on noisy memories and made the procedure demo worse (docs/RESULTS.md).
+committed) continues run 8 on noisy memories and made the procedure demo worse (docs/RESULTS.md);
+runs 10 (first listed record as the unguided guess) and 11 (plan prompts' record words drawn
+anew) continue run 8 too (RESULTS, "The procedure demo on three worlds").
 """
 
 from configs.toy import common
