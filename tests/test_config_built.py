@@ -154,11 +154,11 @@ PAPER = dict(
           dataclasses.replace(PAPER_AGENTS, max_context_tokens=32768, max_tool_tokens=8192)))
 APEX = {
     ("demo_cpu", None): DEMO_APEX,
-    ("demo_procedures", None): dict(  # the demo's settings on a procedure world, TTRL "best",
+    ("demo_procedures", None): dict(  # the demo's settings on a procedure world, TTRL "majority",
         # workflow summaries by rule
         DEMO_APEX, agents=RULE_AGENTS,
         stages={m: (stage, RULE_AGENTS) for m, (stage, _) in DEMO_APEX["stages"].items()},
-        ttrl=(dataclasses.replace(DEMO_APEX["ttrl"][0], store="best"), RULE_AGENTS)),
+        ttrl=(dataclasses.replace(DEMO_APEX["ttrl"][0], store="majority"), RULE_AGENTS)),
     ("demo_smollm2", None): dict(DEMO_APEX, agents=SMOLLM2_AGENTS,  # no stage, no TTRL
                                  stages=dict.fromkeys(STAGE_ORDER), ttrl=None),
     ("paper", None): PAPER,
