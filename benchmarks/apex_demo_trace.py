@@ -15,6 +15,7 @@ rows differ, this says why (RESULTS, "The procedure demo").
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import re
@@ -33,6 +34,20 @@ _QUESTIONS = flags.DEFINE_integer("questions", 0, "Held-out questions (0: the co
 
 def _flat(text: str, limit: int) -> str:
   return re.sub(r"\s+", " ", text)[:limit]
+
+
+_RECORD_WORD = re.compile(r'\b([a-z]+) record"')  # search("X vesk record") / Search "X vesk record".
+
+
+def copied_word(context: str, plan: str) -> bool | None:
+  """Whether the plan's record word is one a positive memory of its context shows (None: the
+  plan names no record word). The planner must copy it; a toy that garbles it (`girnal` for
+  `girnos`) turns a right memory into a wrong search (RESULTS, "The procedure demo on three
+  worlds")."""
+  words = _RECORD_WORD.findall(plan)
+  if not words:
+    return None
+  return words[-1] in _RECORD_WORD.findall(context.split("#### Negative Examples")[0])
 
 
 def trace(c, bank_file: str, questions: int = 0, model=None) -> dict:
@@ -59,7 +74,7 @@ def trace(c, bank_file: str, questions: int = 0, model=None) -> dict:
                            [ex.question for ex in examples], rng=jax.random.PRNGKey(c.seed),
                            bank=exp.bank, categories=[ex.category for ex in examples],
                            use_memories=use_memories, use_skills=True)
-    right[use_memories] = 0
+    right[use_memories], copies = 0, collections.Counter()
     for ep, ex in zip(episodes, examples):
       ok = rule.exact_match(ep.y2 or "", ex.answers) == 1.0  # the ablation table's EM
       right[use_memories] += ok
@@ -68,10 +83,14 @@ def trace(c, bank_file: str, questions: int = 0, model=None) -> dict:
       print("  gold searches:", [h.query for h in ex.chain])
       if use_memories and ep.context is not None:
         print("  context:", _flat(ep.context.text, 900))
+        copies[copied_word(ep.context.text, ep.plan)] += 1
       print("  plan:", ep.plan.replace("\n", " | "))
       for run in ep.executor:
         print("  executor:", _flat(run.text, 600))
     print(f"right with memories={use_memories}: {right[use_memories]} of {len(examples)}")
+    if use_memories:
+      print(f"plans naming a record word: {copies[True] + copies[False]}, of them a word a "
+            f"positive memory shows: {copies[True]}")
   shutil.rmtree(work, ignore_errors=True)
   return right
 

@@ -7,6 +7,16 @@ from configs.apex import demo_procedures
 
 
 
+def test_copied_word_reads_the_positive_memories_only():
+  from benchmarks.apex_demo_trace import copied_word
+  context = ('#### Positive Examples: 1. search(" Durzur girnos record") '
+             '#### Negative Examples: 1. search(" Lunton fuslor record")')
+  assert copied_word(context, '2. Search "Fisus girnos record".') is True
+  assert copied_word(context, '2. Search "Fisus girnal record".') is False
+  assert copied_word(context, '2. Search "Fisus fuslor record".') is False  # a negative's word
+  assert copied_word(context, "2. Search one record of Fisus.") is None
+
+
 @pytest.mark.slow  # the toy's episodes for 2 questions, twice
 def test_the_trace_reads_the_bank_and_counts_its_answers(tmp_path, capsys):
   from apex_jax.memory.store import MemoryBank
@@ -24,6 +34,7 @@ def test_the_trace_reads_the_bank_and_counts_its_answers(tmp_path, capsys):
   assert set(right) == {True, False} and all(0 <= n <= 2 for n in right.values())
   assert out.count("=== memories=") == 4 and out.count("  plan:") == 4
   assert f"right with memories=True: {right[True]} of 2" in out
+  assert "plans naming a record word: " in out
   assert open(bank_file, "rb").read() == before  # read from a copy
 
 
