@@ -1,7 +1,7 @@
 """The memories TTRL added to an APEx demo run's bank, their judged outcome against the gold answer.
 
   python -m benchmarks.apex_ttrl_memories --workdir=<workdir> [--seeds=0,1,2] \
-      [--world_seed=777 --entities=120 --questions=320 --seed_worlds=True]
+      [--first_world=777 --world_entities=120 --world_questions=320 --seed_worlds=True]
 
 A TTRL memory is one of `<workdir>/seed_<s>/memory.db` not in `banks/before_ttrl.db` (by id);
 its answer is the last `answer '...'` of its workflow, scored by EM against the world's gold
@@ -21,10 +21,11 @@ from absl import app, flags
 _WORKDIR = flags.DEFINE_string("workdir", None, "The demo run's workdir (holding seed_<s>/).",
                                required=True)
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "The run's seeds.")
-_WORLD = flags.DEFINE_integer("world_seed", 777, "data.world_seed of the run.")
-_ENTITIES = flags.DEFINE_integer("entities", 120, "data.entities of the run.")
-_QUESTIONS = flags.DEFINE_integer("questions", 320, "data.questions of the run.")
-_SEED_WORLDS = flags.DEFINE_bool("seed_worlds", True, "Seed s read world world_seed + s.")
+# flag names unique among the modules a test process imports (absl flags are global)
+_WORLD = flags.DEFINE_integer("first_world", 777, "data.world_seed of the run.")
+_ENTITIES = flags.DEFINE_integer("world_entities", 120, "data.entities of the run.")
+_QUESTIONS = flags.DEFINE_integer("world_questions", 320, "data.questions of the run.")
+_SEED_WORLDS = flags.DEFINE_bool("seed_worlds", True, "Seed s read world first_world + s.")
 _ANSWER = re.compile(r"answer '(.*?)'")
 
 
