@@ -62,10 +62,12 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
       continue
     order = {"f1_held_on": sum(a > b for a, b in pairs), "ties": sum(a == b for a, b in pairs),
              "seeds": len(pairs)}
-    differences = [a[q] - b[q] for s in per_seed if high in per_seed[s] and low in per_seed[s]
-                   for a, b in [(per_seed[s][high].get("f1_per_question"),
-                                 per_seed[s][low].get("f1_per_question"))]
-                   if a is not None and b is not None for q in sorted(a)]
+    differences = []
+    for rows_of_seed in per_seed.values():
+      a = rows_of_seed.get(high, {}).get("f1_per_question")
+      b = rows_of_seed.get(low, {}).get("f1_per_question")
+      if a is not None and b is not None:
+        differences += [a[q] - b[q] for q in sorted(a)]
     if differences:
       order["questions"] = paired_difference(differences)
     orders[f"{high}>{low}"] = order

@@ -36,18 +36,16 @@ def _flat(text: str, limit: int) -> str:
   return re.sub(r"\s+", " ", text)[:limit]
 
 
-_RECORD_WORD = re.compile(r'\b([a-z]+) record"')  # search("X vesk record") / Search "X vesk record".
-
-
 def copied_word(context: str, plan: str) -> bool | None:
   """Whether the plan's record word is one a positive memory of its context shows (None: the
   plan names no record word). The planner must copy it; a toy that garbles it (`girnal` for
   `girnos`) turns a right memory into a wrong search (RESULTS, "The procedure demo on three
   worlds")."""
-  words = _RECORD_WORD.findall(plan)
+  from apex_jax.toy.corpus import RECORD_WORD, positive_memories
+  words = RECORD_WORD.findall(plan)
   if not words:
     return None
-  return words[-1] in _RECORD_WORD.findall(context.split("#### Negative Examples")[0])
+  return words[-1] in RECORD_WORD.findall(positive_memories(context))
 
 
 def trace(c, bank_file: str, questions: int = 0, model=None) -> dict:

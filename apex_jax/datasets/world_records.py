@@ -95,7 +95,7 @@ def _decoys(rng: random.Random, relation: str, value: str, n: int) -> list[str]:
   return out
 
 
-def _words(rng: random.Random, taken: set[str], n: int) -> list[str]:
+def invented_words(rng: random.Random, taken: set[str], n: int) -> list[str]:
   """n invented lowercase words of the name generator's shape, none of them in `taken`."""
   names = Names(rng)
   names.used |= taken | ENGLISH_LIKE
@@ -139,7 +139,7 @@ def draw(seed: int, entities: Mapping[str, Any], sentences: Mapping[str, tuple[s
   taken = {w.lower() for e in entities.values() for w in e.name.split()}
   taken |= {w.lower() for s in sentences.values() for t in s for w in _WORD.findall(t)}
   taken |= {"record", "records"}
-  drawn = _words(rng, taken, RECORDS * len(CATEGORIES))
+  drawn = invented_words(rng, taken, RECORDS * len(CATEGORIES))
   record_words = {c: tuple(drawn[k * RECORDS:(k + 1) * RECORDS]) for k, c in enumerate(CATEGORIES)}
   procedure_words = {c: rng.choice(words) for c, words in record_words.items()}
   name = {i: e.name for i, e in entities.items()}

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from apex_jax.agents.config import AgentConfig
 from apex_jax.datasets.world import World
-from apex_jax.datasets.world_words import ENGLISH_LIKE, Names
+from apex_jax.datasets.world_records import invented_words
 from apex_jax.memory.records import Memory
 from apex_jax.toy import corpus as C
 from apex_jax.toy import judging, reading
@@ -69,7 +69,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     planned = C.planner_conversation(ex, trace, searched, kind is None, config, context)
     words = world.record_words.get(ex.category, ())
     if words and context is not None and rng.random() < corpus_config.fresh_record_words:
-      planned = C.swap_words(planned, dict(zip(words, _fresh_words(rng, len(words)))))
+      planned = C.swap_words(planned, dict(zip(words, invented_words(rng, set(words), len(words)))))
       stats["plan_fresh_words"] += 1
     turns.append(planned)
     stats["plan_replan" if kind else "plan_accept"] += 1
@@ -129,13 +129,6 @@ def _record_run(world: World, ex, gold_run, planned: bool, searcher, config: Age
   if run is None:
     stats["guess_missed"] += 1
   return plan, run, correct
-
-
-def _fresh_words(rng: random.Random, n: int) -> list[str]:
-  """n distinct invented lowercase words, as the worlds' record words are drawn."""
-  names = Names(rng)
-  names.used |= ENGLISH_LIKE
-  return [names.word().lower() for _ in range(n)]
 
 
 def _owner(world: World) -> dict:

@@ -54,7 +54,7 @@ MODALITY = "text-only"  # the world's questions have no image
 _NAME = re.compile(r"[A-Z][a-z]+(?: [A-Z][a-z]+)*")
 _RECORD_SUFFIX, _LISTING_SUFFIX = " record", " records"  # of world_records' queries
 # search("Kalkar Rula vesk record") -> vesk (the quote looked at, not taken: `noisy_workflow`)
-_RECORD_WORD = re.compile(r'\b([a-z]+) record(?=["\'])')
+RECORD_WORD = re.compile(r'\b([a-z]+) record(?=["\'])')
 _RECORD_SEARCH = re.compile(r'search\((["\'])\s*(.*?) [a-z]+ record\1\)')
 
 
@@ -152,11 +152,15 @@ def plan_reply(example: QAExample, record_word: str | None = None) -> str:
   return f"<think>{example.hops} searches.</think>\n{numbered(plan_steps(example, record_word))}"
 
 
+def positive_memories(memory: str) -> str:
+  """The positive examples of a memory section as the bank renders it (before the negatives)."""
+  return memory.split("#### Negative Examples")[0]
+
+
 def shown_record_word(skill: str, memory: str) -> str | None:
   """The record word a plan prompt shows: searched in a positive memory's workflow, else in the
   skill's procedure; None when neither shows one (a negative memory's word is a failed guess)."""
-  positive = memory.split("#### Negative Examples")[0]
-  found = _RECORD_WORD.search(positive) or _RECORD_WORD.search(skill)
+  found = RECORD_WORD.search(positive_memories(memory)) or RECORD_WORD.search(skill)
   return found.group(1) if found else None
 
 
@@ -339,7 +343,7 @@ def noisy_workflow(text: str, rng: random.Random) -> str:
     letter = rng.choice([c for c in "abdeiklmnoprstuvz" if c != word[k]])
     return f"{word[:k]}{letter}{word[k + 1:]} record"
 
-  return _RECORD_WORD.sub(damage, text)
+  return RECORD_WORD.sub(damage, text)
 
 
 def summary_conversation(example: QAExample, trace: list[dict], config: AgentConfig) -> dict:
