@@ -58,9 +58,16 @@ class Experiment:
 
   def memory_build_agents(self) -> AgentConfig:
     """The agents' settings of memory building's episodes and summaries:
-    `memory_build.temperature` (None: the agents' temperature). A small model sampled at 1
-    garbles the names it copies, so a demo on one builds its memories at a lower one."""
-    return self._agents_at("memory_build", "temperature")
+    `memory_build.temperature` and `memory_build.top_p` (None or absent: the agents'). A small
+    model sampled at 1 garbles the names it copies, so a demo on one builds its memories at a
+    lower temperature, or cuts the sampled tail with top-p."""
+    agents = self._agents_at("memory_build", "temperature")
+    p = self.config.memory_build.get("top_p")
+    if p is None:
+      return agents
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+      raise ValueError(f"config.memory_build.top_p must be in (0, 1] or None, got {p!r}")
+    return dataclasses.replace(agents, top_p=float(p))
 
   def evolving_agents(self) -> AgentConfig:
     """The agents' settings when the Distiller writes skills outside its own training stage

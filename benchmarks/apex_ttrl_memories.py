@@ -37,8 +37,15 @@ def _ids(path: str) -> set[int]:
 def ttrl_memories(run_dir: str, gold: dict) -> dict:
   """{added, judged_correct, right} for one seed's folder; gold: question -> answers."""
   from apex_jax.judges.rule import exact_match
-  before = _ids(os.path.join(run_dir, "banks", "before_ttrl.db"))
-  with sqlite3.connect(f"file:{os.path.join(run_dir, 'memory.db')}?mode=ro", uri=True) as conn:
+  before_path, after_path = (os.path.join(run_dir, "banks", "before_ttrl.db"),
+                             os.path.join(run_dir, "memory.db"))
+  for path in (after_path, before_path):
+    if not os.path.isfile(path):  # sqlite would only say "unable to open database file"
+      raise FileNotFoundError(
+          f"{path}: no such bank. A seed's folder holds memory.db after TTRL, and "
+          f"banks/before_ttrl.db only when the run's eval.ablations include 'without_ttrl'")
+  before = _ids(before_path)
+  with sqlite3.connect(f"file:{after_path}?mode=ro", uri=True) as conn:
     rows = [r for r in conn.execute("SELECT id, outcome, question, workflow_summary FROM memories")
             if r[0] not in before]
   right = 0

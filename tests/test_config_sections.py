@@ -228,10 +228,11 @@ def test_the_toy_configs_are_the_committed_toys_runs():
   c = apex.get_config("3")
   assert (c.corpus.judge_share, c.corpus.align_share, c.corpus.distill_batches) == (0.2, 0.15, 3)
   assert c.init == "/tmp/toy_apex_2" and apex.get_config("4").out == "/tmp/toy_apex_4"
-  for run, line in ((7, 5), (8, 6)):  # logged after run 5 (run 6 is not in the log)
+  for run, line in ((7, 5), (8, 6), (12, 7)):  # logged after run 5 (6, 9-11 are not in the log)
     got = toy(apex.get_config(str(run)))
     assert {k: got[k] for k in used} == {k: logged[line][k] for k in used}, run
-  assert apex.get_config("8").out == "assets/toy_apex"  # the committed run
+  assert apex.get_config("12").out == "assets/toy_apex"  # the committed run
+  assert apex.get_config("8").out == apex.get_config("12").init == "/tmp/toy_apex_8"
   assert apex.get_config("7").out == apex.get_config("8").init == "/tmp/toy_apex_7"
   assert apex.get_config("5").out == apex.get_config("7").init == "/tmp/toy_apex_5"
   assert apex.get_config("6").init == "/tmp/toy_apex_5"

@@ -65,7 +65,10 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       stats["summary"] += 1
     earlier, context = [m for m, _ in memories[ex.category]], None
     if rng.random() < corpus_config.context_share:
-      context = C.planner_context(ex.category, earlier, with_skill=rng.random() < 0.5)
+      shown = _negatives(memories[ex.category], corpus_config)
+      context = C.planner_context(ex.category, earlier, with_skill=rng.random() < 0.5,
+                                  negatives=[m for m, _ in shown])
+      stats["plan_decoy_negatives"] += any(p == "wrong_record" for _, p in shown)
     planned = C.planner_conversation(ex, trace, searched, kind is None, config, context)
     words = world.record_words.get(ex.category, ())
     if words and context is not None and rng.random() < corpus_config.fresh_record_words:
@@ -106,6 +109,16 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     stats["reading"] += len(drills)
     stats["reading_missed"] += missed
   return turns, stats
+
+
+def _negatives(memories: Sequence[tuple[Memory, str | None]], corpus_config: C.CorpusConfig,
+               ) -> list[tuple[Memory, str | None]]:
+  """The incorrect (memory, pitfall)s a plan prompt shows: the last `context_negatives`, with
+  `decoy_negatives` the wrong-record runs first."""
+  bad = [(m, p) for m, p in memories if not m.correct]
+  if corpus_config.decoy_negatives:
+    bad = [x for x in bad if x[1] != "wrong_record"] + [x for x in bad if x[1] == "wrong_record"]
+  return bad[len(bad) - corpus_config.context_negatives:]
 
 
 def _record_run(world: World, ex, gold_run, planned: bool, searcher, config: AgentConfig,

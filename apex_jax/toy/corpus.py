@@ -84,6 +84,11 @@ class CorpusConfig:
   # words are swapped, consistently in prompt and replies, for words drawn anew: the run-8
   # planner garbled the word a memory showed (`girnal` for `girnos`; RESULTS, "The procedure
   # demo on three worlds"), after seeing each world's three words in many prompts
+  context_negatives: int = 1  # incorrect memories a plan prompt shows (the demo's bank: k = 2)
+  decoy_negatives: bool = False  # those shown are wrong-record runs first: the demo's negative
+  # memories are mostly decoy reads, and the run-8 planner copied their words (10 of 16 plans
+  # on world 777; RESULTS, "Exploring in memory building"), having mostly been shown negatives
+  # that were corrupted gold runs, whose word is the right one
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
@@ -98,10 +103,10 @@ class CorpusConfig:
         or self.reading_hops < 0:
       raise ValueError(f"CorpusConfig.reading_hops must be an integer >= 0, got "
                        f"{self.reading_hops!r}")
-    for name in ("distill_batch", "distill_batches"):
+    for name, low in (("distill_batch", 1), ("distill_batches", 1), ("context_negatives", 0)):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"CorpusConfig.{name} must be an integer >= 1, got {value!r}")
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"CorpusConfig.{name} must be an integer >= {low}, got {value!r}")
 
 
 def tool_output(queries: Sequence[str], results) -> str:
@@ -265,12 +270,13 @@ def corrupt(example: QAExample, searcher, config: AgentConfig, kind: str,
 
 
 def planner_context(category: str, earlier: Sequence[Memory], with_skill: bool,
-                    ) -> tuple[str, str]:
+                    negatives: Sequence[Memory] | None = None) -> tuple[str, str]:
   """(skill text, memory text) of a plan prompt as `planner.context_slots` gives them, from
-  earlier memories of the question's category: the last two correct and the last incorrect one,
-  and (with_skill) the skill a distiller reply built from all of them."""
+  earlier memories of the question's category: the last two correct ones, `negatives` as the
+  incorrect ones (None: the last incorrect one), and (with_skill) the skill a distiller reply
+  built from all of them."""
   good = [m for m in earlier if m.correct][-2:]
-  bad = [m for m in earlier if not m.correct][-1:]
+  bad = [m for m in earlier if not m.correct][-1:] if negatives is None else list(negatives)
   memory = skills_lib.render_memories(good, bad).strip()
   if not with_skill or not earlier:
     return prompts.NO_SKILL, memory

@@ -67,9 +67,10 @@ def get_config(arg=None):
                             executor_max_new_tokens=80, distiller_max_new_tokens=400,
                             temperature=1.0, top_p=1.0, prompts="compact",
                             replan_memories=False)
-  # temperature: memory building's episodes and summaries (None: the agents' temperature)
+  # temperature / top_p: memory building's episodes and summaries (None: the agents')
   c.memory_build = dict(questions=12, batch_size=6, force_evolve=True,
-                        temperature=ml_collections.config_dict.placeholder(float))
+                        temperature=ml_collections.config_dict.placeholder(float),
+                        top_p=ml_collections.config_dict.placeholder(float))
   c.stages = dict(executor=_stage(6, 1e-3, 80), distiller=_stage(2, 1e-3, 320, batch_size=2),
                   planner=_stage(3, 1e-3, 96))
   # store: "all" judged episodes become memories (ours) or "best", each query's best one (our

@@ -1,18 +1,21 @@
-"""The committed APEx toy (assets/toy_apex): runs 1-5, 7 and 8 on this 2-core CPU, each continuing
-from its parent (`PARENT`, else the run before; docs/RESULTS.md, assets/toy_apex_pretrain.log):
+"""The committed APEx toy (assets/toy_apex): runs 1-5, 7, 8 and 12 on this 2-core CPU, each
+continuing from its parent (`PARENT`, else the run before; docs/RESULTS.md,
+assets/toy_apex_pretrain.log):
 
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:1    # -> /tmp/toy_apex_1
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:2    # ... 3, 4, 5 -> /tmp/toy_apex_5
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:6    # procedure worlds, from run 5
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:7    # both, longer, from run 5
-  python -m launchers.pretrain_toy --config=configs/toy/apex.py:8    # run 7 continued -> assets/toy_apex
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:8    # run 7 continued -> /tmp/toy_apex_8
+  python -m launchers.pretrain_toy --config=configs/toy/apex.py:12   # run 8 continued -> assets/toy_apex
 
 Runs 1-4 taught the formats on eight new worlds each; run 5 taught reading (drills, copies after
 a space); run 6 (not committed) and run 7 continue run 5 on procedure worlds
-(datasets.world_records); run 8 (committed) continues run 7 on 30 new ones. Run 9 (not
-committed) continues run 8 on noisy memories and made the procedure demo worse (docs/RESULTS.md);
-runs 10 (first listed record as the unguided guess) and 11 (plan prompts' record words drawn
-anew) continue run 8 too (RESULTS, "The procedure demo on three worlds").
+(datasets.world_records); run 8 continues run 7 on 30 new ones. Run 9 (not committed) continues
+run 8 on noisy memories and made the procedure demo worse (docs/RESULTS.md); runs 10 (first
+listed record as the unguided guess) and 11 (plan prompts' record words drawn anew) continue run
+8 too, not committed (RESULTS, "The procedure demo on three worlds"); run 12 (committed) continues
+run 8 on plan prompts with two negative memories, wrong-record runs first.
 """
 
 from configs.toy import common
@@ -61,16 +64,23 @@ RUNS = {
     11: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=11),
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, fresh_record_words=0.75)),
+    # run 8 continued where plan prompts show two negative memories, wrong-record runs first
+    # (corpus.context_negatives / decoy_negatives): the run-8 planner copied the decoy words of
+    # the demo's negative memories (RESULTS, "Exploring in memory building")
+    12: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=12),
+         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
+              spaced_copies=True, context_share=0.7, context_negatives=2, decoy_negatives=True)),
 }
-COMMITTED = 8  # the run whose model is assets/toy_apex
+COMMITTED = 12  # the run whose model is assets/toy_apex
 DATA = {5: dict(worlds=30, apex_other_share=0.25),
         6: dict(worlds=20, apex_other_share=0.5, world_procedures=True),
         7: dict(worlds=30, apex_other_share=0.4, world_procedures=True),
         8: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
         9: dict(worlds=30, apex_other_share=0.5, world_procedures=True),
         10: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
-        11: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
-PARENT = {6: 5, 7: 5, 10: 8, 11: 8}  # the run a run continues, where it is not the one before
+        11: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
+        12: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
+PARENT = {6: 5, 7: 5, 10: 8, 11: 8, 12: 8}  # the run a run continues, where it is not the one before
 
 
 def out_dir(run: int) -> str:

@@ -595,6 +595,14 @@ def test_memory_build_temperature_sets_only_memory_buildings_agents():
   assert Experiment.memory_build_agents(built(0.0)).temperature == 0.0
   with pytest.raises(ValueError, match=r"config.memory_build.temperature .* got -1"):
     Experiment.memory_build_agents(built(-1))
+  nucleus = built(0.5)
+  nucleus.config.memory_build.top_p = 0.7
+  agents = Experiment.memory_build_agents(nucleus)
+  assert (agents.temperature, agents.top_p) == (0.5, 0.7)
+  assert Experiment.memory_build_agents(built(0.5)).top_p == 1.0  # absent: the agents'
+  nucleus.config.memory_build.top_p = 0.0
+  with pytest.raises(ValueError, match=r"config.memory_build.top_p must be in \(0, 1\].* got 0.0"):
+    Experiment.memory_build_agents(nucleus)
 
 
 def test_run_uses_the_configs_compilation_cache_before_it_builds(monkeypatch):

@@ -4,6 +4,8 @@ judged outcome, and their last answer against gold, on a hand-built pair of bank
 import os
 import sqlite3
 
+import pytest
+
 from benchmarks.apex_ttrl_memories import ttrl_memories
 
 
@@ -24,3 +26,11 @@ def test_counts_added_memories_judged_and_right_by_gold(tmp_path):
   _bank(str(tmp_path / "memory.db"), built + ttrl)
   gold = {"q1": ["x"], "q2": ["paris"], "q3": ["13"]}
   assert ttrl_memories(str(tmp_path), gold) == dict(added=3, judged_correct=2, right=1)
+
+
+def test_a_missing_bank_is_named_with_what_keeps_it(tmp_path):
+  _bank(str(tmp_path / "memory.db"), [(1, "correct", "q1", "1. answer 'x'")])
+  with pytest.raises(FileNotFoundError, match=r"before_ttrl\.db: no such bank.*without_ttrl"):
+    ttrl_memories(str(tmp_path), {})
+  with pytest.raises(FileNotFoundError, match=r"nowhere.*memory\.db: no such bank"):
+    ttrl_memories(str(tmp_path / "nowhere"), {})

@@ -292,3 +292,32 @@ def test_fresh_record_words_are_swapped_consistently(pworld):
   assert corpus.swap_words({"messages": [{"role": "user", "content": "a vesk vesky"}],
                             "target": "vesk"}, {"vesk": "dorn"}) == {
       "messages": [{"role": "user", "content": "a dorn vesky"}], "target": "dorn"}
+
+
+def test_decoy_negatives_show_wrong_record_runs_and_the_plan_keeps_the_positive_word(pworld):
+  """context_negatives=2, decoy_negatives: plan prompts show up to two incorrect memories,
+  wrong-record runs first, so more of them show a decoy word next to the positive one; the plan
+  names the positive memory's word, never a word only a negative shows."""
+  def decoy_prompts(config):
+    turns, stats = build.world_turns(pworld, COMPACT, config, seed=7)
+    shown, counts = 0, collections.Counter()
+    for turn in (t for t in turns if t["role"] == "apex_plan"):
+      prompt = turn["messages"][-1]["content"]
+      if "#### Negative Examples" not in prompt:
+        continue
+      positive, negative = prompt.split("#### Negative Examples")
+      counts[negative.count("Question:")] += 1
+      decoys = set(corpus.RECORD_WORD.findall(negative)) - set(
+          corpus.RECORD_WORD.findall(positive))
+      plan_words = set(re.findall(r'([a-z]+) record"', turn["target"]))
+      assert not plan_words & decoys, (plan_words, decoys)
+      shown += bool(decoys)
+    return shown, stats, counts
+
+  before, _, one = decoy_prompts(corpus.CorpusConfig())
+  after, stats, two = decoy_prompts(corpus.CorpusConfig(context_negatives=2,
+                                                        decoy_negatives=True))
+  assert after > before > 0 and stats["plan_decoy_negatives"] >= after
+  assert max(two) > max(one)  # two negatives shown where there were two
+  with pytest.raises(ValueError, match="context_negatives must be an integer >= 0"):
+    corpus.CorpusConfig(context_negatives=-1)
