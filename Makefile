@@ -44,8 +44,10 @@ bubblewrap:
 demo: venv
 	$(BIN)/python -m launchers.train --config=configs/morse/demo_cpu.py
 
+# the procedure demo: a world where experience carries what the question does not (RESULTS,
+# "The procedure demo on three worlds"); configs/apex/demo_cpu.py is the chain on a plain world
 demo-apex: venv
-	$(BIN)/python -m launchers.train --config=configs/apex/demo_cpu.py
+	$(BIN)/python -m launchers.train --config=configs/apex/demo_procedures.py
 
 # SmolLM2-135M-Instruct as a Hugging Face folder at the `smollm2_135m` preset's default path.
 REAL_MODEL_DIR ?= $(HOME)/.cache/morse_jax/models/SmolLM2-135M-Instruct

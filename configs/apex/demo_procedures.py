@@ -3,7 +3,7 @@ and property facts sit in records (datasets.world_records), the right record's w
 category in this world and only a right episode's workflow shows it, so memories and skills built
 from the pipeline's own episodes can tell the planner which record to search.
 
-  python -m launchers.train --config=configs/apex/demo_procedures.py
+  python -m launchers.train --config=configs/apex/demo_procedures.py   # make demo-apex
 
 Everything else is the demo's (configs/apex/demo_cpu.py); the questions are the two procedure
 categories' only, so the held-out set measures the effect experience can have.
