@@ -62,12 +62,7 @@ class Experiment:
     model sampled at 1 garbles the names it copies, so a demo on one builds its memories at a
     lower temperature, or cuts the sampled tail with top-p."""
     agents = self._agents_at("memory_build", "temperature")
-    p = self.config.memory_build.get("top_p")
-    if p is None:
-      return agents
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-      raise ValueError(f"config.memory_build.top_p must be in (0, 1] or None, got {p!r}")
-    return dataclasses.replace(agents, top_p=float(p))
+    return self._agents_at("memory_build", "top_p", field="top_p", agents=agents)
 
   def evolving_agents(self) -> AgentConfig:
     """The agents' settings when the Distiller writes skills outside its own training stage
@@ -75,14 +70,23 @@ class Experiment:
     agents' temperature). The skill document is a bank edit, not a rollout to learn from."""
     return self._agents_at("memory", "evolve_temperature")
 
-  def _agents_at(self, section: str, key: str) -> AgentConfig:
-    """The agents' settings with the temperature config.<section>.<key> gives (None: theirs)."""
-    t = self.config[section].get(key)
-    if t is None:
-      return self.agents
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
-      raise ValueError(f"config.{section}.{key} must be a number >= 0 or None, got {t!r}")
-    return dataclasses.replace(self.agents, temperature=float(t))
+  def _agents_at(self, section: str, key: str, field: str = "temperature",
+                 agents: AgentConfig | None = None) -> AgentConfig:
+    """`agents` (default: the experiment's) with the sampling `field` (temperature / top_p)
+    config.<section>.<key> gives (None or absent: theirs)."""
+    agents = agents or self.agents
+    value = self.config[section].get(key)
+    if value is None:
+      return agents
+    rule, ok = _SAMPLING_FIELDS[field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+      raise ValueError(f"config.{section}.{key} must be {rule} or None, got {value!r}")
+    return dataclasses.replace(agents, **{field: float(value)})
+
+
+# AgentConfig's sampling fields a config section may set for one phase: (rule, check)
+_SAMPLING_FIELDS = {"temperature": ("a number >= 0", lambda v: v >= 0),
+                    "top_p": ("in (0, 1]", lambda v: 0 < v <= 1)}
 
 
 def world_questions_of(world: World, categories) -> list:

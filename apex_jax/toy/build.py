@@ -116,8 +116,8 @@ def _negatives(memories: Sequence[tuple[Memory, str | None]], corpus_config: C.C
   """The incorrect (memory, pitfall)s a plan prompt shows: the last `context_negatives`, with
   `decoy_negatives` the wrong-record runs first."""
   bad = [(m, p) for m, p in memories if not m.correct]
-  if corpus_config.decoy_negatives:
-    bad = [x for x in bad if x[1] != "wrong_record"] + [x for x in bad if x[1] == "wrong_record"]
+  if corpus_config.decoy_negatives:  # a stable sort: the order of each kind is kept
+    bad.sort(key=lambda x: x[1] == "wrong_record")
   return bad[len(bad) - corpus_config.context_negatives:]
 
 
