@@ -26,6 +26,10 @@ def get_config(arg=None):
   # the toy garbles the record word when it summarises a run as the Distiller (RESULTS,
   # "Rule-written workflow summaries"): the summaries are the runs' own searches, by rule
   c.agents.summaries = "rule"
+  # the toy was taught skill replies to 4 memories (toy corpus distill_batch): shown the demo's
+  # 8, its JSON degenerates (1 of 6 evolutions applied on the three worlds); shown 4, every bucket
+  # with a correct memory gets its skill (3 of 6; RESULTS, "The Distiller's window")
+  c.memory.bank.evolve_window = 4
   # the rows the demo's orders compare (full against without memories / skills, untrained);
   # --config.eval.ablations="()" gives every row, the module rows' TTRL reruns included
   c.eval.ablations = ("full", "without_memories", "without_skills", "without_memories_and_skills")
