@@ -155,10 +155,12 @@ PAPER = dict(
 APEX = {
     ("demo_cpu", None): DEMO_APEX,
     ("demo_procedures", None): dict(  # the demo's settings on a procedure world, TTRL "majority",
-        # workflow summaries by rule, the Distiller shown 4 memories (the toy's skill batches)
+        # workflow summaries by rule, the Distiller shown 4 memories (the toy's skill batches),
+        # 18 executor updates
         DEMO_APEX, agents=RULE_AGENTS,
         bank=dataclasses.replace(DEMO_APEX["bank"], evolve_window=4),
-        stages={m: (stage, RULE_AGENTS) for m, (stage, _) in DEMO_APEX["stages"].items()},
+        stages={m: (dataclasses.replace(stage, steps=18) if m == "executor" else stage,
+                    RULE_AGENTS) for m, (stage, _) in DEMO_APEX["stages"].items()},
         ttrl=(dataclasses.replace(DEMO_APEX["ttrl"][0], store="majority"), RULE_AGENTS)),
     ("demo_smollm2", None): dict(DEMO_APEX, agents=SMOLLM2_AGENTS,  # no stage, no TTRL
                                  stages=dict.fromkeys(STAGE_ORDER), ttrl=None),

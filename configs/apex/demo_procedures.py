@@ -33,6 +33,9 @@ def get_config(arg=None):
   # 8, its JSON degenerates (1 of 6 evolutions applied on the three worlds); shown 4, every bucket
   # with a correct memory gets its skill (3 of 6; RESULTS, "The Distiller's window")
   c.memory.bank.evolve_window = 4
+  # 18 executor updates (the demo's 6 x 3): on worlds 777-779 full > untrained then holds on 3 of
+  # 3 (pooled 8 / 1; at 6: 1 of 3), 18.5 min for three seeds, 15.0 at 6 (RESULTS, "Executor updates")
+  c.stages.executor.steps = 18
   # the rows the demo's orders compare (full against without memories / skills, untrained);
   # --config.eval.ablations="()" gives every row, the module rows' TTRL reruns included
   c.eval.ablations = ("full", "without_memories", "without_skills", "without_memories_and_skills")
@@ -40,5 +43,5 @@ def get_config(arg=None):
   # each seed its own world (777, 778, 779): memory building is greedy, so on one world every
   # seed would build the same memories and the seeds would not be independent draws of its effect
   c.seed_worlds = True
-  c.seed_workers = 1  # one after the other, sharing the compilation cache: 16.6 min for three (at once: 28)
+  c.seed_workers = 1  # one after the other, sharing the compilation cache (at once, 16.6 min became 28)
   return c
