@@ -191,3 +191,18 @@ def test_an_apex_config_builds_its_dataclasses(name, arg):
     got = apex_experiment.ttrl_config(t, N), apex_experiment.agents_for(exp, t, "ttrl")
   assert got == want["ttrl"]
   assert (t.summarize, t.checkpoint_every) == (True, 1)
+
+
+def test_the_procedure_demo_holds_out_the_questions_it_evaluates_on_every_seed_world():
+  # pipeline.evaluate reads the first eval.questions held-out questions and silently reads
+  # fewer when a world holds out fewer: each seed's world (seeds.seed_config) must hold 32
+  from apex_jax.seeds import seed_config
+  from configs.apex import demo_procedures
+
+  c = demo_procedures.get_config()
+  assert c.eval.questions == 32
+  for seed in c.seeds:
+    s = seed_config(c, seed)
+    train, test, _ = apex_experiment.load_data(s)
+    assert len(test) >= c.eval.questions, (s.data.world_seed, len(test))
+    assert {e.category for e in train + test} == {"career", "property"}
