@@ -526,8 +526,11 @@ def _dtype(np, spec):
   return dtype
 
 
+# StopIteration / StopAsyncIteration are control flow: raised by the program into a test's `for`
+# loop or `map` they would end the loop early and skip its asserts, so they arrive as RemoteError.
 _SAFE = {name: cls for name, cls in vars(builtins).items()
-         if isinstance(cls, type) and issubclass(cls, Exception)}
+         if isinstance(cls, type) and issubclass(cls, Exception)
+         and not issubclass(cls, (StopIteration, StopAsyncIteration))}
 
 
 def _remote_text(error):
@@ -539,7 +542,8 @@ def _remote_text(error):
 
 def _exception(error):
   """The tested code's exception as ours: builtin Exception types keep their type (a test may
-  expect a ValueError); others, and SystemExit / KeyboardInterrupt, become RemoteError."""
+  expect a ValueError); others, StopIteration / StopAsyncIteration and SystemExit /
+  KeyboardInterrupt become RemoteError."""
   kind = str(error.get("type", "")) if isinstance(error, dict) else ""
   message = str(error.get("message", ""))[:300] if isinstance(error, dict) else ""
   cls = _SAFE.get(kind)
@@ -552,14 +556,27 @@ def _exception(error):
 
 
 def _names(tests):
-  found = set()
+  """The free names of the tests: read by some test and bound by none. A name a test binds
+  (`target = ...`, a def, an import, a loop variable, a parameter) is the tests' own, so it is
+  never bound to the program's object of that name, even before the test binds it."""
+  used, bound = set(), set()
   for test in tests:
     try:
       tree = ast.parse(test)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
       continue
-    found.update(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
-  return found
+    for n in ast.walk(tree):
+      if isinstance(n, ast.Name):
+        (used if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+      elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        bound.add(n.name)
+      elif isinstance(n, ast.alias):
+        bound.add((n.asname or n.name).split(".")[0])
+      elif isinstance(n, ast.arg):
+        bound.add(n.arg)
+      elif isinstance(n, ast.ExceptHandler) and n.name:
+        bound.add(n.name)
+  return used - bound
 
 
 def main():
@@ -605,7 +622,7 @@ def main():
     summary["harness_error"] = f"the trusted prelude raised {_describe(e)}"
   if summary["program_error"] is None and summary["harness_error"] is None:
     _bind(space, servers, job.get("remote"), _names(tests))
-    _run(space, tests, per_test, job.get("shared"), servers, summary)
+    _run(space, tests, per_test, job.get("shared"), servers, summary, job.get("groups"))
   data = json.dumps(summary).encode()
   while data:
     data = data[os.write(out, data):]
@@ -688,19 +705,24 @@ def _bind(space, servers, remote, used):
       pass  # a value that cannot be fetched: the test that uses it fails with a NameError
 
 
-def _run(space, tests, per_test, shared, servers, summary):
+def _run(space, tests, per_test, shared, servers, summary, groups=None):
   """Runs each test under its limits (`per_test`): "cpu", the CPU seconds each program may use in
   the test's calls (its own timer, armed per call, and its processes' CPU time read here:
   `check_cpu`) and the test's own code may use here (ITIMER_PROF), so that load on the machine
   does not decide a reward; "wall", the wall-clock seconds of the whole test, which stop a
-  program that sleeps or blocks (no CPU used)."""
+  program that sleeps or blocks (no CPU used). `shared`: the tests share one namespace, or with
+  `groups` (an id per test) one namespace per run of equal ids."""
   cpu, wall = per_test.get("cpu"), per_test.get("wall")
   def over_wall(*_):
     raise TimeoutError(f"test ran longer than its wall-clock limit of {wall} s")
   def over_cpu(*_):
     raise TimeoutError(f"the test's own code used more than its CPU time limit of {cpu} s")
+  scope, group = space, None
   for i, test in enumerate(tests):
-    scope = space if shared else dict(space)
+    if not shared:
+      scope = dict(space)
+    elif groups and groups[i] != group:
+      scope, group = dict(space), groups[i]
     until = time.monotonic() + wall if wall else None
     for server in servers:
       server.call_deadline = until

@@ -334,6 +334,7 @@ class TestRun:
   total: int
   errors: list[str]
   isolation: str = ""
+  flags: tuple[bool, ...] = ()  # per test, in order: passed (empty when no summary came back)
 
   @property
   def fraction(self) -> float:
@@ -471,7 +472,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
               memory_mb: int = 512, shared_namespace: bool = False,
               files: dict[str, str] | None = None,
               prelude: str = "", remote: Sequence[str] | None = None,
-              upstream: str | None = None) -> TestRun:
+              upstream: str | None = None, groups: Sequence[int] | None = None) -> TestRun:
   """Runs the test snippets against `program`; a test passes when it raises nothing.
 
   Two kinds of process, so the program can neither see nor touch the tests (docs/SECURITY.md):
@@ -486,7 +487,9 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
   `upstream` + `program`, and a second sandbox runs `upstream` alone, whose definitions the
   tests use, so the program cannot replace a function of the code it builds on. `shared_namespace`: the
   tests run in order in one namespace (a later test sees what an earlier one bound);
-  otherwise each in a copy. `per_test_timeout_s`: the CPU seconds one test may use, in each
+  otherwise each in a copy. `groups` (one id per test, equal ids adjacent): with
+  `shared_namespace`, each run of equal ids gets a fresh namespace of its own, so one call can run
+  a test suite several times over (the null programs' baseline, `tasks.nulls`). `per_test_timeout_s`: the CPU seconds one test may use, in each
   program's calls (a CPU timer there, and the CPU time of its processes, which the harness reads
   from /proc) and in the test's own code (a timer in the harness), so that machine load does not
   decide a reward; `per_test_wall_s`: the test's wall-clock limit, which stops a program that
@@ -494,6 +497,8 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
   time. `files`: extra files, importable on both sides (e.g. SciCode's `scicode.compare`). When
   the harness gives no readable summary (timeout, crash), nothing counts as passed."""
   tests = list(tests)
+  if groups is not None and len(groups) != len(tests):
+    raise ValueError(f"run_tests: groups has {len(groups)} ids for {len(tests)} tests")
   limits = per_test_limits(per_test_timeout_s, per_test_wall_s)
   isolation = sandbox.ensure_available()
   if upstream and not _mentions(upstream, tests, prelude):  # nothing of it to protect: one sandbox
@@ -554,6 +559,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
                       "support": dict(files or {}),
                       "remote": list(remote) if remote is not None else None,
                       "per_test": limits, "shared": bool(shared_namespace),
+                      "groups": [int(g) for g in groups] if groups is not None else None,
                       "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
                       "sys_path": _site_paths(), "strict": _strict_source()}).encode()
     try:
@@ -598,5 +604,5 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
       if res is not None and res.timed_out:
         why += f" (the program timed out after {timeout_s} s)"
       errors.append(f"test {i} ({first[0][:100]}): {why}")
-  passed = sum(1 for ok in summary["passed"] if ok is True)
-  return TestRun(passed, len(tests), errors, isolation)
+  flags = tuple(ok is True for ok in summary["passed"])
+  return TestRun(sum(flags), len(tests), errors, isolation, flags)

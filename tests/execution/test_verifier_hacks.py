@@ -482,6 +482,65 @@ def test_scicode_constants_right_on_some_inputs_earn_nothing(scicode_official):
   assert family.score_node(p, node, scicode.gold_artifact(p, "19.2"), upstream).reward == 1.0
 
 
+def _gold_before(problem, number):
+  return {n["id"]: scicode.gold_artifact(problem, n["id"])
+          for n in problem.gold_graph[:[n["id"] for n in problem.gold_graph].index(number)]}
+
+
+def _targets(family, problem, number):
+  step = scicode.sub_step(problem, number)
+  return family._required(problem, step)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("number, test, was", [("10.3", 0, 0.25), ("10.7", 0, 1 / 3),
+                                               ("29.3", 2, 1 / 3)])
+def test_scicode_a_target_as_a_constant_earns_nothing(scicode_official, number, test, was):
+  """The second probe: 10.3 and 10.7 (ragged tuple targets, so no two targets counted equal and
+  the inferred baseline was 0) and 29.3 (a constant orthonormal matrix also passes the test that
+  checks orthogonality) earned `was` by returning one test's target; the measured baseline holds
+  the constant itself."""
+  p = scicode_official[number.split(".")[0]]
+  family = scicode.SciCode(timeout_s=120.0, per_test_timeout_s=20.0)
+  node = next(n for n in p.gold_graph if n["id"] == number)
+  constant = scicode.target_source(_targets(family, p, number)[test])
+  reply = f"```python\ndef {node['title']}(*args, **kwargs):\n    return {constant}\n```"
+  score = family.score_node(p, node, reply, _gold_before(p, number))
+  assert score.details["tests_passed"] >= 1 and score.reward == 0.0 < was, score.details
+  assert family.score_node(p, node, scicode.gold_artifact(p, number),
+                           _gold_before(p, number)).reward == 1.0
+
+
+def test_scicode_a_step_that_only_checks_properties_earns_nothing(scicode_official):
+  """78.2's tests never compare against a reference value (`final_state[0] < state[0]`, no
+  NaN, a 0.1 tolerance around a value near 0.1): `np.zeros((1, 2))` passed all three and earned
+  1.0. Now the step earns no reward of its own and still flows on when its tests pass."""
+  p = scicode_official["78"]
+  family = scicode.SciCode(timeout_s=120.0, per_test_timeout_s=20.0)
+  node = next(n for n in p.gold_graph if n["id"] == "78.2")
+  reply = "```python\ndef runge_kutta_4th_order(*a):\n    return np.zeros((1, 2))\n```"
+  score = family.score_node(p, node, reply, _gold_before(p, "78.2"))
+  assert (score.reward, score.details["property_only"]) == (0.0, True)
+  assert sorted(scicode.property_only_steps(list(scicode_official.values()))) == ["78.1", "78.2"]
+
+
+def test_synthetic_a_parents_result_earns_nothing():
+  """The second probe's cheapest program: a node that returns its parent's result (the prompt
+  names the parent) earned reward on 10 of 22 non-root nodes of suite seed 0, problems 0-5. The
+  generator now draws tests the parent's result does not pass, and the baseline counts it."""
+  family = synthetic.Synthetic(timeout_s=10.0)
+  rewards = []
+  for p in synthetic.generate(6, 0):
+    for node in p.gold_graph:
+      if node["depends_on"]:
+        parent = p.data["nodes"][node["depends_on"][0]]["function"]
+        spec = p.data["nodes"][node["id"]]
+        reply = f"```python\n{spec['signature']}\n    return {parent}({p.data['arg']})\n```"
+        upstream = {a: synthetic.reference_artifact(p, a)
+                    for a in synthetic._ancestors(p, node["id"])}  # pylint: disable=protected-access
+        rewards.append(family.score_node(p, node, reply, upstream).reward)
+  assert len(rewards) >= 15 and rewards == [0.0] * len(rewards)
+
+
 def test_scicode_untested_steps_earn_nothing(scicode_official):
   problems = list(scicode_official.values())
   assert sorted(scicode.untested_steps(problems)) == ["13.6", "62.1", "76.3"]
@@ -525,3 +584,21 @@ def test_srdd_null_programs_earn_nothing(program):
   assert family.score_problem(p, {"1": f"```python\n{program}```"}).metrics["reward"] == 0.0
   worker = "def main():\n  items = []\n  for i in range(3):\n    items.append(i)\n  return items\n"
   assert not srdd.computes_nothing(worker)
+
+
+def test_a_stop_iteration_from_the_program_does_not_end_a_tests_loop():
+  """Raised by the program inside a test's `for` over `map`, a real StopIteration ended the loop
+  and skipped its asserts (the test passed); it arrives as an error of the program instead."""
+  program = "def f(x):\n  raise StopIteration\n"
+  run = verifier.run_tests(program, ["for y in map(f, [1, 2]):\n  assert y == 99"])
+  assert run.passed == 0 and "StopIteration" in run.errors[0], run.errors
+
+
+def test_a_name_the_tests_bind_is_never_the_programs():
+  """`target` (or any name a test assigns) was bound to the program's object of that name until
+  the test assigned it; a test that reads it first must not see the program's value."""
+  program = "target = 5\ndef f():\n  return 5\n"
+  run = verifier.run_tests(program, ["if f() == 0:\n  target = 0\nassert f() == target"])
+  assert run.passed == 0 and "NameError" in run.errors[0], run.errors
+  # a name only read, as the function under test is, still comes from the program
+  assert verifier.run_tests(program, ["assert f() == 5"]).passed == 1
