@@ -28,7 +28,7 @@ import time
 from typing import Callable
 
 from apex_jax.agents.planner import parse_decision
-from apex_jax.agents.prompts import after_think
+from apex_jax.agents.prompts import after_think, rule_workflow
 from apex_jax.judges import replies
 from apex_jax.judges.align import AlignJudge
 from apex_jax.judges.llm_judge import LlmJudge
@@ -100,6 +100,7 @@ PARSERS: dict[str, Callable[[str], None]] = {
     "code_check": verifier.CodeCheck(allow_unfenced=True),
     "srdd_comments": srdd.strip_comments,
     "srdd_complete": srdd._complete,
+    "rule_workflow": lambda t: rule_workflow([t]),
 }
 
 

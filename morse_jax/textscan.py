@@ -58,3 +58,22 @@ def between(text: str, open_: str, close: str) -> list[str]:
   every `open_ ... close` block."""
   spans = tag_spans(text, re.compile(re.escape(open_)), re.compile(re.escape(close)))
   return [text[o.end():c.start()] for o, c in spans]
+
+
+def first_in_line(text: str, open_: str, close: str) -> str | None:
+  """`re.search(re.escape(open_) + "(.*?)" + re.escape(close), text)` without DOTALL: the text
+  of the first `open_ ... close` within one line, or None. An opening with no `close` before the
+  line's end is passed over with every later opening on that line, so each character is read
+  once."""
+  i = 0
+  while True:
+    start = text.find(open_, i)
+    if start < 0:
+      return None
+    body = start + len(open_)
+    end, newline = text.find(close, body), text.find("\n", body)
+    if end >= 0 and (newline < 0 or end < newline):
+      return text[body:end]
+    if newline < 0:
+      return None
+    i = newline + 1

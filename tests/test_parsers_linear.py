@@ -46,6 +46,7 @@ FAST = [
     ("code_check", "{\n", "```\n", "</tool_call>"), ("jsonsafe", " ", "[", "1"),
     ("tool_turn", "```json<answer>", "1", "\n"), ("after_think", "", "<think>", ""),
     ("planner_format", "", "<think>", ""), ("answer_norm", "", "a ", "the"),
+    ("rule_workflow", "", '"query_list": [', ""), ("rule_workflow", "", "<answer>", ""),
 ]
 # linear but heavy per character (a decode per brace): seconds at 100 KB on a busy machine
 SLOW = [
@@ -123,6 +124,15 @@ def test_between_and_tool_call_payloads_match_the_regexes():
   for text in _texts(tokens):
     assert textscan.between(text, "<answer>", "</answer>") == answer_re.findall(text), repr(text)
     assert rewards._tool_call_payloads(text) == call_re.findall(text), repr(text)
+
+
+def test_first_in_line_matches_the_regex():
+  tokens = ['"query_list": [', "]", "[", "\n", " ", "x", '"', "<answer>"]
+  query_re = re.compile(r'"query_list": \[(.*?)\]')
+  for text in _texts(tokens):
+    want = query_re.search(text)
+    assert textscan.first_in_line(text, '"query_list": [', "]") == (
+        want.group(1) if want else None), repr(text)
 
 
 def test_without_think_matches_the_regex():
