@@ -209,27 +209,36 @@ def user_version(conn: sqlite3.Connection) -> int:
   return conn.execute("PRAGMA user_version").fetchone()[0]
 
 
+def _known_version(conn: sqlite3.Connection, path: str) -> int:
+  """The file's schema version; MemoryBankError for one this code has no migration from (a
+  newer file, or a value no version ever wrote: negative)."""
+  version = user_version(conn)
+  if version > SCHEMA_VERSION:
+    raise MemoryBankError(f"{path}: schema version {version} is newer than this code's "
+                          f"{SCHEMA_VERSION} (PRAGMA user_version; known versions 0 to "
+                          f"{SCHEMA_VERSION}); upgrade apex_jax to open it")
+  if version < 0:
+    raise MemoryBankError(f"{path}: schema version (PRAGMA user_version) is {version}, which no "
+                          f"version of apex_jax writes (known versions 0 to {SCHEMA_VERSION}): "
+                          f"the file is damaged or not a memory database")
+  return version
+
+
 def migrate(conn: sqlite3.Connection, path: str, upto: int = SCHEMA_VERSION) -> int:
   """Brings the database to schema version `upto`, one transaction per step; returns it.
 
   The version is re-read under the write lock, so two processes opening a new file at once
-  migrate it once. A file from a newer version of this code, or another program's SQLite
-  database, is refused, not touched.
+  migrate it once. A file from a newer version of this code, one with a version no code wrote
+  (negative), or another program's SQLite database, is refused, not touched.
   """
   # A read first: opening an up-to-date bank must not wait for (or take) the write lock.
-  version = user_version(conn)
-  if version > SCHEMA_VERSION:
-    raise MemoryBankError(f"{path}: schema version {version} is newer than this code's "
-                          f"{SCHEMA_VERSION}; upgrade apex_jax to open it")
+  version = _known_version(conn, path)
   if version >= upto:
     return version
   while True:
     conn.execute("BEGIN IMMEDIATE")
     try:
-      version = user_version(conn)
-      if version > SCHEMA_VERSION:
-        raise MemoryBankError(f"{path}: schema version {version} is newer than this code's "
-                              f"{SCHEMA_VERSION}; upgrade apex_jax to open it")
+      version = _known_version(conn, path)
       if version >= upto:
         conn.execute("COMMIT")
         return version

@@ -1,12 +1,12 @@
 """Checkpoints and resuming for both systems, in one place.
 
-`steps`: a training state's orbax steps (checksums, a fallback past damaged steps, unique
-temporaries, run ownership; format `morse_jax.rl.state/2`). `sidecar`: what a step holds beside
-its arrays (a checked JSON payload and a store's snapshot; APEx's history and memory bank) and
-the newest-sound-step restore over both. `phase`: a one-off phase committed once with its
-store's snapshot (APEx's memory building). MoRSE's pipeline and `rl.trainer.fit` use `steps`;
-APEx's stages and TTRL `sidecar` (`apex_jax.training.resume.open_run`); APEx's memory build
-`phase`. Atomic writes and file hashes are `morse_jax.atomic`'s.
+`steps`: a training state's orbax steps (checksums, a fallback past damaged steps, which move to
+`damaged/`, unique temporaries, run ownership; format `morse_jax.rl.state/2`). `sidecar`: what a
+step holds beside its arrays (a checked JSON payload and a store's snapshot; APEx's history and
+memory bank) and the newest-sound-step restore over both. `phase`: a one-off phase committed
+once with its store's snapshot (APEx's memory building). MoRSE's pipeline and `rl.trainer.fit`
+use `steps`; APEx's stages and TTRL `sidecar` (`apex_jax.training.resume.open_run`); APEx's
+memory build `phase`. Atomic writes and file hashes are `morse_jax.atomic`'s.
 """
 
 from morse_jax.checkpoint.steps import (CheckpointError, Checkpoints, CorruptCheckpointError,

@@ -6,12 +6,14 @@ where its newest good step left off.
 `<dir>/<step>`. Beside it, `<dir>/sidecar/<step>.json` holds what is not an array: the payload,
 the store's counts, and the name and sha256 of `<dir>/sidecar/<step>.db`, the store as it stood
 after that step (`Snapshotable.snapshot`, written atomically). The JSON carries the sha256 of its
-own payload. Order of a save: bank file, JSON (both atomic), then the orbax step (its
-atomic commit): a crash leaves at most sidecar files of a step that does not exist, which are
-never read and are pruned at the next save.
+own payload. Order of a save: bank file, JSON (both atomic, under the step's save lock once the
+step is known to be new, so a step on disk keeps its own), then the orbax step (its atomic
+commit): a crash leaves at most sidecar files of a step that does not exist, which are never
+read and are pruned at the next save.
 
-`restore_newest` walks the steps newest first and takes the first whose arrays, JSON and bank
-file all check out (a damaged one is passed over with a warning, like Checkpoints' fallback);
+`restore_newest` is Checkpoints' fallback restore with the sidecar checked too: the newest step
+whose arrays, JSON and bank file all check out; a damaged one is passed over with a warning and
+moved aside with its sidecar files (`Checkpoints._set_aside`), so its number can be saved again;
 another run's checkpoint is an error, as in Checkpoints. A step of the format this version
 writes (`Checkpoints.is_current_format`) without its sidecar JSON is damaged; only older steps
 may lack one where the caller allows it (`sidecar_required=False`: written before sidecars).
@@ -22,14 +24,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 from typing import Any, Callable, Protocol
 
 from morse_jax import atomic
 from morse_jax.checkpoint.steps import Checkpoints, CorruptCheckpointError
-
-log = logging.getLogger(__name__)
 
 # The format string files of this kind have always carried (kept so existing runs resume).
 _FORMAT = "apex_jax.training.resume/1"
@@ -73,6 +72,10 @@ class Sidecar:
 
   def _json(self, step: int) -> str:
     return os.path.join(self.directory, f"{step}.json")
+
+  def files(self, step: int) -> list[str]:
+    """The sidecar files of `step` (those a save writes; some may be absent)."""
+    return [self._json(step), os.path.join(self.directory, f"{step}.db")]
 
   def write(self, step: int, payload: dict, bank: Snapshotable | None = None) -> None:
     """Writes step's payload (and the bank's snapshot and counts, when given)."""
@@ -142,8 +145,8 @@ def save(ckpt: Checkpoints, sidecar: Sidecar, state, payload: dict,
   step = int(state.step)
   if not force and step % ckpt.every:
     return False
-  sidecar.write(step, payload, bank)
-  saved = ckpt.maybe_save(state, force=True)
+  saved = ckpt.maybe_save(state, force=True,
+                          before_commit=lambda: sidecar.write(step, payload, bank))
   sidecar.prune()
   return saved
 
@@ -166,29 +169,20 @@ def restore_newest(ckpt: Checkpoints, sidecar: Sidecar, template, *,
                    sidecar_required: bool = True) -> tuple[Any, dict] | None:
   """(state, payload) of the newest step whose arrays and sidecar are sound, with the bank put
   back as it was at that step (when given and the step has a snapshot); None when there is no
-  step. Damaged steps are passed over with a warning; when all are damaged, the newest one's
-  error is raised. Another run's checkpoint (CheckpointError) is raised at once."""
-  steps = steps_on_disk(ckpt.directory)
-  first = None
-  for step in reversed(steps):
-    try:
-      # A step this version wrote always has its sidecar (`save` writes it first): one lost is
-      # damage, even where steps written before sidecars existed are allowed without one.
-      required = sidecar_required or ckpt.is_current_format(step)
-      payload = sidecar.read(step, required=required) or {}
-      state = ckpt.restore(template, step=step, fallback=False)
-      if bank is not None and payload.get("bank") is not None:
-        sidecar.restore_bank(payload, bank)
-    except CorruptCheckpointError as e:
-      first = first or e
-      log.warning("%s; trying the step before it", e)
-      continue
-    if step != steps[-1]:
-      text = (f"resuming from step {step} of {ckpt.directory}: newer step(s) "
-              f"{[s for s in steps if s > step]} are damaged and were skipped")
-      log.warning(text)
-      print(text)
-    return state, payload
-  if first is not None:
-    raise first
-  return None
+  step. Damaged steps are passed over with a warning and moved aside with their sidecar files;
+  when all are damaged, the newest one's error is raised. Another run's checkpoint
+  (CheckpointError) is raised at once."""
+  if not steps_on_disk(ckpt.directory):
+    return None
+  payloads = {}
+
+  def check(step: int) -> None:
+    # A step this version wrote always has its sidecar (`save` writes it first): one lost is
+    # damage, even where steps written before sidecars existed are allowed without one.
+    required = sidecar_required or ckpt.is_current_format(step)
+    payload = payloads[step] = sidecar.read(step, required=required) or {}
+    if bank is not None and payload.get("bank") is not None:
+      sidecar.restore_bank(payload, bank)
+
+  state = ckpt.restore(template, check=check, beside=sidecar.files)
+  return state, payloads[int(state.step)]

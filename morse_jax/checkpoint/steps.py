@@ -31,6 +31,16 @@ Trust:
   it (its identity and a fingerprint of it). A run with another identity is refused with an
   error naming both, unless it asks to continue the other run (`continue_other_run=True`); the
   file then names the new identity and lists the one it continued.
+- a step is its own: its state's `step` must be its directory's number (a directory renamed or
+  copied from another step), its directory must not be a symbolic link (orbax never writes
+  one; a link to another run's step would restore that run), and the run fingerprint its
+  metadata records (since identities exist) must be the owner's, one the owner continued, or
+  one the owner had before fields of its identity were retired. Otherwise it is damage.
+- damaged steps are moved aside: once a fallback restore has found a good step, each newer step
+  it skipped moves to `<dir>/damaged/<step>-<time>-<n>/` (with `reason.txt` and the files the
+  caller keeps beside the step, e.g. its sidecar), which no step listing reads and `keep` never
+  deletes: a person can inspect it, and the step number can be saved again. Only the first
+  process moves, under the step's save lock, and only the directory it judged.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import shutil
 import socket
 import time
 import uuid
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import jax
 import numpy as np
@@ -78,6 +88,7 @@ class CorruptCheckpointError(CheckpointError):
 
 IDENTITY_FILE = "run_identity.json"
 _IDENTITY_FORMAT = "morse_jax.rl.state/run/1"
+DAMAGED = "damaged"  # where damaged steps are moved (`Checkpoints._set_aside`)
 
 
 def fingerprint(value: Any) -> str:
@@ -181,6 +192,42 @@ def _stale(lock: str, max_age_s: float = 3600.0) -> bool:
   return False
 
 
+def _take_lock(path: str, token: str) -> bool:
+  """Creates the lock file `path` (exclusive create); False when another live writer holds it.
+  A lock whose writer is gone (same host, process not running) or that is older than an hour
+  is taken over."""
+  me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": token})
+  for _ in range(2):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+      if not _stale(path):
+        return False
+      log.warning("taking over stale checkpoint lock %s", path)
+      _unlock(path)
+      continue
+    with os.fdopen(fd, "w") as f:
+      f.write(me)
+    return True
+  return False
+
+
+def _unlock(path: str) -> None:
+  try:
+    os.remove(path)
+  except FileNotFoundError:
+    pass
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+  """(device, inode) of `path` itself (a link, not its target); None when nothing is there."""
+  try:
+    st = os.lstat(path)
+  except FileNotFoundError:
+    return None
+  return st.st_dev, st.st_ino
+
+
 def run_token() -> str:
   """A random token, the same on every process of a multi-host run."""
   token = uuid.uuid4().hex[:12]
@@ -275,6 +322,7 @@ class Checkpoints:
     self.metadata = _as_json(metadata)
     self.identity = None if identity is None else _as_json(identity)
     self.skipped: dict[int, str] = {}  # corrupt steps the last fallback restore passed over
+    self._owner: dict | None = None  # this run's identity file as `_claim` left it
     self._token = run_token()
     self._manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
@@ -297,21 +345,17 @@ class Checkpoints:
     path = os.path.join(self.directory, IDENTITY_FILE)
     mine = {"format": _IDENTITY_FORMAT, "fingerprint": fingerprint(self.identity),
             "identity": self.identity, "continued": []}
-    owner = None
-    if os.path.exists(path):
-      try:
-        with open(path) as f:
-          owner = json.load(f)
-        assert isinstance(owner, dict) and owner.get("format") == _IDENTITY_FORMAT
-      except (OSError, ValueError, AssertionError) as e:
-        raise CheckpointError(f"{path}: run identity file is unreadable or not a "
-                              f"{_IDENTITY_FORMAT} file ({type(e).__name__}: {e}); move it "
-                              f"away to let this run own the directory") from None
+    owner = self._read_owner()
     if owner is not None and owner.get("fingerprint") == mine["fingerprint"]:
+      self._owner = owner
       return
+    self._owner = mine
     found = None if owner is None else _first_difference(owner.get("identity"), self.identity)
+    if owner is not None:  # its steps record its fingerprints: they stay this folder's
+      mine["earlier_fingerprints"] = owner.get("earlier_fingerprints", [])
     if owner is not None and found is None:  # only retired keys differ: the same run
       mine["continued"] = owner.get("continued", [])
+      mine["earlier_fingerprints"] = [*mine["earlier_fingerprints"], owner.get("fingerprint")]
     elif owner is not None:
       where, was, now = found
       text = (f"{self.directory} belongs to run {owner.get('fingerprint')} and this is run "
@@ -331,11 +375,38 @@ class Checkpoints:
     if jax.process_index() == 0:
       atomic.write_text(path, json.dumps(mine, indent=1, sort_keys=True))
 
-  def maybe_save(self, state, *, force: bool = False) -> bool:
+  def _read_owner(self) -> dict | None:
+    """The directory's run identity file (None when there is none)."""
+    path = os.path.join(self.directory, IDENTITY_FILE)
+    if not os.path.exists(path):
+      return None
+    try:
+      with open(path) as f:
+        owner = json.load(f)
+      assert isinstance(owner, dict) and owner.get("format") == _IDENTITY_FORMAT
+    except (OSError, ValueError, AssertionError) as e:
+      raise CheckpointError(f"{path}: run identity file is unreadable or not a "
+                            f"{_IDENTITY_FORMAT} file ({type(e).__name__}: {e}); move it "
+                            f"away to let this run own the directory") from None
+    return owner
+
+  def _owner_fingerprints(self) -> set[str] | None:
+    """The run fingerprints this directory's steps may record: the owner's, those it had
+    before fields were retired, and those of the runs it continued (None: no owner)."""
+    owner = self._owner if self._owner is not None else self._read_owner()
+    if owner is None:
+      return None
+    continued = [c.get("fingerprint") for c in owner.get("continued", []) if isinstance(c, dict)]
+    return {owner.get("fingerprint"), *owner.get("earlier_fingerprints", []), *continued}
+
+  def maybe_save(self, state, *, force: bool = False,
+                 before_commit: Callable[[], None] | None = None) -> bool:
     """Saves when the step is a multiple of `every` (or `force`) and not saved yet.
 
     Blocks until the step is on disk (and older steps beyond `keep` are deleted). Returns
-    whether it saved.
+    whether it saved. `before_commit` (e.g. writing the step's sidecar) runs under the step's
+    lock once the step is known to be new, before its arrays are written: a step already on
+    disk keeps the files beside it.
     """
     step = int(state.step)
     if not force and step % self.every:
@@ -348,40 +419,19 @@ class Checkpoints:
     if lock is None:
       return False
     try:
-      return self._save_locked(state, step)
+      return self._save_locked(state, step, before_commit)
     finally:
       if lock:
-        try:
-          os.remove(lock)
-        except FileNotFoundError:
-          pass
+        _unlock(lock)
 
   def _lock_step(self, step: int) -> str | None:
-    """Takes `<dir>/<step>.saving.lock` (exclusive create): its path ('' on processes other than
-    the first, which do not lock), or None when another live writer holds it. A lock whose
-    writer is gone (same host, process not running) or that is older than an hour is taken
-    over. Multi-host: the first process decides for all."""
-    path = os.path.join(self.directory, f"{step}.saving.lock")
+    """Takes `<dir>/<step>.saving.lock` (`_take_lock`): its path ('' on processes other than
+    the first, which do not lock), or None when another live writer holds it. Multi-host: the
+    first process decides for all."""
+    path = self._lock_path(step)
     got: str | None = ""
     if jax.process_index() == 0:
-      got = None
-      me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self._token})
-      for _ in range(2):
-        try:
-          fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-          if not _stale(path):
-            break
-          log.warning("taking over stale checkpoint lock %s", path)
-          try:
-            os.remove(path)
-          except FileNotFoundError:
-            pass
-          continue
-        with os.fdopen(fd, "w") as f:
-          f.write(me)
-        got = path
-        break
+      got = path if _take_lock(path, self._token) else None
       if got is None:
         log.warning("checkpoint step %d of %s is being saved by another writer (%s); this "
                     "save is skipped", step, self.directory, path)
@@ -391,16 +441,21 @@ class Checkpoints:
       got = (got or "") if int(ok) else None
     return got
 
-  def _save_locked(self, state, step: int) -> bool:
+  def _lock_path(self, step: int) -> str:
+    return os.path.join(self.directory, f"{step}.saving.lock")
+
+  def _save_locked(self, state, step: int, before_commit) -> bool:
     self._manager.reload()  # another writer may have committed steps since
     if step in self._manager.all_steps():
-      if step in self.skipped:
+      if step in self.skipped:  # skipped as damaged but not moved aside (see restore)
         log.warning("checkpoint step %d is on disk but corrupt (%s); it is kept, not "
                     "overwritten, and this save is skipped", step, self.skipped[step])
       else:
         log.warning("checkpoint step %d is already in %s; not saved again", step,
                     self.directory)
       return False
+    if before_commit is not None:
+      before_commit()
     metadata = {"format": _FORMAT, "rng_impl": str(jax.random.key_impl(state.rng)),
                 "run": self.metadata}
     if self.identity is not None:
@@ -455,17 +510,21 @@ class Checkpoints:
     steps = self._manager.all_steps()
     return max(steps) if steps else None
 
-  def restore(self, template: T, step: int | None = None, *,
-              fallback: bool = True) -> T:
+  def restore(self, template: T, step: int | None = None, *, fallback: bool = True,
+              check: Callable[[int], None] | None = None,
+              beside: Callable[[int], list[str]] | None = None) -> T:
     """Restores `step` (the latest when None) shaped and placed like `template`.
 
     Raises CheckpointError when there is no such step, when it was written for another run
     (metadata differs), when an array's shape or dtype differs from the template, or when the
-    step is unreadable or an array differs from its checksum (CorruptCheckpointError, naming
-    the array). With step None and `fallback`, a corrupt latest step is passed over for the
-    newest good one, with a warning naming what was skipped and why (also in `self.skipped`);
-    only when every step is corrupt is the newest one's error raised. Only reads: a failed
-    restore leaves every checkpoint as it was.
+    step is damaged (CorruptCheckpointError: unreadable, an array that differs from its
+    checksum, a state or run that is not the step's own; see the module docstring). `check`
+    (step), called once a step's arrays restored, raises CorruptCheckpointError when what the
+    caller keeps beside the step is damaged (a sidecar). With step None and `fallback`, a
+    damaged latest step is passed over for the newest good one, with a warning naming what was
+    skipped and why (also in `self.skipped`), and the skipped steps are moved aside with the
+    files `beside(step)` names (`_set_aside`); only when every step is damaged is the newest
+    one's error raised. A restore that raises changes nothing on disk.
     """
     # A separate read-only manager: it lists what is on disk now and cannot delete anything.
     reader = ocp.CheckpointManager(
@@ -478,31 +537,99 @@ class Checkpoints:
       if step is not None and step not in steps:
         raise CheckpointError(f"{self.directory}: no checkpoint at step {step} (have {steps})")
       candidates = [step] if step is not None else steps[::-1] if fallback else steps[-1:]
-      self.skipped, first_error = {}, None
-      for s in candidates:
-        try:
-          out = self._restore_step(reader, s, template)
-        except CorruptCheckpointError as e:
-          if len(candidates) == 1:
-            raise
-          first_error = first_error or e
-          self.skipped[s] = str(e)
-          log.warning("%s; trying the step before it", e)
-          continue
-        if self.skipped:
-          text = (f"resuming from step {s} of {self.directory}: newer step(s) "
-                  f"{sorted(self.skipped)} are corrupt and were skipped")
-          log.warning(text)
-          print(text)
-        return out
-      raise first_error
+      found, out, seen = self._first_good(reader, candidates, template, check)
     finally:
       reader.close()
+    if self.skipped:
+      moved = [s for s in sorted(self.skipped)
+               if self._set_aside(s, self.skipped[s], seen[s], beside)]
+      self._manager.reload()
+      text = (f"resuming from step {found} of {self.directory}: newer step(s) "
+              f"{sorted(self.skipped)} are corrupt and were skipped" +
+              (f"; {moved} moved to {os.path.join(self.directory, DAMAGED)}" if moved else ""))
+      log.warning(text)
+      print(text)
+    return out
 
-  def _restore_step(self, reader: ocp.CheckpointManager, step: int,
-                    template: T) -> T:
+  def _first_good(self, reader: ocp.CheckpointManager, candidates: list[int], template: T,
+                  check) -> tuple[int, T, dict[int, tuple[int, int] | None]]:
+    """(step, state) of the first candidate that restores and passes `check`, and the
+    directory id of every candidate tried (taken before it was read); the damaged ones passed
+    over go to `self.skipped`. When no candidate is good, the first one's error is raised."""
+    self.skipped, first_error, seen = {}, None, {}
+    owners = self._owner_fingerprints()
+    for s in candidates:
+      seen[s] = _dir_id(os.path.join(self.directory, str(s)))
+      try:
+        out = self._restore_step(reader, s, template, owners)
+        if check is not None:
+          check(s)
+      except CorruptCheckpointError as e:
+        if len(candidates) == 1:
+          raise
+        first_error = first_error or e
+        self.skipped[s] = str(e)
+        log.warning("%s; trying the step before it", e)
+        continue
+      return s, out, seen
+    raise first_error
+
+  def _set_aside(self, step: int, reason: str, seen: tuple[int, int] | None,
+                 beside: Callable[[int], list[str]] | None) -> bool:
+    """Moves damaged `step` (and the files `beside` names) into a new folder under
+    `<dir>/damaged/`, with `reason.txt`; whether it did. Only the first process moves, holding
+    the step's save lock (no writer is saving the step meanwhile), and only when `<dir>/<step>`
+    is still the directory (or link) that was judged (`seen`): another restorer may have moved
+    it and a writer saved a new one since. A step it cannot move stays (and `maybe_save` of it
+    is skipped)."""
+    path = os.path.join(self.directory, str(step))
+    if jax.process_index() != 0 or seen is None:
+      return False
+    lock = self._lock_path(step)
+    if not _take_lock(lock, self._token):
+      log.warning("damaged checkpoint step %d of %s is locked by another writer or restorer "
+                  "(%s); left in place", step, self.directory, lock)
+      return False
+    target = os.path.join(self.directory, DAMAGED, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}-"
+                          f"{uuid.uuid4().hex[:8]}")
+    try:
+      if _dir_id(path) != seen:
+        return False  # already moved by another restorer (a new step may stand there now)
+      os.makedirs(target)
+      atomic.write_text(os.path.join(target, "reason.txt"), reason + "\n")
+      os.rename(path, os.path.join(target, str(step)))
+      # Under the lock still: a writer of the step number writes its new sidecar under it.
+      self._move_into(target, beside(step) if beside is not None else [])
+    except OSError as e:
+      log.warning("could not move damaged checkpoint step %d of %s aside (%s); left in place",
+                  step, self.directory, e)
+      shutil.rmtree(target, ignore_errors=True)  # holds no step: the rename failed
+      return False
+    finally:
+      _unlock(lock)
+    log.warning("moved damaged checkpoint step %d to %s: %s", step, target, reason)
+    return True
+
+  def _move_into(self, target: str, paths: list[str]) -> None:
+    """Moves the files of `paths` that exist to the same place under `target` as under this
+    directory; one that cannot move is left, with a warning (its step has moved)."""
+    for name in paths:
+      dest = os.path.join(target, os.path.relpath(name, self.directory))
+      try:
+        if os.path.lexists(name):
+          os.makedirs(os.path.dirname(dest), exist_ok=True)
+          os.rename(name, dest)
+      except OSError as e:
+        log.warning("could not move %s beside its damaged step to %s (%s)", name, target, e)
+
+  def _restore_step(self, reader: ocp.CheckpointManager, step: int, template: T,
+                    owners: set[str] | None) -> T:
     where = os.path.join(self.directory, str(step))
-    rng_impl, format_ = self._check_metadata(reader, step, where, template)
+    if os.path.islink(where):
+      raise CorruptCheckpointError(f"checkpoint {where} is a symbolic link (to "
+                                   f"{os.readlink(where)}), and steps are only ever written as "
+                                   f"directories: another run's step linked here?")
+    rng_impl, format_ = self._check_metadata(reader, step, where, template, owners)
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, _saveable(template))
     self._check_arrays(reader, step, where, target)
     try:
@@ -512,14 +639,20 @@ class Checkpoints:
       raise CorruptCheckpointError(f"checkpoint {where} is unreadable or corrupt: "
                                    f"{_brief(e)}") from e
     self._check_checksums(reader, step, where, out, required=format_ == _FORMAT)
+    if int(out["step"]) != step:
+      raise CorruptCheckpointError(f"checkpoint {where}: its state is step {int(out['step'])}, "
+                                   f"not {step}: the directory was renamed or copied from "
+                                   f"another step")
     return dataclasses.replace(template, **{**out, "rng": jax.random.wrap_key_data(
         out["rng"], impl=rng_impl)})
 
   def _check_metadata(self, reader: ocp.CheckpointManager, step: int, where: str,
-                      template) -> tuple[str, str]:
+                      template, owners: set[str] | None) -> tuple[str, str]:
     """Refuses another run's checkpoint before touching arrays; returns (the saved rng impl,
     the step's format). A format this version does not write or read is damage (a flipped
-    bit in the string), as unreadable metadata is: the step is passed over on resume."""
+    bit in the string), as unreadable metadata is: the step is passed over on resume. So is a
+    step that records a run fingerprint other than the `owners` of this directory: one step of
+    another run among this run's, not a folder of another run."""
     try:
       saved = reader.restore(step, args=ocp.args.Composite(
           metadata=ocp.args.JsonRestore()))["metadata"]
@@ -531,6 +664,11 @@ class Checkpoints:
       raise CorruptCheckpointError(f"checkpoint {where}: metadata format {_show(format_)} is "
                                    f"none of {list(_FORMATS)}: damaged, or not a checkpoint "
                                    f"of this library (metadata {str(saved)[:200]})")
+    recorded = saved.get("identity")
+    if owners is not None and recorded is not None and recorded not in owners:
+      raise CorruptCheckpointError(f"checkpoint {where} was written by run {recorded}, and "
+                                   f"{self.directory} holds the steps of runs "
+                                   f"{sorted(map(str, owners))}: another run's step copied here")
     found = _first_difference(saved.get("run"), self.metadata)
     if found is not None:
       path, was, now = found

@@ -33,7 +33,7 @@ def test_damaged_format_and_lost_checksums_fall_back_to_the_newest_good_step(tmp
   assert_same(state, make_state(1, step=1, cursor=1))
   assert payload == {"history": [1]}
   shutil.rmtree(tmp_path / "1" / "checksums")
-  with pytest.raises(CorruptCheckpointError, match="/3: metadata format"):
+  with pytest.raises(CorruptCheckpointError, match="/1 .*checksums are missing"):
     _restore(str(tmp_path))
 
 
@@ -55,3 +55,33 @@ def test_an_older_step_without_a_sidecar_restores_with_an_empty_payload(tmp_path
   assert payload == {}
   with pytest.raises(CorruptCheckpointError, match="1.json is missing"):
     _restore(str(tmp_path))
+
+
+def test_a_damaged_step_moves_aside_with_its_sidecar_and_is_saved_again(tmp_path):
+  """Resuming past a damaged step 3 then saving step 3 again wrote nothing (it was on disk);
+  its sidecar moves aside with it, and the new step 3 restores with its own payload."""
+  _save(str(tmp_path), (1, 2, 3))
+  shutil.rmtree(tmp_path / "3" / "checksums")
+  state, payload = _restore(str(tmp_path))
+  assert int(state.step) == 2 and payload == {"history": [2]}
+  (aside,) = os.scandir(tmp_path / "damaged")
+  assert sorted(os.listdir(os.path.join(aside.path, "sidecar"))) == ["3.json"]
+  assert not os.path.exists(tmp_path / "sidecar" / "3.json")
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    assert resume.save(ckpt, resume.Sidecar(str(tmp_path)), make_state(33, step=3, cursor=3),
+                       {"history": [2, 33]})
+  state, payload = _restore(str(tmp_path))
+  assert_same(state, make_state(33, step=3, cursor=3))
+  assert payload == {"history": [2, 33]}
+
+
+def test_a_step_on_disk_keeps_its_sidecar(tmp_path):
+  """A second save of a step on disk is skipped: it wrote its payload over the step's own
+  first, pairing the first save's arrays with the second's history."""
+  _save(str(tmp_path), (2,))
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    assert not resume.save(ckpt, resume.Sidecar(str(tmp_path)), make_state(9, step=2),
+                           {"history": ["other"]})
+  state, payload = _restore(str(tmp_path))
+  assert_same(state, make_state(2, step=2, cursor=2))
+  assert payload == {"history": [2]}

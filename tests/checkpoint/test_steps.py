@@ -54,6 +54,23 @@ def step_dirs(path: str) -> list[int]:
   return sorted(int(name) for name in os.listdir(path) if name.isdigit())
 
 
+def damaged(path) -> list:
+  """The folders damaged steps were moved to, oldest name first."""
+  folder = os.path.join(path, "damaged")
+  return sorted(os.scandir(folder), key=lambda e: e.name) if os.path.isdir(folder) else []
+
+
+def moved(files: dict[str, bytes], step: str, aside) -> dict[str, bytes]:
+  """`files` (relative names) as they are once `step`'s directory has moved into `aside`."""
+  return {(os.path.join("damaged", aside.name, name) if name.split(os.sep)[0] == step
+           else name): data for name, data in files.items()}
+
+
+def reason(aside) -> dict[str, bytes]:
+  with open(os.path.join(aside.path, "reason.txt"), "rb") as f:
+    return {os.path.join("damaged", aside.name, "reason.txt"): f.read()}
+
+
 def assert_same(got: TrainState, want: TrainState):
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -160,18 +177,23 @@ def test_corrupt_newest_step_is_a_clear_error_and_older_survives(tmp_path, corru
       ckpt.restore(make_state(0, a_shape=BIG), fallback=False)
     assert err.value.__cause__ is not None or "missing" in str(err.value)
     assert files_under(str(tmp_path)) == before  # a failed restore changes nothing
-    # Resuming (the latest step, fallback on) passes over the corrupt step 4, and says so.
+    # Resuming (the latest step, fallback on) passes over the corrupt step 4, says so, and
+    # moves it aside as it was.
     resumed = ckpt.restore(make_state(0, a_shape=BIG))
     assert_same(resumed, make_state(2, step=2, cursor=2, a_shape=BIG))
     assert list(ckpt.skipped) == [4] and f"{tmp_path}/4" in ckpt.skipped[4]
-    assert files_under(str(tmp_path)) == before
+    (aside,) = damaged(tmp_path)
+    assert step_dirs(str(tmp_path)) == [2] and aside.name.startswith("4-")
+    assert files_under(str(tmp_path)) == {**moved(before, "4", aside), **reason(aside)}
     older = ckpt.restore(make_state(0, a_shape=BIG), step=2)
     assert_same(older, make_state(2, step=2, cursor=2, a_shape=BIG))
-    # Training on from step 2: step 4 exists (corrupt) and is not overwritten; 6 is new.
-    assert not ckpt.maybe_save(make_state(4, step=4, a_shape=BIG))
+    # Training on from step 2: step 4 is saved again, then 6.
+    assert ckpt.maybe_save(make_state(4, step=4, cursor=4, a_shape=BIG))
     assert ckpt.maybe_save(make_state(6, step=6, cursor=6, a_shape=BIG))
     assert step_dirs(str(tmp_path)) == [2, 4, 6]
     assert_same(ckpt.restore(make_state(0, a_shape=BIG), step=2), older)
+    assert_same(ckpt.restore(make_state(0, a_shape=BIG), step=4),
+                make_state(4, step=4, cursor=4, a_shape=BIG))
     assert_same(ckpt.restore(make_state(0, a_shape=BIG)),
                 make_state(6, step=6, cursor=6, a_shape=BIG))
 
@@ -397,29 +419,35 @@ def test_step_of_this_format_without_checksums_is_refused(tmp_path, caplog):
     assert_same(resumed, make_state(1, step=1, cursor=1, a_shape=BIG))
     assert list(ckpt.skipped) == [2] and "checksums are missing" in ckpt.skipped[2]
   assert not any("has no checksums" in r.getMessage() for r in caplog.records)
+  assert step_dirs(str(tmp_path)) == [1] and len(damaged(tmp_path)) == 1
   shutil.rmtree(tmp_path / "1" / "checksums")
   with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
-    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/2 .*checksums are missing"):
-      ckpt.restore(make_state(0, a_shape=BIG))  # every step damaged: the newest's error
+    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/1 .*checksums are missing"):
+      ckpt.restore(make_state(0, a_shape=BIG))
+  assert step_dirs(str(tmp_path)) == [1]  # nothing to fall back to: nothing moves
 
 
-@pytest.mark.parametrize("damaged", ["morse_jax.rl.stbte/2", "morse_jax.rl.state/3", "", None])
-def test_damaged_metadata_format_falls_back_to_the_newest_good_step(tmp_path, damaged):
+@pytest.mark.parametrize("format_", ["morse_jax.rl.stbte/2", "morse_jax.rl.state/3", "", None])
+def test_damaged_metadata_format_falls_back_to_the_newest_good_step(tmp_path, format_):
   with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
     for s in (1, 2):
       ckpt.maybe_save(make_state(s, step=s, cursor=s))
-  _set_format(tmp_path / "2", damaged)
+  _set_format(tmp_path / "2", format_)
   before = files_under(str(tmp_path))
   with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
     with pytest.raises(CorruptCheckpointError, match=r"/2: metadata format .* is none of"):
       ckpt.restore(make_state(0), fallback=False)
+    assert files_under(str(tmp_path)) == before
     assert_same(ckpt.restore(make_state(0)), make_state(1, step=1, cursor=1))
     assert list(ckpt.skipped) == [2] and "metadata format" in ckpt.skipped[2]
-  assert files_under(str(tmp_path)) == before
-  _set_format(tmp_path / "1", damaged)
+  (aside,) = damaged(tmp_path)
+  assert files_under(str(tmp_path)) == {**moved(before, "2", aside), **reason(aside)}
+  _set_format(tmp_path / "1", format_)
+  before = files_under(str(tmp_path))
   with Checkpoints(str(tmp_path), every=1, keep=3, metadata=META) as ckpt:
-    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/2: metadata format"):
+    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/1: metadata format"):
       ckpt.restore(make_state(0))
+  assert files_under(str(tmp_path)) == before
 
 
 def test_files_fingerprint(tmp_path):
@@ -476,7 +504,139 @@ def test_a_key_this_version_no_longer_records_is_not_a_difference(tmp_path):
     assert_same(ckpt.restore(make_state(0)), make_state(1, step=1))
   owner = json.loads((tmp_path / IDENTITY_FILE).read_text())
   assert owner["identity"]["trainer"] == meta and owner["continued"] == []
+  # Its step records the old fingerprint, which the folder keeps as this run's own.
+  assert owner["earlier_fingerprints"] == [fingerprint(old_identity)]
+  with Checkpoints(str(tmp_path), every=1, keep=2, metadata=meta,
+                   identity={**IDENTITY, "trainer": meta}) as ckpt:
+    assert_same(ckpt.restore(make_state(0)), make_state(1, step=1))
   changed = {**META, "step": {"lr": 0.2}}
   with pytest.raises(CheckpointError, match="trainer.step.lr is 0.1 there, 0.2 here"):
     Checkpoints(str(tmp_path), every=1, keep=2, metadata=changed,
                 identity={**IDENTITY, "trainer": changed})
+
+
+# ------------------------------------------- damaged steps move aside; a step is its own
+
+
+def test_a_step_skipped_on_resume_is_saved_again(tmp_path, caplog):
+  """Resume falls back from the corrupt step 5 to 3 and trains on: step 5 is written again
+  and restores (it was left on disk and the new save of 5 skipped)."""
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    for s in (3, 5):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s, a_shape=BIG))
+  _flip_bit_in_array_data(os.path.join(tmp_path, "5"))
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    assert int(ckpt.restore(make_state(0, a_shape=BIG)).step) == 3
+    assert any("moved damaged checkpoint step 5" in r.getMessage() and
+               "does not match its checksum" in r.getMessage() for r in caplog.records)
+    assert ckpt.latest_step() == 3
+    for s in (4, 5):
+      assert ckpt.maybe_save(make_state(10 + s, step=s, cursor=s, a_shape=BIG))
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    assert_same(ckpt.restore(make_state(0, a_shape=BIG)),
+                make_state(15, step=5, cursor=5, a_shape=BIG))
+  (aside,) = damaged(tmp_path)
+  assert "does not match its checksum" in (tmp_path / "damaged" / aside.name /
+                                           "reason.txt").read_text()
+
+
+@pytest.mark.parametrize("keep", [3, 1])
+def test_a_damaged_high_step_holds_no_keep_slot_and_is_never_deleted(tmp_path, keep):
+  """A corrupt step 900 counted among the newest `keep`: keep 3 left [4, 5, 900] after saves
+  3-5, keep 1 deleted every good save. Moved aside, it stays for a person to inspect."""
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    for s in (2, 900):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s))
+  _truncate_state(os.path.join(tmp_path, "900"))
+  with Checkpoints(str(tmp_path), every=1, keep=keep, metadata=META) as ckpt:
+    assert int(ckpt.restore(make_state(0)).step) == 2
+    for s in (3, 4, 5):
+      assert ckpt.maybe_save(make_state(s, step=s, cursor=s))
+    assert step_dirs(str(tmp_path)) == [3, 4, 5][-keep:]
+    assert_same(ckpt.restore(make_state(0)), make_state(5, step=5, cursor=5))
+  (aside,) = damaged(tmp_path)
+  assert aside.name.startswith("900-") and os.path.isdir(os.path.join(aside.path, "900", "state"))
+
+
+def test_a_renamed_step_directory_is_damaged(tmp_path):
+  """Step 4's directory renamed 7 restored a state whose own step is 4 as step 7."""
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    for s in (2, 4):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s))
+  os.rename(tmp_path / "4", tmp_path / "7")
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    with pytest.raises(CorruptCheckpointError, match=f"{tmp_path}/7: its state is step 4, not 7"):
+      ckpt.restore(make_state(0), step=7)
+    assert_same(ckpt.restore(make_state(0)), make_state(2, step=2, cursor=2))
+    assert list(ckpt.skipped) == [7] and step_dirs(str(tmp_path)) == [2]
+
+
+def _other_runs_step(tmp_path, identity) -> str:
+  """Step 5 of another run of the same metadata, in its own folder."""
+  other = str(tmp_path / "other")
+  with Checkpoints(other, every=1, keep=5, metadata=META, identity=identity) as ckpt:
+    ckpt.maybe_save(make_state(50, step=5, cursor=5))
+  return os.path.join(other, "5")
+
+
+@pytest.mark.parametrize("how", ["symlink", "copy"])
+def test_another_runs_step_linked_or_copied_in_is_damaged(tmp_path, how):
+  """Another run's step 5 (seed 1, same metadata) linked or copied into this run's folder
+  restored silently; it is skipped as damaged and moved aside (a link moves as a link: the
+  other run's step is untouched), by the run and by a reader without an identity."""
+  mine = str(tmp_path / "mine")
+  with Checkpoints(mine, every=1, keep=5, metadata=META, identity=IDENTITY) as ckpt:
+    ckpt.maybe_save(make_state(2, step=2, cursor=2))
+  theirs = _other_runs_step(tmp_path, {**IDENTITY, "seed": 1})
+  why = "is a symbolic link" if how == "symlink" else \
+      f"written by run {fingerprint({**IDENTITY, 'seed': 1})}.*another run's step"
+  for identity in (None, IDENTITY):
+    if how == "symlink":
+      os.symlink(theirs, os.path.join(mine, "5"))
+    else:
+      shutil.copytree(theirs, os.path.join(mine, "5"))
+    with Checkpoints(mine, every=1, keep=5, metadata=META, identity=identity) as ckpt:
+      with pytest.raises(CorruptCheckpointError, match=why):
+        ckpt.restore(make_state(0), step=5)
+      assert_same(ckpt.restore(make_state(0)), make_state(2, step=2, cursor=2))
+      assert list(ckpt.skipped) == [5]
+    assert step_dirs(mine) == [2]
+  asides = damaged(mine)
+  assert len(asides) == 2 and all(os.path.lexists(os.path.join(a.path, "5")) for a in asides)
+  with Checkpoints(str(tmp_path / "other"), every=1, keep=5, metadata=META,
+                   identity={**IDENTITY, "seed": 1}) as ckpt:
+    assert_same(ckpt.restore(make_state(0)), make_state(50, step=5, cursor=5))
+
+
+def test_only_the_first_process_moves_a_damaged_step(tmp_path, monkeypatch):
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    for s in (1, 2):
+      ckpt.maybe_save(make_state(s, step=s))
+  _truncate_state(os.path.join(tmp_path, "2"))
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    assert int(ckpt.restore(make_state(0)).step) == 1
+  assert step_dirs(str(tmp_path)) == [1, 2] and not damaged(tmp_path)
+
+
+def test_two_restorers_move_a_damaged_step_once(tmp_path):
+  """Restorers a and b both find step 5 damaged; while b restores step 3, a moves 5 aside and
+  saves a new step 5. b must not move the new step 5 (nor fail)."""
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as ckpt:
+    for s in (3, 5):
+      ckpt.maybe_save(make_state(s, step=s, cursor=s))
+  _truncate_state(os.path.join(tmp_path, "5"))
+  new5 = make_state(55, step=5, cursor=5)
+  with Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as a, \
+       Checkpoints(str(tmp_path), every=1, keep=5, metadata=META) as b:
+    restore_step = b._restore_step
+
+    def slow(reader, step, *args):
+      if step == 3:
+        assert int(a.restore(make_state(0)).step) == 3 and a.maybe_save(new5)
+      return restore_step(reader, step, *args)
+
+    b._restore_step = slow
+    assert int(b.restore(make_state(0)).step) == 3 and list(b.skipped) == [5]
+    assert_same(b.restore(make_state(0), step=5), new5)
+  assert len(damaged(tmp_path)) == 1 and step_dirs(str(tmp_path)) == [3, 5]

@@ -55,6 +55,23 @@ def test_newer_schema_is_refused(tmp_path):
     MemoryBank(path, HashEmbedder())
 
 
+@pytest.mark.parametrize("version", [-5, -1, -(2**31)])
+def test_a_schema_version_no_code_wrote_is_refused(tmp_path, version):
+  """A negative user_version indexed MIGRATIONS from the end: -5 raised IndexError, -1 ran the
+  v2 migration again on a v2 bank."""
+  path = str(tmp_path / "odd.db")
+  MemoryBank(path, HashEmbedder()).close()
+  conn = sqlite3.connect(path)
+  conn.execute(f"PRAGMA user_version = {version}")
+  conn.close()
+  with pytest.raises(MemoryBankError, match=rf"odd.db: schema version \(PRAGMA user_version\) "
+                                            rf"is {version}, .*known versions 0 to 2"):
+    MemoryBank(path, HashEmbedder())
+  conn = sqlite3.connect(path)  # refused, not touched
+  assert user_version(conn) == version
+  conn.close()
+
+
 @pytest.mark.parametrize("content", [b"garbage bytes, not sqlite " * 200,
                                      b"SQLite format 3\x00" + b"\xff" * 4000])
 def test_corrupt_file_gives_clear_error(tmp_path, content):
