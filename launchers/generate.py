@@ -68,10 +68,10 @@ def main(argv):
                for i in range(len(_PROMPTS.value))]
   else:
     def encode(text):
-      try:
+      if tok.has_chat_template:
         return tok.apply_chat_template([{"role": "user", "content": text}])
-      except llm.TokenizerError:
-        return tok.encode(text, add_special_tokens=True)
+      # no template: the prompt is the user's own raw prompt, special tokens and all
+      return tok.encode(text, add_special_tokens=True, parse_special_tokens=True)
     prompts = [encode(p) for p in _PROMPTS.value]
   rows = [p for p in prompts for _ in range(_ROWS.value)]
 

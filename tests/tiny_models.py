@@ -77,3 +77,32 @@ def save_hf_model(family: str, folder: str, with_tokenizer: bool = True, **overr
 
 def random_tokens(seed: int, shape) -> np.ndarray:
   return np.random.RandomState(seed).randint(5, VOCAB, shape).astype(np.int32)
+
+
+# ChatML with tool messages and `enable_thinking` in the manner of Qwen3's template.
+BYTES_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>"
+    "{% if m['role'] == 'tool' %}user\n<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% else %}{{ m['role'] }}\n{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}")
+BYTES_ADDED = ["<tool_response>", "</tool_response>", "<think>", "</think>"]  # not special
+
+
+def make_byte_tokenizer():
+  """A byte-level BPE without merges (an id per byte, so any text has a spelling, as in real BPE
+  tokenizers) with ChatML's special tokens and, as Qwen's, added tokens that are not special."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+  core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+  core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  core.decoder = decoders.ByteLevel()
+  tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>",
+                                pad_token="<|endoftext|>",
+                                additional_special_tokens=["<|im_start|>"])
+  tok.add_tokens(BYTES_ADDED)
+  tok.chat_template = BYTES_TEMPLATE
+  return tok

@@ -212,8 +212,9 @@ class Executor:
     if len(ids) <= self.config.max_tool_tokens:
       return text
     r.stats["tool_outputs_cut"] += 1
-    # special tokens kept: the text shown must be the text that was cut, token for token
-    cut = self.tokenizer.decode(ids[:self.config.max_tool_tokens], skip_special_tokens=False)
+    # Text encodes to no control token; a special id here is a vocabulary's unknown-word id,
+    # whose spelling `<unk>` the tool never wrote (and text cannot encode back to it).
+    cut = self.tokenizer.decode(ids[:self.config.max_tool_tokens], skip_special_tokens=True)
     return cut + " " + prompts.OMITTED
 
   def _trajectory(self, r: _Run) -> Trajectory:

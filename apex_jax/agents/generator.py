@@ -36,6 +36,8 @@ class Generation:
 
 
 class ChatTokenizer(Protocol):
+  """`morse_jax.llm.Tokenizer`: message content and encoded text never become control tokens."""
+
   pad_id: int
 
   def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,

@@ -9,9 +9,15 @@ POST /v1/chat/completions  {"messages": [{"role", "content"}, ...], "max_tokens"
 POST /v1/completions  {"prompt": str | [str, ...], "max_tokens"?, ... as above but messages}
   -> {"id", "object": "text_completion", "created", "model",
       "choices": [{"index", "text", "logprobs": null, "finish_reason"}], "usage"}
-     (the prompt as plain text, no chat template; choice index = prompt index * n + row)
+     (the prompt as it comes, no chat template; choice index = prompt index * n + row)
 GET /v1/models  -> {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}
 GET /health     -> {"status": "ok", "model": ...}
+
+Message content is text: `<|im_end|>` inside a message is encoded as the tokens of its
+characters, so only the chat template's own markers are control tokens (`Tokenizer`). The raw
+`prompt` of /v1/completions is the caller's already templated prompt and is parsed, special
+tokens included (as vLLM does): a client that builds one from untrusted text must use the chat
+endpoint instead.
 
 With "stream": true either POST answers server-sent events (`streaming`): text is sent as each
 turn of generation (at most `ChatLimits.chunk_tokens` new tokens per row) ends, not token by
@@ -218,7 +224,7 @@ class ChatServer(JsonServer):
     field = "prompt" if req.prompts else "messages"
     try:
       if req.prompts:
-        prompts = [chat.model.tokenizer.encode(p) for p in req.prompts]
+        prompts = [chat.model.tokenizer.encode(p, parse_special_tokens=True) for p in req.prompts]
       else:
         prompts = [chat.prompt_tokens(req.messages, req.chat_template_kwargs)]
     except JudgeRequestError as e:

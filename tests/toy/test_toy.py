@@ -97,7 +97,9 @@ def test_tokenizer_round_trips_and_chat_template(hf_tok, tmp_path, turns):
                                  tokenize=True)["input_ids"])
   im_end = ours.hf.convert_tokens_to_ids(tokenizer.IM_END)
   assert ours.eos_id == im_end and ours.pad_id == 0
-  assert ours.encode("<|im_start|>") == [ours.hf.convert_tokens_to_ids(tokenizer.IM_START)]
+  im_start = ours.hf.convert_tokens_to_ids(tokenizer.IM_START)
+  assert ours.encode("<|im_start|>", parse_special_tokens=True) == [im_start]
+  assert im_start not in ours.encode("<|im_start|>")  # text, unless a templated prompt asks
 
 
 def test_encode_masks_only_the_target_and_its_end(hf_tok, turns):
