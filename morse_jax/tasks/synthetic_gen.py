@@ -32,6 +32,7 @@ BY_KEY = {op.key: op for op in OPS}
 CATEGORIES: tuple[str, ...] = tuple(dict.fromkeys(op.category for op in OPS))
 SHAPES = ("chain", "diamond", "fork_join")
 UNIT_TESTS = 6  # per node: the empty input, then random ones
+_REDRAWS = 50  # draws (from the node's own stream) for a random test that gives its answer away
 HIDDEN_TESTS = 10  # for the final function: the empty input, then random ones
 _ATTEMPTS = 300
 _THEME_WEIGHT = 4.0  # ops of the task's theme category are this much likelier
@@ -144,6 +145,45 @@ def _dominant(nodes: list[_Node]) -> str:
   return nodes[-1].op.category if nodes[-1].op.category in tied else tied[0]
 
 
+def _ancestors(nodes: list[_Node], i: int) -> set[int]:
+  out, stack = set(), list(nodes[i].parents)
+  while stack:
+    p = stack.pop()
+    if p not in out:
+      out.add(p)
+      stack.extend(nodes[p].parents)
+  return out
+
+
+def _telling(nodes: list[_Node], i: int, inputs: list[Any], input_type: str,
+             rng: random.Random) -> list[Any] | None:
+  """`inputs` with each random one (after the first, the empty input) whose answer a null
+  program gives (the input itself, an ancestor's result on it, another test's answer) replaced
+  by a draw from `rng` that gives nothing away, where one of `_REDRAWS` draws does; so every
+  random test tells a solution from a program that computes nothing. `rng` is the node's own
+  stream: the suite's stream, and so every other part of the problem, stays as it was. None
+  when the node's op changes nothing on any input tried (an ancestor's result, or the input,
+  is always its answer): a step that does no work."""
+  ancestors = _ancestors(nodes, i)
+
+  def answer(x: Any) -> tuple[str, set[str]]:
+    values = _evaluate(nodes, x)
+    return repr(values[i]), {repr(x)} | {repr(values[a]) for a in ancestors}
+  out, seen, idle = inputs[:1], {answer(inputs[0])[0]}, 0
+  for x in inputs[1:]:
+    for _ in range(_REDRAWS + 1):
+      y, given = answer(x)
+      if y not in given and y not in seen:
+        break
+      x = random_value(input_type, rng)
+    else:
+      x = inputs[len(out)]  # nothing better found: keep the suite's draw
+      idle += answer(x)[0] in answer(x)[1]
+    out.append(x)
+    seen.add(answer(x)[0])
+  return None if idle == len(inputs) - 1 else out
+
+
 def _tests(name: str, inputs: list[Any], outputs: list[Any]) -> list[str] | None:
   tests = [f"assert {name}({x!r}) == {y!r}" for x, y in zip(inputs, outputs)]
   if any(len(repr(x)) > _MAX_REPR or len(repr(y)) > _MAX_REPR for x, y in zip(inputs, outputs)):
@@ -208,6 +248,9 @@ def _try_build(pid: str, rng: random.Random, pool: Sequence[Op],
   spec: dict[str, dict] = {}
   for i, node in enumerate(nodes):
     inputs = [EMPTY[input_type]] + [random_value(input_type, rng) for _ in range(UNIT_TESTS - 1)]
+    inputs = _telling(nodes, i, inputs, input_type, random.Random(f"{pid}/tests/{i}"))
+    if inputs is None:
+      return None  # a step that does no work (sort after sort, last digit of a digit count)
     outputs = [_evaluate(nodes, x)[i] for x in inputs]
     tests = _tests(names[i], inputs, outputs)
     if tests is None or len({repr(y) for y in outputs}) < 2:

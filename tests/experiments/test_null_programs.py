@@ -1,6 +1,7 @@
 """The null-program sweep as a property of the suite: a reply that computes nothing (a constant,
-an empty container or array, the input unchanged, a raise, an exit, a sleep past the limit)
-earns reward 0 on every problem and step of every task family. The default run samples a few
+an empty container or array, the input unchanged, a raise, an exit, a sleep past the limit; each
+node's targets as constants, zeros / ones like them, its parents' results) earns reward 0 on
+every problem and step of every task family. The default run samples a few
 problems per family; the whole sweep (`python -m benchmarks.null_sweep`) is marked slow."""
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 
 
 def _rewards(family, cases):
-  jobs = [(p, n, null) for p, n in cases for null in null_programs.NAMES]
+  jobs = [(p, n, null, body) for p, n in cases
+          for null, body in null_programs.node_nulls(family, p, n).items()]
   with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the sleeping ones wait, idle
     rewards = list(pool.map(lambda job: null_programs.score(family, *job), jobs))
-  return {(p.id, n, null): r for (p, n, null), r in zip(jobs, rewards) if r != 0.0}
+  return {(p.id, n, null): r for (p, n, null, _), r in zip(jobs, rewards) if r != 0.0}
 
 
 def test_null_programs_are_what_they_say():
@@ -36,13 +38,16 @@ def test_null_programs_are_what_they_say():
 
 
 def test_a_sample_of_every_family_earns_nothing():
-  """One problem or step per family, 26 null programs each, short time limits: HumanEval/29
-  (a list answer, [] for the empty input), SciCode 19.2 (after 19.1's gold code; targets 1, 1,
-  0, 0), a synthetic subtask with a parent, an SRDD requirement."""
+  """One problem or step per family, the 26 generic null programs and the node's own, short time
+  limits: HumanEval/29 (a list answer, [] for the empty input), SciCode 19.2 (after 19.1's gold
+  code; targets 1, 1, 0, 0) and 29.3 (a constant orthonormal matrix passes two of four tests),
+  a synthetic subtask with a parent, an SRDD requirement."""
   he = next(p for p in humaneval.load() if p.id == "HumanEval/29")
   hits = _rewards(humaneval.HumanEval(timeout_s=2.0), [(he, "1")])
   sc = next(p for p in scicode.load() if p.id == "19")
-  hits |= _rewards(scicode.SciCode(timeout_s=20.0, per_test_timeout_s=2.0), [(sc, "19.2")])
+  family = scicode.SciCode(timeout_s=20.0, per_test_timeout_s=2.0)
+  hits |= _rewards(family, [(sc, "19.2")])
+  hits |= _rewards(family, [(next(p for p in scicode.load() if p.id == "29"), "29.3")])
   p = synthetic.generate(1, 100)[0]
   child = next(n["id"] for n in p.gold_graph if n["depends_on"])
   hits |= _rewards(synthetic.Synthetic(timeout_s=2.0), [(p, child)])

@@ -117,7 +117,8 @@ def test_node_scores(problems):
   good = family.score_node(p, node, MAX_HEIGHT, up)
   assert (good.reward, good.passed, good.details["tests"]) == (1.0, True, 2)
   half = family.score_node(p, node, HALF_RIGHT, up)
-  assert (half.reward, half.passed) == (0.5, False)
+  # right only where the answer is 0.0, which `return 0` (and the literal 0.0) pass too
+  assert (half.reward, half.passed, half.details["null_baseline"]) == (0.0, False, 1)
   stub = family.score_node(p, node, STUB, up)
   assert stub.reward == 0.0 and "'max_height'" in stub.details["reason"]
   assert family.score_node(p, node, VIA_UPSTREAM, up).passed
