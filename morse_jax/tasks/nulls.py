@@ -25,12 +25,14 @@ import ast
 import hashlib
 import importlib.resources
 import json
+import os
 import threading
 import textwrap
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from morse_jax import atomic
 from morse_jax.execution import verifier
 
 _EMPTY = "__import__('numpy').empty({shape})"
@@ -252,15 +254,35 @@ def key(*parts: Any) -> str:
 
 _MEMO: dict[str, int] = {}
 _MEMO_LOCK = threading.Lock()
+# Measured baselines on disk, one small file per key: a node measured by one run (0.1-0.5 s of
+# sandbox time each; a demo's training set holds hundreds) is read by the next. The key holds
+# everything the value depends on, so a stale file cannot be read.
+CACHE_DIR = os.environ.get("MORSE_NULLS_CACHE", "~/.cache/morse_jax/null_baselines")
+
+
+def _disk(cache_key: str) -> str:
+  return os.path.join(os.path.expanduser(CACHE_DIR), f"{cache_key}.json")
 
 
 def cached(cache_key: str, compute: Callable[[], int]) -> int:
-  """`compute()` once per key in this process (a node's baseline is scored again for every
-  candidate; two threads may both compute a new key, and agree)."""
+  """`compute()` once per key: kept in this process (a node's baseline is scored again for every
+  candidate; two threads may both compute a new key, and agree) and on disk (`CACHE_DIR`; an
+  unreadable or damaged file is measured again and rewritten)."""
   with _MEMO_LOCK:
     if cache_key in _MEMO:
       return _MEMO[cache_key]
-  value = compute()
+  try:
+    with open(_disk(cache_key), encoding="utf-8") as f:
+      value = json.load(f)["baseline"]
+    if type(value) is not int or value < 0:  # pylint: disable=unidiomatic-typecheck
+      raise ValueError(f"baseline {value!r}")
+  except (OSError, ValueError, KeyError, TypeError):
+    value = compute()
+    try:
+      os.makedirs(os.path.dirname(_disk(cache_key)), exist_ok=True)
+      atomic.write_text(_disk(cache_key), json.dumps({"baseline": value, "version": VERSION}))
+    except OSError:
+      pass  # a read-only home: measured again next time
   with _MEMO_LOCK:
     _MEMO[cache_key] = value
   return value

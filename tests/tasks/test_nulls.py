@@ -87,3 +87,20 @@ def test_a_generic_null_by_name():
   assert nulls.function("f", "return []") == "def f(*args, **kwargs):\n    return []\n"
   with pytest.raises(ValueError, match="null='nothing'"):
     nulls.function("f", "nothing")
+
+
+def test_a_baseline_is_measured_once_and_kept_on_disk(tmp_path, monkeypatch):
+  monkeypatch.setattr(nulls, "CACHE_DIR", str(tmp_path))
+  calls = []
+
+  def compute():
+    calls.append(1)
+    return 3
+  key = nulls.key("a node no other test measures", tmp_path.name)
+  assert nulls.cached(key, compute) == 3 and nulls.cached(key, compute) == 3 and len(calls) == 1
+  nulls._MEMO.clear()  # pylint: disable=protected-access  # a new process reads the file
+  assert nulls.cached(key, lambda: 99) == 3
+  nulls._MEMO.clear()  # pylint: disable=protected-access
+  (tmp_path / f"{key}.json").write_text('{"baseline": "3"}')  # damaged: measured again
+  assert nulls.cached(key, lambda: 4) == 4
+  assert '"baseline": 4' in (tmp_path / f"{key}.json").read_text()
