@@ -24,6 +24,13 @@ carry the served name.
 Requests queued together with the same temperature and top_p are merged into one sampler call
 (as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows.
 
+A client that hangs up stops costing the server: a handler waiting for its answer looks at its
+socket every `http.HANGUP_POLL_S` (`JsonHandler.client_gone`: the connection reads as ended or
+failed), and a stream also between turns; on a hang-up it cancels its jobs and returns, so its
+thread and its place under the connection cap are free at once. The batcher drops a cancelled
+job at its next turn: never run if still queued, left out of the merged call it was grouped
+into, never queued again (`ChatBatcher.dropped` counts them).
+
 Fairness: a turn generates at most `ChatLimits.chunk_tokens` new tokens per row; a request with
 more to go is put back at the end of the queue with its tokens so far appended to its prompt, so
 a long request takes turns with the others instead of holding the worker (each turn re-reads the
@@ -47,7 +54,8 @@ import queue
 import time
 import uuid
 
-from morse_jax.serving.http import BodyError, JsonHandler, JsonServer, QueueWorker, Unavailable
+from morse_jax.serving.http import (HANGUP_POLL_S, BodyError, JsonHandler, JsonServer, QueueWorker,
+                                    Unavailable, settle)
 
 from apex_jax.judges.chat import JudgeRequestError
 from apex_jax.judges.inprocess import Completion, InProcessChat
@@ -74,6 +82,7 @@ class _Job:
   rows: list = dataclasses.field(default_factory=list)
   done: list = dataclasses.field(default_factory=list)
   turns: int = 0
+  dropped: bool = False  # cancelled, and counted so by the batcher
 
   def __post_init__(self):
     self.rows = [[] for _ in range(self.req.n)]
@@ -112,19 +121,30 @@ class ChatBatcher(QueueWorker):
             updates: queue.SimpleQueue | None = None, tag: int = 0) -> concurrent.futures.Future:
     """Queues a request; its Future gets the completions. With `updates`, each turn that
     leaves it unfinished puts `(tag, [token ids so far per row])` there. Cancelling the Future
-    (a client gone) drops the request at its next turn."""
+    (a client gone) drops the request at its next turn: it never runs again."""
     future = concurrent.futures.Future()
     self._put(_Job(list(prompt), req, chat or self.chat, future, updates, tag))
     return future
 
   def _room(self, items) -> bool:
-    return sum(len(j.active()) for j in items) < self.max_batch
+    return sum(len(j.active()) for j in items if not j.future.done()) < self.max_batch
+
+  def _live(self, jobs: list) -> list:
+    """The jobs still wanted; a cancelled one is counted in `dropped` (once) and left out."""
+    live = []
+    for job in jobs:
+      if not job.future.done():
+        live.append(job)
+      elif job.future.cancelled() and not job.dropped:
+        job.dropped = True
+        with self._cv:  # `_put` counts the cancelled jobs it prunes under it too
+          self.dropped += 1
+    return live
 
   def _round(self, items) -> None:
     groups: dict[tuple[int, float, float], list] = {}
-    for job in items:  # one sampler call per route and sampling setting
-      if not job.future.done():
-        groups.setdefault((id(job.chat), job.req.temperature, job.req.top_p), []).append(job)
+    for job in self._live(items):  # one sampler call per route and sampling setting
+      groups.setdefault((id(job.chat), job.req.temperature, job.req.top_p), []).append(job)
     for (_, *key), group in groups.items():
       for chunk in self._chunks(group):
         if not self._run(chunk, *key) and len(chunk) > 1:
@@ -145,8 +165,12 @@ class ChatBatcher(QueueWorker):
       yield chunk
 
   def _run(self, jobs, temperature: float, top_p: float) -> bool:
-    """One turn of `jobs`; False (nothing changed) when the merged call fails and there are
-    several jobs, else the error goes to the one job."""
+    """One turn of `jobs` (those cancelled since the round began left out); False (nothing
+    changed) when the merged call fails and there are several jobs, else the error goes to the
+    one job."""
+    jobs = self._live(jobs)
+    if not jobs:
+      return True
     prompts, limits, where = [], [], []
     chat = jobs[0].chat
     for job in jobs:
@@ -172,11 +196,10 @@ class ChatBatcher(QueueWorker):
       job.done[i] = ended
     for job in jobs:
       job.turns += 1
-      if job.future.done():  # cancelled while generating: its client is gone
+      if not self._live([job]):  # cancelled while generating: its client is gone
         continue
       if all(job.done):
-        job.future.set_result([chat.completion(r, len(job.prompt), job.req.stop)
-                               for r in job.rows])
+        settle(job.future, [chat.completion(r, len(job.prompt), job.req.stop) for r in job.rows])
       else:
         if job.updates is not None:
           job.updates.put((job.tag, [list(r) for r in job.rows]))
@@ -207,6 +230,7 @@ class ChatServer(JsonServer):
                          f"the served model")
     self.default_max_tokens, self.max_n = default_max_tokens, max_n or limits.max_n
     self.created = int(time.time())
+    self.hung_up = 0  # requests whose client left before its answer: their jobs cancelled
     self.batcher = ChatBatcher(chat, max_batch or limits.max_batch, limits.max_queue,
                                limits.chunk_tokens)
 
@@ -247,11 +271,23 @@ class ChatServer(JsonServer):
       raise
     return futures
 
-  def complete(self, req: ChatRequest) -> dict:
-    """The response body of a parsed request (raises ApiError on a bad prompt)."""
+  def complete(self, req: ChatRequest, gone=lambda: False) -> dict | None:
+    """The response body of a parsed request (raises ApiError on a bad prompt); None when
+    `gone()` said the client hung up while it waited (its jobs are cancelled)."""
     name, chat, prompts = self.prepare(req)
-    done = [c for f in self.start(req, chat, prompts) for c in f.result()]
+    futures = self.start(req, chat, prompts)
+    while concurrent.futures.wait(futures, timeout=HANGUP_POLL_S).not_done:
+      if gone():
+        return self.cancel(futures)
+    done = [c for f in futures for c in f.result()]
     return self.body(req, name, prompts, done)
+
+  def cancel(self, futures) -> None:
+    """A request whose client hung up: its jobs stop at their next turn, or never start."""
+    for f in futures:
+      f.cancel()
+    with self._lock:
+      self.hung_up += 1
 
   @staticmethod
   def body(req: ChatRequest, name: str, prompts, done: list[Completion]) -> dict:
@@ -317,7 +353,9 @@ class _Handler(JsonHandler):
                                  limits=srv.limits)
       if req.stream:
         return self._stream(req)
-      return self._send(200, srv.complete(req))
+      body = srv.complete(req, self.client_gone)
+      if body is not None:  # else the client is gone: nobody to answer
+        self._send(200, body)
     except ApiError as e:
       return self._error(e)
     except Unavailable as e:
@@ -329,7 +367,8 @@ class _Handler(JsonHandler):
 
   def _stream(self, req: ChatRequest) -> None:
     """Server-sent events for `req` (see `streaming`): errors before the first byte are
-    answered as usual; after it, as one error event. A client that hangs up cancels its rows."""
+    answered as usual; after it, as one error event. A client that hangs up (seen while
+    waiting for a turn, or before each is sent) cancels its rows."""
     srv = self.server
     name, chat, prompts = srv.prepare(req)
     updates = queue.SimpleQueue()
@@ -349,8 +388,10 @@ class _Handler(JsonHandler):
         out.role(i)
       while True:  # every turn's update is queued before the request's Future is set
         finished = all(f.done() for f in futures)
+        if not finished and self.client_gone():
+          return srv.cancel(futures)
         try:
-          k, rows = updates.get_nowait() if finished else updates.get(timeout=0.1)
+          k, rows = updates.get_nowait() if finished else updates.get(timeout=HANGUP_POLL_S)
         except queue.Empty:
           if finished:
             break
@@ -374,8 +415,7 @@ class _Handler(JsonHandler):
         out.usage(usage(prompts, done))
       out.done()
     except OSError:  # the client hung up: its rows stop at their next turn
-      for f in futures:
-        f.cancel()
+      srv.cancel(futures)
 
   def do_PUT(self):
     self._route("PUT")

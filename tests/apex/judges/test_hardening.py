@@ -1,8 +1,9 @@
 """The chat server against hostile clients: every bad field a 400 naming field and value (NaN,
 infinities, negatives, huge numbers, lone surrogates, nesting, wrong types), client chat
 templates refused, the prompt bounded before any tokenizing, long requests taking turns with
-short ones (chunked generation), a bad request never failing the requests merged with it, a full
-queue answered 503, and SIGTERM during generation: the request answered, exit 0."""
+short ones (chunked generation), a bad request never failing the requests merged with it, jobs
+of clients gone never run again, a full queue answered 503, and SIGTERM during generation: the
+request answered, exit 0."""
 
 import json
 import os
@@ -234,6 +235,45 @@ def test_a_failing_request_never_fails_the_ones_merged_with_it():
   batcher.close()
   assert [len(out[k]) for k in ("first", "good1", "good2")] == [1, 1, 1]
   assert isinstance(out["bad"], RuntimeError) and batcher.isolated == 1
+
+
+def test_a_cancelled_job_never_runs_again():
+  """Jobs cancelled (their clients gone) while queued, and after their round grouped them but
+  before their sampler call, never reach the sampler; the one still wanted runs to its end."""
+  jobs = {}
+
+  def hold(call):  # the first call of round 2 is `other`'s; `later` waits for the second
+    if call == 2:
+      jobs["later"].cancel()
+  chat = FakeChat(hold)
+  batcher = serving.ChatBatcher(chat, max_batch=8, chunk_tokens=2)
+  req = lambda temperature, max_tokens=4: ChatRequest(messages=MSG, max_tokens=max_tokens,
+                                                      temperature=temperature)
+  first = batcher.start([1], req(1.0))  # 2 turns
+  wait_until(lambda: chat.calls)
+  jobs["queued"] = batcher.start([2], req(1.0))
+  other = batcher.start([3], req(0.0, 2))
+  jobs["later"] = batcher.start([4], req(1.0))
+  jobs["queued"].cancel()
+  chat.gate.set()
+  assert len(first.result(timeout=30)) == len(other.result(timeout=30)) == 1
+  batcher.close()
+  assert chat.calls == [[(1, 2)], [(3, 2)], [(1, 2)]]  # neither 2 nor 4 ever ran
+  assert batcher.dropped == 2
+
+
+def test_a_full_queue_drops_cancelled_jobs_to_make_room():
+  chat = FakeChat()
+  batcher = serving.ChatBatcher(chat, max_batch=8, chunk_tokens=2, max_queue=1)
+  req = ChatRequest(messages=MSG, max_tokens=2)
+  first = batcher.start([1], req)
+  wait_until(lambda: chat.calls)
+  batcher.start([2], req).cancel()  # its client left while it waited
+  third = batcher.start([3], req)  # before: 503, the queue held the cancelled one
+  chat.gate.set()
+  assert len(first.result(timeout=30)) == len(third.result(timeout=30)) == 1
+  batcher.close()
+  assert chat.calls == [[(1, 2)], [(3, 2)]] and batcher.dropped == 1
 
 
 def test_full_queue_is_503(model):  # noqa: F811
