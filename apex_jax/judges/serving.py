@@ -1,7 +1,7 @@
 """An OpenAI-compatible chat server over `InProcessChat`, standard library only.
 
 POST /v1/chat/completions  {"messages": [{"role", "content"}, ...], "max_tokens"?, "temperature"?,
-                            "top_p"?, "n"?, "stop"?, "model"?, "chat_template_kwargs"?,
+                            "top_p"?, "n"?, "stop"?, "seed"?, "model"?, "chat_template_kwargs"?,
                             "stream"?, "stream_options"?}
   -> {"id", "object": "chat.completion", "created", "model",
       "choices": [{"index", "message": {"role": "assistant", "content"}, "finish_reason"}],
@@ -22,7 +22,12 @@ serving. `model` is accepted whatever it names (the APEx authors' clients send "
 carry the served name.
 
 Requests queued together with the same temperature and top_p are merged into one sampler call
-(as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows.
+(as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows. `seed`
+(a signed 64-bit integer) makes a request's samples reproducible: choice i draws each turn with a
+key of its own, from the seed, i and its tokens so far (`inprocess.seeded_keys`), whatever is
+merged with it; n > 1 choices differ from each other. The same seed gives the same text on the
+same server settings (model, `chunk_tokens`, backend). Without a seed, rows draw from the
+server's key and call counter, as before.
 
 A client that hangs up stops costing the server: a handler waiting for its answer looks at its
 socket every `http.HANGUP_POLL_S` (`JsonHandler.client_gone`: the connection reads as ended or
@@ -58,7 +63,7 @@ from morse_jax.serving.http import (HANGUP_POLL_S, BodyError, JsonHandler, JsonS
                                     Unavailable, settle)
 
 from apex_jax.judges.chat import JudgeRequestError
-from apex_jax.judges.inprocess import Completion, InProcessChat
+from apex_jax.judges.inprocess import Completion, InProcessChat, seeded_keys, turn_key
 from apex_jax.judges.protocol import (ApiError, ChatLimits, ChatRequest, parse_chat_request,
                                       parse_completion_request)
 from apex_jax.judges.streaming import ChunkWriter, Deltas
@@ -82,11 +87,19 @@ class _Job:
   rows: list = dataclasses.field(default_factory=list)
   done: list = dataclasses.field(default_factory=list)
   turns: int = 0
+  keys: object = None  # with a seed: each row's own key (choice tag * n + row of the request)
   dropped: bool = False  # cancelled, and counted so by the batcher
 
   def __post_init__(self):
     self.rows = [[] for _ in range(self.req.n)]
     self.done = [False] * self.req.n
+    if self.req.seed is not None:
+      self.keys = seeded_keys(self.req.seed, self.tag * self.req.n, self.req.n)
+
+  def key(self, i: int):
+    """Row i's key for its next turn (None: no seed, the call's key): a function of the seed,
+    the row and its tokens so far alone."""
+    return None if self.keys is None else turn_key(self.keys[i], len(self.rows[i]))
 
   def active(self) -> list[int]:
     return [i for i, d in enumerate(self.done) if not d]
@@ -171,15 +184,18 @@ class ChatBatcher(QueueWorker):
     jobs = self._live(jobs)
     if not jobs:
       return True
-    prompts, limits, where = [], [], []
+    prompts, limits, where, keys = [], [], [], []
     chat = jobs[0].chat
     for job in jobs:
       for i in job.active():
         prompts.append(job.prompt + job.rows[i])
         limits.append(min(self.chunk_tokens, job.req.max_tokens - len(job.rows[i])))
         where.append((job, i))
+        keys.append(job.key(i))
+    seeded = any(k is not None for k in keys)
     try:
-      done = chat.generate(prompts, limits, temperature=temperature, top_p=top_p)
+      done = chat.generate(prompts, limits, temperature=temperature, top_p=top_p,
+                           keys=keys if seeded else None)
       self.calls, self.rows = self.calls + 1, self.rows + len(prompts)
     except Exception as e:  # noqa: BLE001 -- a lone request gets it as a 500
       if len(jobs) > 1:

@@ -33,7 +33,7 @@ class WordChat:
   def check_length(self, prompt, max_tokens):
     pass
 
-  def generate(self, prompts, limits, *, temperature, top_p=1.0, stops=None):
+  def generate(self, prompts, limits, *, temperature, top_p=1.0, stops=None, keys=None):
     self.calls += 1
     self.hold(self.calls)
     time.sleep(self.delay_s)
