@@ -146,7 +146,7 @@ def test_a_client_that_closes_while_waiting_stops_within_its_turn():
     wait_until(lambda: chat.calls >= 1)
     s.close()
     settle(srv, chat)
-    assert (chat.calls, srv.hung_up, srv.batcher.qsize()) == (1, 1, 0)
+    assert (chat.calls, hung_up(srv), srv.batcher.qsize()) == (1, 1, 0)
     assert srv.requests == 0  # nobody to answer
     assert stream(srv, {"max_tokens": 2})[1][-1] == b"[DONE]"
 
@@ -163,7 +163,7 @@ def test_a_stream_whose_client_closes_stops_within_its_turn():
       got += s.recv(65536)
     s.close()
     settle(srv, chat)
-    assert (chat.calls, srv.hung_up) == (1, 1)
+    assert (chat.calls, hung_up(srv)) == (1, 1)
 
 
 def handler_threads() -> int:
@@ -191,7 +191,7 @@ def test_dropped_requests_leave_threads_and_the_connection_cap_as_they_were():
     settle(srv, chat, n)
     wait_until(lambda: handler_threads() == 0)
     assert threading.active_count() == threads
-    assert (chat.calls, srv.hung_up, srv.refused) == (1, n, 0)
+    assert (chat.calls, hung_up(srv), srv.refused) == (1, n, 0)
     assert stream(srv, {"max_tokens": 2})[1][-1] == b"[DONE]"
     assert chat.calls == 2 and calls == 1
 
@@ -217,4 +217,4 @@ def test_bytes_pipelined_after_a_request_are_not_a_hang_up():
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     s.close()
     settle(srv, chat)
-    assert (chat.calls, srv.hung_up) == (1, 1)
+    assert (chat.calls, hung_up(srv)) == (1, 1)
