@@ -2,7 +2,7 @@
 ones, and what the good ones saw.
 
   python -m benchmarks.server_fuzz [--servers=search,chat --requests=200 --seconds=60
-                                    --out=benchmarks/results/server_fuzz.json]
+                                    --dropped=100 --out=benchmarks/results/server_fuzz.json]
 
 Each server runs in this process on 127.0.0.1 with a tiny stand-in behind it: the search server
 over a 200-passage index embedded by a hash encoder (which, like a real tokenizer, fails on a
@@ -20,12 +20,21 @@ half second), a flood of idle connections past the connection cap, and (chat) lo
 max_tokens cap. Then, per `--slow_sockets` count (80, 400), a slow-body phase: that many
 connections send `POST` headers with `Content-Length: 100` and one body byte and hold, reopened
 whenever the server cuts them, while the same good requests run; every one must be answered 200.
+Then (chat; `--dropped` k, 0 for none) a dropped-clients phase: k requests at the limits (n =
+max_n, max_tokens = the max_tokens limit, temperature 1), half streaming, from 20 threads, each
+client gone as soon as its answer begins (a stream) or after 0.3 s (not streaming), while the good
+requests keep coming; every one must be answered 200. `--attack_rounds=0` and `--slow_sockets=`
+(empty) leave those phases out.
 
 Reported per server: requests tried, answers by status class (good and hostile apart), hostile
 connections closed without an answer (slowloris: expected), crashes (must be 0: a good request
 with no HTTP answer or a 500, or /health failing afterwards), p50/p99 latency of good requests
 with and without attack, success rate and p50/p99 under
-each slow-body count, and peak RSS (this process: client and server together).
+each slow-body count, and peak RSS (this process: client and server together); for the dropped
+clients, threads before / at the peak / after, the 503s (good requests and connections refused at
+the cap), the CPU seconds of this process from the last hang-up until the server is idle again
+(no request being handled, nothing queued, no sampler call for 1 s), and the server's counts of
+hang-ups and dropped jobs.
 """
 
 from __future__ import annotations
@@ -293,15 +302,16 @@ def chat_hostile(port: int, limits) -> dict:
 
 
 def good_load(url_host: int, path: str, bodies: list[bytes], n: int, concurrency: int,
-              deadline: float) -> dict:
-  """`n` good requests from `concurrency` threads until `deadline`; -> statuses, latencies."""
+              deadline: float, until: threading.Event | None = None) -> dict:
+  """`n` good requests from `concurrency` threads until `deadline` (or `until` is set); ->
+  statuses, latencies."""
   lock = threading.Lock()
   statuses: collections.Counter = collections.Counter()
   latencies: list[float] = []
   counter = iter(range(n))
 
   def worker():
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (until and until.is_set()):
       with lock:
         i = next(counter, None)
       if i is None:
@@ -375,6 +385,100 @@ def attack(port: int, cases: dict, stop: threading.Event, threads: int, slow_cli
   for t in workers:
     t.start()
   return {"threads": workers, "by_case": by_case, "floods": floods}
+
+
+def hang_up(port: int, path: str, body: bytes, stream: bool, after_s: float = 0.3) -> str:
+  """One request whose client leaves: a stream once its answer has begun, else after `after_s`.
+  -> 'dropped', or the status of an answer that came first (503 at the cap), or 'closed'."""
+  try:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+      s.sendall(post_bytes(path, body))
+      s.settimeout(60 if stream else after_s)
+      try:
+        head = s.recv(64)
+      except socket.timeout:
+        head = b""
+  except OSError:
+    return "closed"
+  status = head[9:12].decode("latin-1")
+  return "dropped" if not head or (stream and status == "200") else status or "closed"
+
+
+def idle(srv, quiet_s: float = 1.0, timeout_s: float = 900.0) -> bool:
+  """Waits until no request is being handled, nothing is queued and no sampler call has run
+  for `quiet_s`; False if that did not happen within `timeout_s`."""
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    calls = srv.batcher.calls
+    if not srv.open_connections and not srv.batcher.qsize():
+      time.sleep(quiet_s)
+      if srv.batcher.calls == calls and not srv.open_connections:
+        return True
+    time.sleep(0.05)
+  return False
+
+
+DROPPERS = 20  # client threads that send the dropped requests, one after another each
+
+
+def dropped_phase(srv, path: str, bodies: list[bytes], limits, args) -> dict:
+  """`args["dropped"]` clients that hang up (see the module docstring) while good clients keep
+  sending until the last has hung up."""
+  port, k = srv.server_address[1], args["dropped"]
+  drop = [json.dumps({"messages": CHAT_MESSAGES, "max_tokens": limits.max_tokens,
+                      "n": limits.max_n, "temperature": 1.0, "stream": stream}).encode()
+          for stream in (False, True)]
+  warm = good_load(port, path, drop[:1], 1, 1, time.monotonic() + 600)  # compiles those shapes
+  if not idle(srv):
+    return {"error": "the server did not become idle after the warm-up"}
+  counts = lambda: {"refused": srv.refused, "errors": srv.errors, "calls": srv.batcher.calls,
+                    "hung_up": getattr(srv, "hung_up", None),
+                    "dropped": getattr(srv.batcher, "dropped", None)}
+  before, compiles, threads_before = counts(), dict(COMPILES), threading.active_count()
+  peak, stop, outcomes = [threads_before], threading.Event(), collections.Counter()
+  lock = threading.Lock()
+
+  def watch_threads():
+    while not stop.wait(0.05):
+      peak[0] = max(peak[0], threading.active_count())
+
+  def dropper(j):
+    for i in range(j, k, DROPPERS):
+      outcome = hang_up(port, path, drop[i % 2], stream=i % 2 == 1)
+      with lock:
+        outcomes[outcome] += 1
+
+  good: dict = {}
+  workers = [threading.Thread(target=watch_threads, daemon=True), threading.Thread(
+      target=lambda: good.update(good_load(port, path, bodies, 10**6, args["concurrency"],
+                                           time.monotonic() + 3600, until=stop)))]
+  droppers = [threading.Thread(target=dropper, args=(j,)) for j in range(DROPPERS)]
+  start = time.monotonic()
+  for t in workers + droppers:
+    t.start()
+  for t in droppers:
+    t.join()
+  cpu, last = time.process_time(), time.monotonic()
+  stop.set()
+  for t in workers:
+    t.join()
+  settled = idle(srv)
+  after = counts()
+  result = {"dropped": k, "outcomes": dict(outcomes), "good": good, "warmup": warm,
+            "drops_s": round(last - start, 2), "settled": settled,
+            "cpu_s_after_drops": round(time.process_time() - cpu, 2),
+            "idle_after_s": round(time.monotonic() - last, 2),
+            "threads": {"before": threads_before, "peak": peak[0],
+                        "after": threading.active_count()},
+            "refused_503": after["refused"] - before["refused"],
+            "good_503": good["statuses"].get(503, 0),
+            "sampler_calls_after_warmup": after["calls"] - before["calls"],
+            "xla_compiles": compiles_since(compiles)}
+  for name in ("hung_up", "dropped"):
+    if after[name] is not None:
+      result[f"server_{name}"] = after[name] - before[name]
+  result["good_failures"] = good["tried"] - good["statuses"].get(200, 0)
+  return result
 
 
 COMPILES = {"count": 0, "seconds": 0.0}  # XLA compiles (a new sampler shape), all phases
@@ -456,14 +560,15 @@ def run_server(kind: str, args) -> dict:
     # warm-up: one unmeasured attack phase, so that the sampler shapes (rows, prompt and
     # generation buckets) that merged and chunked requests reach are compiled before measuring
     stop = threading.Event()
-    hostile = attack(port, cases, stop, args["hostile_threads"], 0, 0, 0)
+    hostile = attack(port, cases, stop, args["hostile_threads"] if args["attack_rounds"] else 0,
+                     0, 0, 0)
     out["warmup"] = good_load(port, path, bodies, n, conc, time.monotonic() + seconds)
     stop.set()
     for t in hostile["threads"]:
       t.join(timeout=150)
     out["rss_before_mb"] = rss_mb()
     out["baseline_rounds"] = []
-    for _ in range(args["attack_rounds"]):  # the same number of rounds as the attack
+    for _ in range(max(1, args["attack_rounds"])):  # as many rounds as the attack
       before = dict(COMPILES)
       result = good_load(port, path, bodies, n, conc, time.monotonic() + seconds)
       result["xla_compiles"] = compiles_since(before)
@@ -500,9 +605,11 @@ def run_server(kind: str, args) -> dict:
       for name, c in hostile["by_case"].items():
         by_case[name].update(c)
       floods += hostile["floods"]
-    out["attack"] = out["attack_rounds"][-1]
+    out["attack"] = out["attack_rounds"][-1] if out["attack_rounds"] else None
     out["slow_bodies"] = {str(k): slow_body_phase(port, path, bodies, k, args)
                           for k in args["slow_sockets"]}
+    if args["dropped"] and kind == "chat":
+      out["dropped_clients"] = dropped_phase(srv, path, bodies, limits, args)
     out["hostile"] = {name: dict(c) for name, c in sorted(by_case.items())}
     out["hostile_by_class"] = dict(sum((collections.Counter(
         {status_class(int(k)) if k.isdigit() else k: v for k, v in c.items()})
@@ -534,7 +641,9 @@ def run_server(kind: str, args) -> dict:
                                   for r in out["slow_bodies"].values())
   out["good_by_class"] = {phase: dict(collections.Counter(
       {status_class(s): c for s, c in out[phase]["statuses"].items()}))
-      for phase in ("baseline", "attack")}
+      for phase in ("baseline", "attack") if out[phase]}
+  # every good request sent while clients drop theirs must be answered 200
+  out["dropped_failures"] = out.get("dropped_clients", {}).get("good_failures", 0)
   for name in ("morse_jax.serving.http", "morse_jax.serving.intake", "apex_jax.tools.server",
                "apex_jax.judges.serving"):
     logging.getLogger(name).removeHandler(handler)
@@ -549,11 +658,11 @@ def _ms(value) -> str:
 def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
         concurrency: int = 8, hostile_threads: int = 4, slow_clients: int = 8,
         read_timeout_s: float = 2.0, attack_rounds: int = 1, slow_sockets=(80, 400),
-        out: str | None = None) -> dict:
+        out: str | None = None, dropped: int = 100) -> dict:
   args = dict(requests=requests, seconds=seconds, concurrency=concurrency,
               hostile_threads=hostile_threads, slow_clients=slow_clients,
               read_timeout_s=read_timeout_s, attack_rounds=attack_rounds,
-              slow_sockets=tuple(slow_sockets))
+              slow_sockets=tuple(slow_sockets), dropped=dropped)
   # both ends of every slow socket live in this process, plus the hostile and good clients
   fd_limit = raise_fd_limit(2 * max(slow_sockets, default=0) + 1024)
   report = {"args": args, "fd_limit": fd_limit, "servers": {}}
@@ -562,17 +671,29 @@ def run(servers=("search", "chat"), requests: int = 200, seconds: float = 60.0,
     r = run_server(kind, args)
     report["servers"][kind] = r
     b, a = r["baseline"], r["attack"]
-    print(f"{kind}: good {b['tried']} + {a['tried']} (baseline {r['good_by_class']['baseline']}, "
-          f"attack {r['good_by_class']['attack']}), hostile {r['hostile_tried']}, crashes "
-          f"{r['crashes']}, p99 {_ms(b['p99_ms'])} -> {_ms(a['p99_ms'])} under attack "
-          f"({a['xla_compiles']['count']} XLA compiles, {a['xla_compiles']['seconds']} s), "
-          f"peak RSS {r['peak_rss_attack_mb']:.0f} MB", flush=True)
+    if a:
+      print(f"{kind}: good {b['tried']} + {a['tried']} (baseline {r['good_by_class']['baseline']}"
+            f", attack {r['good_by_class']['attack']}), hostile {r['hostile_tried']}, crashes "
+            f"{r['crashes']}, p99 {_ms(b['p99_ms'])} -> {_ms(a['p99_ms'])} under attack "
+            f"({a['xla_compiles']['count']} XLA compiles, {a['xla_compiles']['seconds']} s), "
+            f"peak RSS {r['peak_rss_attack_mb']:.0f} MB", flush=True)
     for k, sb in r["slow_bodies"].items():
       print(f"{kind}: {k} slow-body sockets ({sb['opened']} opened): good "
             f"{sb['statuses']}, success {sb['success_rate']:.0%}, p50 {_ms(sb['p50_ms'])}, "
             f"p99 {_ms(sb['p99_ms'])}", flush=True)
+    d = r.get("dropped_clients")
+    if d and "good" in d:
+      print(f"{kind}: {d['dropped']} dropped clients ({d['outcomes']}) in {d['drops_s']} s: good "
+            f"{d['good']['statuses']}, p99 {_ms(d['good']['p99_ms'])}; threads {d['threads']}; "
+            f"503s: {d['good_503']} good, {d['refused_503']} refused at the cap; "
+            f"{d['cpu_s_after_drops']} CPU s and {d['idle_after_s']} s until idle after the last "
+            f"hang-up; hung up {d.get('server_hung_up')}, jobs dropped "
+            f"{d.get('server_dropped')}", flush=True)
+    elif d:
+      print(f"{kind}: dropped clients: {d}", flush=True)
   report["crashes"] = sum(r["crashes"] for r in report["servers"].values())
   report["slow_body_failures"] = sum(r["slow_body_failures"] for r in report["servers"].values())
+  report["dropped_failures"] = sum(r["dropped_failures"] for r in report["servers"].values())
   report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   if out:
     from benchmarks.common import write_report
@@ -588,10 +709,11 @@ def main(argv):
   f = flags.FLAGS
   report = run(tuple(f.servers), f.requests, f.seconds, f.concurrency, f.hostile_threads,
                f.slow_clients, f.read_timeout_s, f.attack_rounds,
-               [int(k) for k in f.slow_sockets], f.out or None)
-  if report["crashes"] or report["slow_body_failures"]:
+               [int(k) for k in f.slow_sockets], f.out or None, f.dropped)
+  if report["crashes"] or report["slow_body_failures"] or report["dropped_failures"]:
     raise SystemExit(f"{report['crashes']} crashes, {report['slow_body_failures']} good requests "
-                     f"not answered 200 under slow-body sockets")
+                     f"not answered 200 under slow-body sockets, {report['dropped_failures']} "
+                     f"while clients dropped theirs")
 
 
 if __name__ == "__main__":
@@ -608,5 +730,6 @@ if __name__ == "__main__":
                        "(earlier ones compile the sampler shapes merged requests reach).")
   flags.DEFINE_list("slow_sockets", ["80", "400"], "Slow-body attacks: sockets held at once "
                     "(each sends headers and 1 of 100 body bytes, reopened when cut).")
+  flags.DEFINE_integer("dropped", 100, "Chat requests whose clients hang up (0: no such phase).")
   flags.DEFINE_string("out", "benchmarks/results/server_fuzz.json", "JSON report ('' for none).")
   app.run(main)

@@ -4,7 +4,8 @@ whole batch of conversations -> text, optionally through a fixed LoRA route.
 `generate` is what `serving.py` runs for merged HTTP requests: each row keeps its own token limit
 and stop strings inside one sampler call (the call runs to the largest limit; a row's surplus
 tokens are dropped, which leaves its own tokens unchanged because row i draws with
-fold_in(rng, i) whatever the batch around it).
+fold_in(rng, i) whatever the batch around it). A row may bring its own key instead (a seeded
+request's, `seeded_keys`): its draws then depend on that key alone, not on its place in the call.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 
 from morse_jax import llm
 from morse_jax.lora.experts import ExpertWeights, LoraConfig, make_adapter
@@ -45,6 +47,19 @@ class Completion:
   token_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
 
+def seeded_keys(seed: int, first: int, rows: int) -> jax.Array:
+  """[rows] keys for choices first .. first + rows - 1 of a request with `seed` (a signed 64-bit
+  integer: both halves count): functions of the seed and the choice index alone."""
+  base = jax.random.fold_in(jax.random.PRNGKey(seed & 0xFFFFFFFF), (seed >> 32) & 0xFFFFFFFF)
+  return jax.vmap(lambda i: jax.random.fold_in(base, i))(first + jnp.arange(rows))
+
+
+def turn_key(row_key: jax.Array, offset: int) -> jax.Array:
+  """A seeded row's key for the turn that starts after `offset` tokens of it (turns of a
+  chunked request: a function of the row's key and its progress alone)."""
+  return jax.random.fold_in(row_key, offset)
+
+
 def check_messages(messages) -> list[dict]:
   """A chat as a list of {"role": str, "content": str}; JudgeRequestError naming what is wrong."""
   if not isinstance(messages, list) or not messages:
@@ -56,6 +71,14 @@ def check_messages(messages) -> list[dict]:
       if not isinstance(m.get(key), str):
         raise JudgeRequestError(f"messages[{i}].{key} must be a string, got {m.get(key)!r:.40}")
   return messages
+
+
+def _row_keys(rng: jax.Array, keys) -> jax.Array | None:
+  """`sample`'s row_keys: each row's own key, or fold_in(rng, row) (what `sample` gives a row
+  without one); None when no row has its own."""
+  if keys is None or all(k is None for k in keys):
+    return None
+  return jnp.stack([jax.random.fold_in(rng, i) if k is None else k for i, k in enumerate(keys)])
 
 
 class InProcessChat:
@@ -92,8 +115,11 @@ class InProcessChat:
 
   def generate(self, prompts: Sequence[list[int]], max_tokens: Sequence[int], *,
                temperature: float, top_p: float = 1.0,
-               stops: Sequence[Sequence[str]] | None = None) -> list[Completion]:
-    """Completions of token-id prompts, all in one sampler call."""
+               stops: Sequence[Sequence[str]] | None = None,
+               keys: Sequence[jax.Array | None] | None = None) -> list[Completion]:
+    """Completions of token-id prompts, all in one sampler call. keys: per row, a key of its
+    own (its tokens then depend on that key, not on the call) or None (the call's key folded
+    with the row's index, as without keys)."""
     if not prompts:
       return []
     try:
@@ -110,7 +136,7 @@ class InProcessChat:
       out = llm.sample(self.model.params, self.model.config, list(prompts),
                        max_new_tokens=max(max_tokens), rng=rng, sampling=sampling,
                        eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id,
-                       mesh=self.mesh, adapter=adapter)
+                       mesh=self.mesh, adapter=adapter, row_keys=_row_keys(rng, keys))
     return [self.completion(out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])],
                             len(prompts[i]), stops[i]) for i in range(len(prompts))]
 

@@ -9,8 +9,8 @@ messages' characters (checked before any tokenizing), max_tokens and n. A client
 itself) is refused: a template is code.
 
 Every field is implemented or refused, never silently ignored: a field of OpenAI's schema that
-this server does not implement is 400 naming it (`tools`, `seed`, `logprobs`, a
-`response_format` other than text, ...) unless it has its no-op value (`presence_penalty: 0`,
+this server does not implement is 400 naming it (`tools`, `logprobs`, a `response_format`
+other than text, ...) unless it has its no-op value (`presence_penalty: 0`,
 `logprobs: false`, `tool_choice: "none"`, ...) or is null (OpenAI's "not given"); a field outside
 the schema is 400 as unknown.
 """
@@ -71,6 +71,7 @@ class ChatRequest:
   stream: bool = False  # answer as server-sent events (chat.completion.chunk objects)
   include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
   prompts: tuple[str, ...] = ()  # /v1/completions: the plain-text prompts (no chat template)
+  seed: int | None = None  # reproducible samples (a signed 64-bit integer, as vLLM's)
 
 
 # OpenAI's chat/completions request fields this server does not implement, with the value(s)
@@ -80,22 +81,22 @@ UNIMPLEMENTED_CHAT = {
     "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
     "logprobs": (False,), "top_logprobs": (0,), "tool_choice": ("none",), "tools": ([],),
     "functions": ([],), "function_call": ("none",), "parallel_tool_calls": (_NO_OP,),
-    "seed": (_NO_OP,), "user": (_NO_OP,), "store": (False,), "metadata": (_NO_OP,),
+    "user": (_NO_OP,), "store": (False,), "metadata": (_NO_OP,),
     "modalities": (["text"],), "audio": (_NO_OP,), "prediction": (_NO_OP,),
     "reasoning_effort": (_NO_OP,), "service_tier": ("auto", "default"), "verbosity": (_NO_OP,),
     "web_search_options": (_NO_OP,), "prompt_cache_key": (_NO_OP,),
     "safety_identifier": (_NO_OP,), "response_format": ({"type": "text"},)}
 IMPLEMENTED_CHAT = frozenset({
     "messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
-    "stop", "stream", "stream_options", "chat_template_kwargs"})
+    "stop", "stream", "stream_options", "chat_template_kwargs", "seed"})
 # /v1/completions (legacy): its own schema
 UNIMPLEMENTED_COMPLETION = {
     "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
-    "logprobs": (0,), "echo": (False,), "suffix": ("",), "seed": (_NO_OP,), "user": (_NO_OP,),
+    "logprobs": (0,), "echo": (False,), "suffix": ("",), "user": (_NO_OP,),
     "best_of": (1,)}
 IMPLEMENTED_COMPLETION = frozenset({
     "prompt", "model", "max_tokens", "temperature", "top_p", "n", "stop", "stream",
-    "stream_options"})
+    "stream_options", "seed"})
 
 
 def _check_fields(req: dict, implemented: frozenset, unimplemented: dict, where: str) -> None:
@@ -143,15 +144,19 @@ def _number(req: dict, field: str, default: float, low: float, high: float,
   return float(value)
 
 
-def _integer(req: dict, field: str, default: int, high: int) -> int:
+def _integer(req: dict, field: str, default: int | None, high: int, low: int = 1) -> int | None:
   value = req.get(field)
   if value is None:
     return default
   if isinstance(value, bool) or not isinstance(value, int):
     raise ApiError(400, f"field '{field}' must be an integer, got {_describe(value)}", field)
-  if not 1 <= value <= high:
-    raise ApiError(400, f"field '{field}' must be in [1, {high}], got {value}", field)
+  if not low <= value <= high:
+    raise ApiError(400, f"field '{field}' must be in [{low}, {high}], got {value}", field)
   return value
+
+
+def _seed(req: dict) -> int | None:
+  return _integer(req, "seed", None, 2**63 - 1, low=-2**63)
 
 
 def _content(value, where: str) -> str:
@@ -263,7 +268,7 @@ def parse_chat_request(body: bytes, default_max_tokens: int, max_n: int | None =
       temperature=_number(req, "temperature", 1.0, 0.0, 2.0),
       top_p=_number(req, "top_p", 1.0, 0.0, 1.0, low_open=True),
       n=_integer(req, "n", 1, max_n), stop=_stop(req), model=_model(req),
-      chat_template_kwargs=kwargs, stream=stream, include_usage=include_usage)
+      chat_template_kwargs=kwargs, stream=stream, include_usage=include_usage, seed=_seed(req))
 
 
 def parse_completion_request(body: bytes, default_max_tokens: int, max_n: int | None = None,
@@ -296,7 +301,8 @@ def parse_completion_request(body: bytes, default_max_tokens: int, max_n: int | 
       messages=[], max_tokens=_integer(req, "max_tokens", default_max_tokens, limits.max_tokens),
       temperature=_number(req, "temperature", 1.0, 0.0, 2.0),
       top_p=_number(req, "top_p", 1.0, 0.0, 1.0, low_open=True), n=n, stop=_stop(req),
-      model=_model(req), stream=stream, include_usage=include_usage, prompts=tuple(prompts))
+      model=_model(req), stream=stream, include_usage=include_usage, prompts=tuple(prompts),
+      seed=_seed(req))
 
 
 def _load(body: bytes, limits: ChatLimits) -> dict:

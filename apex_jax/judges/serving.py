@@ -1,7 +1,7 @@
 """An OpenAI-compatible chat server over `InProcessChat`, standard library only.
 
 POST /v1/chat/completions  {"messages": [{"role", "content"}, ...], "max_tokens"?, "temperature"?,
-                            "top_p"?, "n"?, "stop"?, "model"?, "chat_template_kwargs"?,
+                            "top_p"?, "n"?, "stop"?, "seed"?, "model"?, "chat_template_kwargs"?,
                             "stream"?, "stream_options"?}
   -> {"id", "object": "chat.completion", "created", "model",
       "choices": [{"index", "message": {"role": "assistant", "content"}, "finish_reason"}],
@@ -28,7 +28,19 @@ serving. `model` is accepted whatever it names (the APEx authors' clients send "
 carry the served name.
 
 Requests queued together with the same temperature and top_p are merged into one sampler call
-(as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows.
+(as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows. `seed`
+(a signed 64-bit integer) makes a request's samples reproducible: choice i draws each turn with a
+key of its own, from the seed, i and its tokens so far (`inprocess.seeded_keys`), whatever is
+merged with it; n > 1 choices differ from each other. The same seed gives the same text on the
+same server settings (model, `chunk_tokens`, backend). Without a seed, rows draw from the
+server's key and call counter, as before.
+
+A client that hangs up stops costing the server: a handler waiting for its answer looks at its
+socket every `http.HANGUP_POLL_S` (`JsonHandler.client_gone`: the connection reads as ended or
+failed), and a stream also between turns; on a hang-up it cancels its jobs and returns, so its
+thread and its place under the connection cap are free at once. The batcher drops a cancelled
+job at its next turn: never run if still queued, left out of the merged call it was grouped
+into, never queued again (`ChatBatcher.dropped` counts them).
 
 Fairness: a turn generates at most `ChatLimits.chunk_tokens` new tokens per row; a request with
 more to go is put back at the end of the queue with its tokens so far appended to its prompt, so
@@ -53,10 +65,11 @@ import queue
 import time
 import uuid
 
-from morse_jax.serving.http import BodyError, JsonHandler, JsonServer, QueueWorker, Unavailable
+from morse_jax.serving.http import (HANGUP_POLL_S, BodyError, JsonHandler, JsonServer, QueueWorker,
+                                    Unavailable, settle)
 
 from apex_jax.judges.chat import JudgeRequestError
-from apex_jax.judges.inprocess import Completion, InProcessChat
+from apex_jax.judges.inprocess import Completion, InProcessChat, seeded_keys, turn_key
 from apex_jax.judges.protocol import (ApiError, ChatLimits, ChatRequest, parse_chat_request,
                                       parse_completion_request)
 from apex_jax.judges.streaming import ChunkWriter, Deltas
@@ -80,10 +93,19 @@ class _Job:
   rows: list = dataclasses.field(default_factory=list)
   done: list = dataclasses.field(default_factory=list)
   turns: int = 0
+  keys: object = None  # with a seed: each row's own key (choice tag * n + row of the request)
+  dropped: bool = False  # cancelled, and counted so by the batcher
 
   def __post_init__(self):
     self.rows = [[] for _ in range(self.req.n)]
     self.done = [False] * self.req.n
+    if self.req.seed is not None:
+      self.keys = seeded_keys(self.req.seed, self.tag * self.req.n, self.req.n)
+
+  def key(self, i: int):
+    """Row i's key for its next turn (None: no seed, the call's key): a function of the seed,
+    the row and its tokens so far alone."""
+    return None if self.keys is None else turn_key(self.keys[i], len(self.rows[i]))
 
   def active(self) -> list[int]:
     return [i for i, d in enumerate(self.done) if not d]
@@ -118,19 +140,30 @@ class ChatBatcher(QueueWorker):
             updates: queue.SimpleQueue | None = None, tag: int = 0) -> concurrent.futures.Future:
     """Queues a request; its Future gets the completions. With `updates`, each turn that
     leaves it unfinished puts `(tag, [token ids so far per row])` there. Cancelling the Future
-    (a client gone) drops the request at its next turn."""
+    (a client gone) drops the request at its next turn: it never runs again."""
     future = concurrent.futures.Future()
     self._put(_Job(list(prompt), req, chat or self.chat, future, updates, tag))
     return future
 
   def _room(self, items) -> bool:
-    return sum(len(j.active()) for j in items) < self.max_batch
+    return sum(len(j.active()) for j in items if not j.future.done()) < self.max_batch
+
+  def _live(self, jobs: list) -> list:
+    """The jobs still wanted; a cancelled one is counted in `dropped` (once) and left out."""
+    live = []
+    for job in jobs:
+      if not job.future.done():
+        live.append(job)
+      elif job.future.cancelled() and not job.dropped:
+        job.dropped = True
+        with self._cv:  # `_put` counts the cancelled jobs it prunes under it too
+          self.dropped += 1
+    return live
 
   def _round(self, items) -> None:
     groups: dict[tuple[int, float, float], list] = {}
-    for job in items:  # one sampler call per route and sampling setting
-      if not job.future.done():
-        groups.setdefault((id(job.chat), job.req.temperature, job.req.top_p), []).append(job)
+    for job in self._live(items):  # one sampler call per route and sampling setting
+      groups.setdefault((id(job.chat), job.req.temperature, job.req.top_p), []).append(job)
     for (_, *key), group in groups.items():
       for chunk in self._chunks(group):
         if not self._run(chunk, *key) and len(chunk) > 1:
@@ -151,17 +184,24 @@ class ChatBatcher(QueueWorker):
       yield chunk
 
   def _run(self, jobs, temperature: float, top_p: float) -> bool:
-    """One turn of `jobs`; False (nothing changed) when the merged call fails and there are
-    several jobs, else the error goes to the one job."""
-    prompts, limits, where = [], [], []
+    """One turn of `jobs` (those cancelled since the round began left out); False (nothing
+    changed) when the merged call fails and there are several jobs, else the error goes to the
+    one job."""
+    jobs = self._live(jobs)
+    if not jobs:
+      return True
+    prompts, limits, where, keys = [], [], [], []
     chat = jobs[0].chat
     for job in jobs:
       for i in job.active():
         prompts.append(job.prompt + job.rows[i])
         limits.append(min(self.chunk_tokens, job.req.max_tokens - len(job.rows[i])))
         where.append((job, i))
+        keys.append(job.key(i))
+    seeded = any(k is not None for k in keys)
     try:
-      done = chat.generate(prompts, limits, temperature=temperature, top_p=top_p)
+      done = chat.generate(prompts, limits, temperature=temperature, top_p=top_p,
+                           keys=keys if seeded else None)
       self.calls, self.rows = self.calls + 1, self.rows + len(prompts)
     except Exception as e:  # noqa: BLE001 -- a lone request gets it as a 500
       if len(jobs) > 1:
@@ -178,11 +218,10 @@ class ChatBatcher(QueueWorker):
       job.done[i] = ended
     for job in jobs:
       job.turns += 1
-      if job.future.done():  # cancelled while generating: its client is gone
+      if not self._live([job]):  # cancelled while generating: its client is gone
         continue
       if all(job.done):
-        job.future.set_result([chat.completion(r, len(job.prompt), job.req.stop)
-                               for r in job.rows])
+        settle(job.future, [chat.completion(r, len(job.prompt), job.req.stop) for r in job.rows])
       else:
         if job.updates is not None:
           job.updates.put((job.tag, [list(r) for r in job.rows]))
@@ -213,6 +252,7 @@ class ChatServer(JsonServer):
                          f"the served model")
     self.default_max_tokens, self.max_n = default_max_tokens, max_n or limits.max_n
     self.created = int(time.time())
+    self.hung_up = 0  # requests whose client left before its answer: their jobs cancelled
     self.batcher = ChatBatcher(chat, max_batch or limits.max_batch, limits.max_queue,
                                limits.chunk_tokens)
 
@@ -253,11 +293,23 @@ class ChatServer(JsonServer):
       raise
     return futures
 
-  def complete(self, req: ChatRequest) -> dict:
-    """The response body of a parsed request (raises ApiError on a bad prompt)."""
+  def complete(self, req: ChatRequest, gone=lambda: False) -> dict | None:
+    """The response body of a parsed request (raises ApiError on a bad prompt); None when
+    `gone()` said the client hung up while it waited (its jobs are cancelled)."""
     name, chat, prompts = self.prepare(req)
-    done = [c for f in self.start(req, chat, prompts) for c in f.result()]
+    futures = self.start(req, chat, prompts)
+    while concurrent.futures.wait(futures, timeout=HANGUP_POLL_S).not_done:
+      if gone():
+        return self.cancel(futures)
+    done = [c for f in futures for c in f.result()]
     return self.body(req, name, prompts, done)
+
+  def cancel(self, futures) -> None:
+    """A request whose client hung up: its jobs stop at their next turn, or never start."""
+    for f in futures:
+      f.cancel()
+    with self._lock:
+      self.hung_up += 1
 
   @staticmethod
   def body(req: ChatRequest, name: str, prompts, done: list[Completion]) -> dict:
@@ -323,7 +375,9 @@ class _Handler(JsonHandler):
                                  limits=srv.limits)
       if req.stream:
         return self._stream(req)
-      return self._send(200, srv.complete(req))
+      body = srv.complete(req, self.client_gone)
+      if body is not None:  # else the client is gone: nobody to answer
+        self._send(200, body)
     except ApiError as e:
       return self._error(e)
     except Unavailable as e:
@@ -335,7 +389,8 @@ class _Handler(JsonHandler):
 
   def _stream(self, req: ChatRequest) -> None:
     """Server-sent events for `req` (see `streaming`): errors before the first byte are
-    answered as usual; after it, as one error event. A client that hangs up cancels its rows."""
+    answered as usual; after it, as one error event. A client that hangs up (seen while
+    waiting for a turn, or before each is sent) cancels its rows."""
     srv = self.server
     name, chat, prompts = srv.prepare(req)
     updates = queue.SimpleQueue()
@@ -355,8 +410,10 @@ class _Handler(JsonHandler):
         out.role(i)
       while True:  # every turn's update is queued before the request's Future is set
         finished = all(f.done() for f in futures)
+        if not finished and self.client_gone():
+          return srv.cancel(futures)
         try:
-          k, rows = updates.get_nowait() if finished else updates.get(timeout=0.1)
+          k, rows = updates.get_nowait() if finished else updates.get(timeout=HANGUP_POLL_S)
         except queue.Empty:
           if finished:
             break
@@ -380,8 +437,7 @@ class _Handler(JsonHandler):
         out.usage(usage(prompts, done))
       out.done()
     except OSError:  # the client hung up: its rows stop at their next turn
-      for f in futures:
-        f.cancel()
+      srv.cancel(futures)
 
   def do_PUT(self):
     self._route("PUT")

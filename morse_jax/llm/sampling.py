@@ -290,10 +290,13 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
            max_new_tokens: int, rng: jax.Array, sampling: SamplingConfig = SamplingConfig(),
            eos_ids: Sequence[int] = (), pad_id: int = 0, mesh=None,
            rules: sharding_lib.ShardingRules | None = None,
-           unstack: bool | None = None, adapter=None, prompt_repeats: int = 1) -> SampleOutput:
+           unstack: bool | None = None, adapter=None, prompt_repeats: int = 1,
+           row_keys=None) -> SampleOutput:
   """Samples continuations of token-id prompts of any lengths.
 
   rng: one PRNG key; row i uses fold_in(rng, i), so a row's tokens do not depend on batch size.
+  row_keys: optional [len(prompts)] keys, row i's instead of fold_in(rng, i) (a row that keeps
+    its key draws the same wherever it sits in the batch).
   mesh, rules: a device mesh (and ShardingRules, default ones) to run on: rows are padded to a
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
@@ -324,6 +327,13 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
   gen_len = bucket(max_new_tokens)
   tokens, mask = left_pad(prompts, prompt_len, rows, pad_id)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
+  if row_keys is not None:
+    row_keys = jnp.asarray(row_keys)
+    want = (len(prompts),) + keys.shape[1:]
+    if row_keys.shape != want or row_keys.dtype != keys.dtype:
+      raise ValueError(f"sample: row_keys must be {want} keys of rng's kind ({keys.dtype}), one "
+                       f"per prompt; got shape {row_keys.shape} {row_keys.dtype}")
+    keys = jnp.concatenate([row_keys, keys[len(prompts):]])
   active = jnp.asarray(np.arange(rows) < len(prompts))
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
   if adapter is not None:

@@ -3,9 +3,11 @@ logging unless the server is verbose (one line per error, never a traceback for 
 fault), JSON replies that survive a client hanging up, hostile-input guards (bounded bodies,
 JSON depth and number size, lone surrogates), requests read whole before they get a thread
 (`intake.Intake`: a budget for connections still sending, the longest-waiting cut first, and a
-deadline for each request), a cap on the requests being handled (503 beyond it), a bounded work
-queue (503 when full), graceful shutdown (stop accepting, finish what is queued, join the
-worker), and one worker thread that merges queued requests into one model or encoder call."""
+deadline for each request), a cap on the requests being handled (503 beyond it), handlers that
+notice a client hanging up while they wait (`JsonHandler.client_gone`), a bounded work queue (503
+when full; items whose client left hold no place), graceful shutdown (stop accepting, finish
+what is queued, join the worker), and one worker thread that merges queued requests into one
+model or encoder call."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import json
 import logging
 import queue
 import random
+import select
 import selectors
 import socket
 import sys
@@ -66,6 +69,23 @@ class BodyError(ValueError):
 
 class Unavailable(RuntimeError):
   """Answered 503: the queue is full, or the server is shutting down."""
+
+
+HANGUP_POLL_S = 0.05  # how often a handler waiting for its answer looks at its client's socket
+MAX_DRAINED_BYTES = 64 << 10  # bytes after the request read and dropped while looking for its end
+
+
+def settle(future: concurrent.futures.Future, result=None,
+           error: BaseException | None = None) -> None:
+  """Sets `future`'s result (or `error`) unless it is done already: cancelled, when the client
+  that waits for it hung up meanwhile."""
+  try:
+    if error is None:
+      future.set_result(result)
+    else:
+      future.set_exception(error)
+  except concurrent.futures.InvalidStateError:
+    pass
 
 
 def describe(value) -> str:
@@ -144,6 +164,7 @@ class JsonHandler(BaseHTTPRequestHandler):
 
   def setup(self):
     self.timeout = self.server.limits.read_timeout_s  # StreamRequestHandler applies it
+    self._gone, self._drained = False, 0
     super().setup()
     data = self.server.take_request_bytes(self.request)
     if data is not None:
@@ -158,6 +179,25 @@ class JsonHandler(BaseHTTPRequestHandler):
       super().finish()
     except OSError:  # the client is gone (or we cut it off): nothing left to flush
       pass
+
+  def client_gone(self) -> bool:
+    """True once the client has closed or reset its connection (the socket reads as ended or
+    failed); never blocks. The request was read whole by the intake, so nothing else reads this
+    socket: bytes the client sent after it (a pipelined request, never answered: one request
+    per connection) are read and dropped, so that an end behind them is still seen (a peek
+    could not see past them), up to MAX_DRAINED_BYTES; past that the client counts as there.
+    A client that half-closes (shuts down its sending side, then waits for the answer) reads
+    the same as one that closed: it counts as gone."""
+    poller = select.poll()  # not select.select: a descriptor may be >= FD_SETSIZE
+    poller.register(self.connection, select.POLLIN)
+    while not self._gone and self._drained <= MAX_DRAINED_BYTES and poller.poll(0):
+      try:  # readable: recv returns at once (data, the end, or the error)
+        data = self.connection.recv(4096)
+      except OSError:
+        data = b""
+      self._gone = not data
+      self._drained += len(data)
+    return self._gone
 
   def log_message(self, format, *args):  # noqa: A002 -- the base class's signature
     if self.server.verbose:
@@ -430,8 +470,9 @@ class QueueWorker:
   """One thread that serves queued requests in rounds, so that concurrent HTTP handlers share
   one model or encoder call: a round is the first waiting item plus whatever else is already
   queued (no added wait) while `_room(items)` says so. Items are tuples ending in a Future.
-  At most `max_queue` items wait (`Unavailable` beyond it); a round may put unfinished items
-  back at the end of the queue (`_requeue`), which is how long requests take turns."""
+  At most `max_queue` items wait (`Unavailable` beyond it; items whose Future was cancelled are
+  dropped first); a round may put unfinished items back at the end of the queue (`_requeue`),
+  which is how long requests take turns."""
 
   thread_name = "batcher"
 
@@ -439,6 +480,7 @@ class QueueWorker:
     if max_queue < 1:
       raise ValueError(f"max_queue must be >= 1, got {max_queue}")
     self.max_queue = max_queue
+    self.dropped = 0  # items whose Future was cancelled (the client left): never run again
     self._queue: collections.deque = collections.deque()
     self._cv = threading.Condition()
     self._closing = False
@@ -458,6 +500,10 @@ class QueueWorker:
     with self._cv:
       if self._closing:
         raise Unavailable("server is shutting down")
+      if len(self._queue) >= self.max_queue:  # items whose client left first
+        kept = [i for i in self._queue if not self._future(i).cancelled()]
+        self.dropped += len(self._queue) - len(kept)
+        self._queue = collections.deque(kept)
       if len(self._queue) >= self.max_queue:
         raise Unavailable(f"server busy: {len(self._queue)} requests queued (at most "
                           f"{self.max_queue}); try again later")
@@ -496,9 +542,7 @@ class QueueWorker:
   @classmethod
   def _fail(cls, items: list, error: Exception) -> None:
     for item in items:
-      future = cls._future(item)
-      if not future.done():
-        future.set_exception(error)
+      settle(cls._future(item), error=error)
 
   def _loop(self) -> None:
     while True:

@@ -154,6 +154,29 @@ def test_rows_do_not_depend_on_their_neighbours(params):
   assert not np.array_equal(other.tokens, batch.tokens)
 
 
+def test_a_row_with_its_own_key_draws_the_same_anywhere(params):
+  """row_keys: a row keeps its key wherever it sits and whatever the batch; rows given
+  fold_in(rng, i) draw what they draw without row_keys."""
+  prompts = prompts_of([3, 10, 25])
+  sampling = llm.SamplingConfig(temperature=1.0)
+  rng, own = jax.random.key(7), jax.random.key(99)
+  plain = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=rng, sampling=sampling)
+  same = jnp.stack([jax.random.fold_in(rng, i) for i in range(3)])
+  again = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=rng, sampling=sampling,
+                     row_keys=same)
+  np.testing.assert_array_equal(again.tokens, plain.tokens)
+  moved = llm.sample(params, CONFIG, [prompts[1], prompts[2], prompts[0]], max_new_tokens=10,
+                     rng=jax.random.key(8), sampling=sampling,
+                     row_keys=jnp.stack([same[1], own, same[0]]))
+  alone = llm.sample(params, CONFIG, prompts[:1], max_new_tokens=10, rng=jax.random.key(9),
+                     sampling=sampling, row_keys=same[:1])
+  np.testing.assert_array_equal(moved.tokens[2], plain.tokens[0])
+  np.testing.assert_array_equal(moved.tokens[0], plain.tokens[1])
+  np.testing.assert_array_equal(alone.tokens[0], plain.tokens[0])
+  with pytest.raises(ValueError, match="row_keys must be \\(3,\\) keys"):
+    llm.sample(params, CONFIG, prompts, max_new_tokens=2, rng=rng, row_keys=same[:2])
+
+
 def test_bad_arguments_name_the_field(params):
   with pytest.raises(ValueError, match="temperature"):
     llm.SamplingConfig(temperature=-1)

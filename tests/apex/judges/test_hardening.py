@@ -1,8 +1,9 @@
 """The chat server against hostile clients: every bad field a 400 naming field and value (NaN,
 infinities, negatives, huge numbers, lone surrogates, nesting, wrong types), client chat
 templates refused, the prompt bounded before any tokenizing, long requests taking turns with
-short ones (chunked generation), a bad request never failing the requests merged with it, a full
-queue answered 503, and SIGTERM during generation: the request answered, exit 0."""
+short ones (chunked generation), a bad request never failing the requests merged with it, jobs
+of clients gone never run again, `seed` reproducible whatever is merged with it, a full queue
+answered 503, and SIGTERM during generation: the request answered, exit 0."""
 
 import json
 import os
@@ -83,7 +84,12 @@ BAD = [
     ({"tool_choice": "auto"}, "tool_choice", "accepted: null or \"none\""),
     ({"logprobs": True}, "logprobs", "accepted: null or false"),
     ({"presence_penalty": 0.5}, "presence_penalty", "got float 0.5"),
-    ({"seed": 7}, "seed", "accepted: null\\), got int 7"),
+    ({"seed": True}, "seed", "must be an integer, got bool true"),
+    ({"seed": 1.0}, "seed", "must be an integer, got float 1.0"),
+    ({"seed": "7"}, "seed", 'must be an integer, got str "7"'),
+    ({"seed": 2**63}, "seed", "must be in \\[-9223372036854775808, 9223372036854775807\\], got "
+                              "9223372036854775808"),
+    ({"seed": -2**63 - 1}, "seed", "got -9223372036854775809"),
     ({"top_k": 5}, "top_k", "unknown field 'top_k' for /v1/chat/completions"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
     ({"stream": True, "stream_options": {"x": 1}}, "stream_options", "include_usage"),
@@ -166,7 +172,7 @@ class FakeChat:
   def __init__(self, hold=lambda n: None):
     self.calls, self.gate, self.hold = [], threading.Event(), hold
 
-  def generate(self, prompts, limits, *, temperature, top_p=1.0, stops=None):
+  def generate(self, prompts, limits, *, temperature, top_p=1.0, stops=None, keys=None):
     self.calls.append([(p[0], n) for p, n in zip(prompts, limits)])
     self.hold(len(self.calls))
     if len(self.calls) == 1:
@@ -234,6 +240,105 @@ def test_a_failing_request_never_fails_the_ones_merged_with_it():
   batcher.close()
   assert [len(out[k]) for k in ("first", "good1", "good2")] == [1, 1, 1]
   assert isinstance(out["bad"], RuntimeError) and batcher.isolated == 1
+
+
+def test_a_cancelled_job_never_runs_again():
+  """Jobs cancelled (their clients gone) while queued, and after their round grouped them but
+  before their sampler call, never reach the sampler; the one still wanted runs to its end."""
+  jobs = {}
+
+  def hold(call):  # the first call of round 2 is `other`'s; `later` waits for the second
+    if call == 2:
+      jobs["later"].cancel()
+  chat = FakeChat(hold)
+  batcher = serving.ChatBatcher(chat, max_batch=8, chunk_tokens=2)
+  req = lambda temperature, max_tokens=4: ChatRequest(messages=MSG, max_tokens=max_tokens,
+                                                      temperature=temperature)
+  first = batcher.start([1], req(1.0))  # 2 turns
+  wait_until(lambda: chat.calls)
+  jobs["queued"] = batcher.start([2], req(1.0))
+  other = batcher.start([3], req(0.0, 2))
+  jobs["later"] = batcher.start([4], req(1.0))
+  jobs["queued"].cancel()
+  chat.gate.set()
+  assert len(first.result(timeout=30)) == len(other.result(timeout=30)) == 1
+  batcher.close()
+  assert chat.calls == [[(1, 2)], [(3, 2)], [(1, 2)]]  # neither 2 nor 4 ever ran
+  assert batcher.dropped == 2
+
+
+def test_a_full_queue_drops_cancelled_jobs_to_make_room():
+  chat = FakeChat()
+  batcher = serving.ChatBatcher(chat, max_batch=8, chunk_tokens=2, max_queue=1)
+  req = ChatRequest(messages=MSG, max_tokens=2)
+  first = batcher.start([1], req)
+  wait_until(lambda: chat.calls)
+  batcher.start([2], req).cancel()  # its client left while it waited
+  third = batcher.start([3], req)  # before: 503, the queue held the cancelled one
+  chat.gate.set()
+  assert len(first.result(timeout=30)) == len(third.result(timeout=30)) == 1
+  batcher.close()
+  assert chat.calls == [[(1, 2)], [(3, 2)]] and batcher.dropped == 1
+
+
+def test_a_seed_gives_the_same_samples_whatever_is_merged_with_it(server):
+  """seed: the n rows differ from each other, the same seed repeats them (over two turns of 4
+  tokens), also merged behind another request in one sampler call; another seed differs."""
+  body = {"messages": MSG, "max_tokens": 8, "temperature": 1.0, "n": 4, "seed": 7}
+  texts = lambda reply: [c["message"]["content"] for c in reply[1]["choices"]]
+  alone = texts(post(server, body))
+  assert len(set(alone)) > 1
+  assert texts(post(server, body)) == alone
+  assert texts(post(server, {**body, "seed": 8})) != alone
+  chat, release, calls = server.chat, threading.Event(), []
+  real = chat.generate
+
+  def gated(prompts, *args, **kwargs):  # holds the first call until two more requests queue
+    calls.append(len(prompts))
+    if len(calls) == 1:
+      release.wait(timeout=120)
+    return real(prompts, *args, **kwargs)
+
+  chat.generate = gated
+  results = {}
+  ask = lambda key, b: threading.Thread(target=lambda: results.__setitem__(key, post(server, b)))
+  threads = [ask("gate", {"messages": MSG, "max_tokens": 4, "temperature": 0.0, "n": 4}),
+             ask("other", {"messages": [{"role": "user", "content": "w5 w6 w7 w8 w9"}],
+                           "max_tokens": 4, "temperature": 1.0}),
+             ask("seeded", body)]
+  try:
+    threads[0].start()
+    wait_until(lambda: calls)
+    for t in threads[1:]:
+      t.start()
+      wait_until(lambda: server.batcher.qsize() == threads.index(t))
+    release.set()
+    for t in threads:
+      t.join(timeout=300)
+  finally:
+    del chat.generate
+  assert calls[:2] == [4, 5]  # the seeded rows behind another request's, in one call
+  assert texts(results["seeded"]) == alone
+
+
+def test_seeded_completions_and_unseeded_rows_beside_seeded_ones(server):
+  """/v1/completions: each choice has its own key (two equal prompts, four different rows,
+  repeated with the seed). A row without a key draws what it would without any keyed row."""
+  from apex_jax.judges.inprocess import seeded_keys
+
+  body = {"prompt": ["w1 w2", "w1 w2"], "max_tokens": 4, "temperature": 1.0, "n": 2, "seed": 3}
+  status, out = post(server, body, "/v1/completions")
+  assert status == 200, out
+  rows = [c["text"] for c in out["choices"]]
+  assert len(set(rows)) > 1 and [c["text"] for c in post(
+      server, body, "/v1/completions")[1]["choices"]] == rows
+  model = server.chat.model
+  prompt = server.chat.prompt_tokens(MSG)
+  plain = InProcessChat(model, seed=5).generate([prompt] * 4, [4] * 4, temperature=1.0)
+  keys = [None, *seeded_keys(1, 0, 2), None]
+  mixed = InProcessChat(model, seed=5).generate([prompt] * 4, [4] * 4, temperature=1.0, keys=keys)
+  assert [mixed[i].token_ids for i in (0, 3)] == [plain[i].token_ids for i in (0, 3)]
+  assert seeded_keys(1, 0, 1).tolist() != seeded_keys(2**32 + 1, 0, 1).tolist()  # both halves
 
 
 def test_full_queue_is_503(model):  # noqa: F811

@@ -87,7 +87,7 @@ def test_plain_completions_and_their_stream(client):
 @pytest.mark.parametrize("fields, param", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"seed": 1}, "seed"),
+    ({"logprobs": True}, "logprobs"),
     ({"extra_body": {"chat_template": "{{ x }}"}}, "chat_template"),
     ({"extra_body": {"top_k": 5}}, "top_k")])
 def test_unimplemented_fields_are_bad_requests_naming_them(client, fields, param):
