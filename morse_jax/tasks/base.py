@@ -67,11 +67,10 @@ def null_baseline(expected: Sequence[Any], inputs: Sequence[Any] | None = None,
 
 def reward_above_null(passed: int, total: int, baseline: int) -> float:
   """A step reward from unit tests that an answer computing nothing cannot earn: the share of
-  the tests beyond `baseline` (what such an answer passes) that the program passed,
-  (passed - baseline) / (total - baseline), at least 0; 0 when the tests cannot tell a solution
-  from such an answer (baseline >= total). A single test is all or nothing (baseline 0)."""
-  if total <= 1:
-    return float(total == 1 and passed == 1)
+  the tests beyond `baseline` (the most such an answer passes, measured: `tasks.nulls`) that the
+  program passed, (passed - baseline) / (total - baseline), at least 0; 0 when the tests cannot
+  tell a solution from such an answer (baseline >= total: a single test a constant passes, as
+  HumanEval/34's one assert)."""
   if total <= baseline:
     return 0.0
   return max(0.0, (passed - baseline) / (total - baseline))

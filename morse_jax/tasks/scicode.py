@@ -214,7 +214,7 @@ def load(path: str | None = None,
       problems.append(problem)
   total = sum(len(p.data["sub_steps"]) for p in problems)
   for steps, what in ((untested_steps(problems), "have no test cases"),
-                      (property_only_steps(problems), "only check properties (no target)")):
+                      (property_only_steps(problems), "compare against no reference value")):
     if steps:
       log.info("scicode: %d of %d steps (in %d of %d problems) %s: %s; they earn no reward of "
                "their own", len(steps), total, len({u.rsplit(".", 1)[0] for u in steps}),

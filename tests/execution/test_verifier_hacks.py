@@ -523,6 +523,19 @@ def test_scicode_a_step_that_only_checks_properties_earns_nothing(scicode_offici
   assert sorted(scicode.property_only_steps(list(scicode_official.values()))) == ["78.1", "78.2"]
 
 
+def test_humaneval_34_a_constant_earns_nothing():
+  """HumanEval/34's check is one assert: returning its answer as a constant passed and earned
+  1.0. Its measured baseline is 1, so no reply earns training reward on it; the canonical
+  solution still passes (pass@1 counts it)."""
+  p = next(p for p in humaneval.load() if p.id == "HumanEval/34")
+  family = humaneval.HumanEval(timeout_s=30.0)
+  constant = family.score_node(p, p.gold_graph[0], "```python\ndef unique(l):\n    return "
+                               "[0, 2, 3, 5, 9, 123]\n```", {})
+  assert (constant.reward, constant.passed) == (0.0, True)
+  gold = family.score_node(p, p.gold_graph[0], humaneval.canonical_artifact(p), {})
+  assert (gold.reward, gold.passed) == (0.0, True) and family.null_baseline(p) == 1
+
+
 def test_synthetic_a_parents_result_earns_nothing():
   """The second probe's cheapest program: a node that returns its parent's result (the prompt
   names the parent) earned reward on 10 of 22 non-root nodes of suite seed 0, problems 0-5. The

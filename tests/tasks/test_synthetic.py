@@ -189,7 +189,8 @@ def test_reward_above_null_by_hand():
   assert base.reward_above_null(5, 6, 2) == pytest.approx(3 / 4)
   assert base.reward_above_null(2, 6, 2) == base.reward_above_null(1, 6, 2) == 0.0
   assert base.reward_above_null(6, 6, 6) == 0.0  # the tests cannot tell a solution apart
-  assert base.reward_above_null(1, 1, 1) == 1.0 and base.reward_above_null(0, 1, 0) == 0.0
+  assert base.reward_above_null(1, 1, 0) == 1.0 and base.reward_above_null(0, 1, 0) == 0.0
+  assert base.reward_above_null(1, 1, 1) == 0.0  # one test a null program passes (HumanEval/34)
 
 
 def test_no_step_does_no_work_and_random_tests_tell(problems):
