@@ -393,7 +393,9 @@ def run(config) -> dict:
   refused (unless train.continue_other_run); remove <workdir>/checkpoints to start afresh."""
   # seeds run one after the other (or in spawned workers) reuse the sampler and update
   # programs the first compiled: 105 s of a seed's 456 s are compilation (docs/RESULTS.md)
-  from morse_jax.experiments.pipeline import use_compilation_cache  # pylint: disable=import-outside-toplevel
+  from morse_jax.experiments.pipeline import (runtime, use_compilation_cache,  # pylint: disable=import-outside-toplevel
+                                              use_cpu_threads)
+  use_cpu_threads(config)  # before the backend starts: the run's bits, whatever the core count
   use_compilation_cache(config)
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
@@ -414,7 +416,7 @@ def run(config) -> dict:
   results = {"memory_build": resumable_memory_build(exp, rng=k_mem, directory=checkpoints,
                                                     continue_other_run=other,
                                                     snapshot=one_pass),
-             "seconds": seconds}
+             "seconds": seconds, "runtime": runtime()}
   lap("memory_build")
   untrained = None
   if config.eval.get("untrained", True):  # False: no such row (e.g. no stage, no TTRL: = full)

@@ -57,10 +57,16 @@ class WordSearch:
         self._rows.setdefault(w, []).append(i)
 
   def scores(self, query: str) -> np.ndarray:
-    out = np.zeros(len(self.passages), np.float64)
+    # fsum, exactly rounded: the terms come from a set, whose order PYTHONHASHSEED sets, and a
+    # float sum in another order differs in the last bits, so two passages that tie (the same
+    # idfs) were ordered by the process's hash seed, not by the corpus
+    hits: dict[int, list[float]] = {}
     for w in self.terms(query):
       for i in self._rows.get(w, ()):
-        out[i] += self._idf[w]
+        hits.setdefault(i, []).append(self._idf[w])
+    out = np.zeros(len(self.passages), np.float64)
+    for i, idfs in hits.items():
+      out[i] = math.fsum(idfs)
     return out
 
   def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:

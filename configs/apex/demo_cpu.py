@@ -35,6 +35,10 @@ def get_config(arg=None):
   c.seed_worlds = False  # True: seed s reads world data.world_seed + s (apex_jax.seeds)
   c.workdir = "/tmp/apex_runs/demo_cpu"
   c.compilation_cache = "~/.cache/morse_jax/xla"  # JAX's persistent cache, as the MoRSE configs; "": off
+  # XLA:CPU's intra-op threads whatever the machine's cores: a reduction split over another
+  # number of threads ends in other bits, which training turns into other samples; the committed
+  # tables ran with 2 (docs/RESULTS.md, "Reproducible runs"); 0: one per core (XLA's default)
+  c.cpu_threads = 2
   c.model = dict(path=arg or os.path.join(ROOT, "assets", "toy_apex"), dtype="float32")
   # "world": generated in memory; "folder": train/test/corpus.jsonl as World.write writes them
   # procedures: the world's career / property facts in records whose right one only experience

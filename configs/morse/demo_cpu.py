@@ -25,6 +25,7 @@ def get_config(arg=None):
   c.model.dtype = "float32"
   c.model.name = "toy Qwen3 (see README: how it was made)"
   c.workdir = "/tmp/morse_runs/demo_cpu"
+  c.cpu_threads = 2  # as the README's numbers were measured, on any machine (common.base)
   # Seed 100: no problem the toy was pretrained on (seeds 0 and 1) appears here.
   c.task.update(num_problems=800, seed=100, limit=0, split="instance",
                 holdout_categories=("string_analysis",), test_problems=24)

@@ -20,6 +20,65 @@ def use_compilation_cache(config) -> None:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
 
 
+# XLA:CPU splits a large reduction (a loss; a weight's gradient over batch x tokens) over its
+# intra-op thread pool, a partial sum per thread, so the same program on another number of cores
+# ends in other last bits, and sampled training turns those into other tokens (docs/RESULTS.md,
+# "Reproducible runs"). XLA sizes the pool by PJRT_NPROC when set, else by the schedulable cores.
+_POOL_ENV = "PJRT_NPROC"
+
+
+def use_cpu_threads(config) -> None:
+  """Sizes XLA:CPU's intra-op thread pool to config.cpu_threads (0 or absent: XLA's default, a
+  thread per schedulable core) before JAX starts its CPU backend, so that the run's numbers are
+  the same on a machine with another number of cores. A backend already started keeps its pool
+  (a warning says so): call this before anything touches a device."""
+  n = config.get("cpu_threads", 0)
+  if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    raise ValueError(f"config.cpu_threads must be an integer >= 0, got {n!r}")
+  if not n or os.environ.get(_POOL_ENV) == str(n):
+    return
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+
+  if xla_bridge.backends_are_initialized():
+    from absl import logging  # pylint: disable=import-outside-toplevel
+
+    logging.warning("config.cpu_threads=%d not applied: JAX's CPU backend already runs with %d "
+                    "intra-op threads", n, cpu_threads())
+    return
+  os.environ[_POOL_ENV] = str(n)
+
+
+def cpu_threads() -> int:
+  """The intra-op threads XLA:CPU sizes its pool to in this process (as xla/pjrt/cpu reads them:
+  PJRT_NPROC, else NPROC, else the schedulable cores)."""
+  for name in (_POOL_ENV, "NPROC"):
+    value = os.environ.get(name, "")
+    if value.strip().lstrip("-").isdigit():
+      return max(0, int(value))
+  return len(os.sched_getaffinity(0))
+
+
+# The instruction sets XLA:CPU and its kernel libraries choose code by (of /proc/cpuinfo's flags)
+_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+              "avx512_fp16", "avx_vnni", "amx_tile")
+
+
+def runtime() -> dict:
+  """What a run's last bits depend on beyond its config: JAX's version, XLA:CPU's thread count,
+  the CPU and the instruction sets its kernels were chosen by."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  info = {}
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+  flags = set(info.get("flags", "").split())
+  return {"jax": jax.__version__, "cpu_threads": cpu_threads(), "cpu": info.get("model name", ""),
+          "isa": [f for f in _ISA_FLAGS if f in flags]}
+
+
 def canonical(config) -> dict:
   """Every reference solution through the verifier; no model is loaded. HumanEval: each
   problem's canonical solution. SciCode: the gold code of every step of the problems that ship
@@ -114,6 +173,7 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   from morse_jax.mas import runner
   from morse_jax.checkpoint.steps import Checkpoints
 
+  use_cpu_threads(config)
   use_compilation_cache(config)
   banner("build")
   exp = experiment.build(config)
@@ -174,6 +234,7 @@ def train(config) -> dict:
   from morse_jax.rl import distributed, loop, metrics
   from morse_jax.checkpoint.steps import Checkpoints
 
+  use_cpu_threads(config)
   use_compilation_cache(config)
   d = config.distributed
   distributed.initialize(d.coordinator or None, d.num_processes or None,
@@ -189,7 +250,7 @@ def train(config) -> dict:
   workdir = os.path.abspath(config.workdir)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "run_info.json"), "w") as f:  # what the rewards ran under
-    json.dump({"sandbox": experiment.configure_sandbox(config)}, f)
+    json.dump({"sandbox": experiment.configure_sandbox(config), "runtime": runtime()}, f)
   ckpt = Checkpoints(os.path.join(workdir, "ckpt"), every=1, keep=config.train.keep,
                      metadata=trainer.metadata(),
                      identity=run_identity(config, trainer.metadata(), problems),
