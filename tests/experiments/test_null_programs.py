@@ -40,14 +40,13 @@ def test_null_programs_are_what_they_say():
 def test_a_sample_of_every_family_earns_nothing():
   """One problem or step per family, the 26 generic null programs and the node's own, short time
   limits: HumanEval/29 (a list answer, [] for the empty input), SciCode 19.2 (after 19.1's gold
-  code; targets 1, 1, 0, 0) and 29.3 (a constant orthonormal matrix passes two of four tests),
-  a synthetic subtask with a parent, an SRDD requirement."""
+  code; targets 1, 1, 0, 0; 29.3 and the other cases of the second probe:
+  tests/execution/test_verifier_hacks.py), a synthetic subtask with a parent, an SRDD
+  requirement."""
   he = next(p for p in humaneval.load() if p.id == "HumanEval/29")
   hits = _rewards(humaneval.HumanEval(timeout_s=2.0), [(he, "1")])
   sc = next(p for p in scicode.load() if p.id == "19")
-  family = scicode.SciCode(timeout_s=20.0, per_test_timeout_s=2.0)
-  hits |= _rewards(family, [(sc, "19.2")])
-  hits |= _rewards(family, [(next(p for p in scicode.load() if p.id == "29"), "29.3")])
+  hits |= _rewards(scicode.SciCode(timeout_s=20.0, per_test_timeout_s=2.0), [(sc, "19.2")])
   p = synthetic.generate(1, 100)[0]
   child = next(n["id"] for n in p.gold_graph if n["depends_on"])
   hits |= _rewards(synthetic.Synthetic(timeout_s=2.0), [(p, child)])
