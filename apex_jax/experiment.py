@@ -146,7 +146,7 @@ def load_data(c) -> tuple[list, list, list]:
 def _searcher(c, passages):
   kind = choice(c.search.kind, "search.kind", SEARCHES)
   if kind in ("word", "ngram"):
-    from apex_jax.toy.search import NgramSearch, WordSearch
+    from apex_jax.tools.overlap import NgramSearch, WordSearch
     return (WordSearch if kind == "word" else NgramSearch)(passages, topk=c.search.topk)
   from apex_jax.tools import LocalSearch
   return LocalSearch(c.search.index, topk=c.search.topk)

@@ -2,7 +2,9 @@
 
 Two checks: importing a module in a fresh interpreter loads no module of a higher layer; and, read
 from the source (every `import`, deferred ones inside functions included), no package imports a
-higher one and no chain of imports leads from a module back to itself.
+higher one and no chain of imports leads from a module back to itself. The packages never import
+the programs and settings around them (`configs`, `launchers`, `benchmarks`); apex_jax's own
+packages import only lower layers of `APEX`.
 """
 
 import ast
@@ -18,13 +20,31 @@ MORSE = ("checkpoint", "llm", "lora", "rl", "execution", "tasks", "mas", "experi
          "serving")
 
 
+AROUND = ("configs", "launchers", "benchmarks")
+# apex_jax's packages and top-level modules, lowest layer first, ordered by today's imports: each
+# imports only layers below its own (morse_jax and third parties aside).
+APEX = (("memory", "tools", "plots"), ("judges",), ("datasets", "agents"), ("training",),
+        ("toy", "experiment"), ("pipeline",), ("seeds",))
+
+
 def _others(*keep: str) -> tuple[str, ...]:
   return tuple(f"morse_jax.{p}" for p in MORSE if p not in keep)
 
 
+def _apex_layers() -> dict[str, tuple[str, ...]]:
+  """apex_jax.<p> -> its own layer's other members and every higher layer's."""
+  out = {}
+  for i, layer in enumerate(APEX):
+    for p in layer:
+      out[f"apex_jax.{p}"] = tuple(f"apex_jax.{q}" for upper in APEX[i:] for q in upper if q != p)
+  return out
+
+
 # package -> packages it must never import (directly, at any depth of its own modules).
 LAYERS = {
-    "morse_jax": ("apex_jax",),
+    "morse_jax": ("apex_jax",) + AROUND,
+    "apex_jax": AROUND,
+    **_apex_layers(),
     "morse_jax.llm": _others("llm"),
     "morse_jax.lora": _others("llm", "lora"),
     "morse_jax.rl": ("morse_jax.execution", "morse_jax.tasks", "morse_jax.mas",
@@ -143,6 +163,12 @@ def test_no_package_imports_a_higher_layer(graph):
   assert layer_violations(graph) == []
 
 
+def test_every_apex_package_has_a_layer(graph):
+  found = {".".join(m.split(".")[:2]) for m in graph if m.startswith("apex_jax.")}
+  placed = {f"apex_jax.{p}" for layer in APEX for p in layer}
+  assert (sorted(found - placed), sorted(placed - found)) == ([], [])  # (unplaced, gone)
+
+
 def test_the_graph_sees_the_new_packages(graph):
   """The checks above read the packages by job, not a stale list."""
   assert "morse_jax.execution.verifier" in graph["morse_jax.tasks.humaneval"]
@@ -187,6 +213,21 @@ def test_an_import_of_a_higher_layer_is_named(tmp_path):
   graph = import_graph(repo, roots=("morse_jax",))
   assert layer_violations(graph) == [
       "morse_jax.execution.verifier imports morse_jax.mas.runner"]
+
+
+@pytest.mark.parametrize("files,violation", [
+    ({"morse_jax/experiments/table2.py": "def f():\n  from configs.morse import common\n",
+      "configs/morse/common.py": ""}, "morse_jax.experiments.table2 imports configs.morse.common"),
+    ({"apex_jax/datasets/world_checks.py": "def f():\n  from apex_jax.toy import search\n",
+      "apex_jax/toy/search.py": ""}, "apex_jax.datasets.world_checks imports apex_jax.toy.search"),
+    ({"apex_jax/agents/executor.py": "import apex_jax.datasets\n",
+      "apex_jax/datasets/__init__.py": ""}, "apex_jax.agents.executor imports apex_jax.datasets"),
+])
+def test_an_import_around_or_up_apex_layers_is_named(tmp_path, files, violation):
+  folders = {"/".join(rel.split("/")[:i]) for rel in files for i in range(1, rel.count("/") + 1)}
+  repo = _write(tmp_path, {**{f"{f}/__init__.py": "" for f in folders}, **files})
+  graph = import_graph(repo, roots=("morse_jax", "apex_jax", "configs"))
+  assert layer_violations(graph) == [violation]
 
 
 @pytest.mark.parametrize("package,forbidden", [

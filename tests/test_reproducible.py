@@ -55,7 +55,7 @@ def twice(*argv: str) -> tuple[str, str]:
 SEARCH = """
 import hashlib
 from apex_jax import experiment
-from apex_jax.toy.search import NgramSearch
+from apex_jax.tools.overlap import NgramSearch
 from configs.apex import demo_procedures
 
 c = demo_procedures.get_config()
@@ -78,7 +78,7 @@ def test_passages_with_the_same_idfs_tie_and_keep_corpus_order():
   """Summed in the query's order, a + b + c and c + b + a differ in the last bit: the later
   passage ranked first. Terms here come in text order, so that the old sum's order is fixed."""
   from apex_jax.tools.passages import Passage
-  from apex_jax.toy.search import WordSearch
+  from apex_jax.tools.overlap import WordSearch
 
   class InTextOrder(WordSearch):
     terms = staticmethod(lambda text: text.split())

@@ -23,6 +23,7 @@ import collections
 import re
 
 from apex_jax.datasets.world_words import EVENT_TYPES
+from apex_jax.tools.overlap import NgramSearch, WordSearch
 
 MAX_QUESTION_WORDS, MAX_PASSAGE_WORDS, MAX_HOPS = 30, 60, 3
 # Kinds whose answer must not appear in the question ("first" names both films by design).
@@ -72,7 +73,6 @@ def problems(world) -> list[str]:
 def _record_problems(world, name_words: set[str]) -> list[str]:
   from apex_jax.datasets import world_records as R
   from apex_jax.datasets.world_words import ENGLISH_LIKE
-  from apex_jax.toy.search import NgramSearch, WordSearch
 
   out = []
   words = [w for ws in world.record_words.values() for w in ws]

@@ -14,11 +14,11 @@ workflow, search("Kalkar Rula vesk record"), tells later runs of that category w
 read; the question never names the word. A gold chain reaching such a fact reads the listing
 ("<entity> records") and then the right record ("<entity> <word> record").
 
-The search terms decide the layout (apex_jax.toy.search scores the distinct query terms a passage
-holds). The record query ends in "record", a word of the record passages only ("records" is the
-listings'): the listing holds every other term of "<entity> <word>", so without it the two would
-tie. The listing has a passage of its own: in the entity's passage, "<entity> records" would tie
-with every passage that names the entity and lists its own records (a river's name is in its
+The search terms decide the layout (apex_jax.tools.overlap scores the distinct query terms a
+passage holds). The record query ends in "record", a word of the record passages only ("records"
+is the listings'): the listing holds every other term of "<entity> <word>", so without it the two
+would tie. The listing has a passage of its own: in the entity's passage, "<entity> records" would
+tie with every passage that names the entity and lists its own records (a river's name is in its
 cities' passages).
 
 Only career and property: their facts are read by their own categories' questions alone (every

@@ -1,5 +1,5 @@
-"""The executor's tools: dense passage search (faiss index, Search-R1 HTTP protocol, client) and
-parsing of its tool calls.
+"""The executor's tools: dense passage search (faiss index, Search-R1 HTTP protocol, client),
+term-overlap search in process (`overlap`: the synthetic world's) and parsing of its tool calls.
 
 Heavy imports (faiss, sentence-transformers) happen only when an index is built or opened.
 """

@@ -24,9 +24,9 @@ from apex_jax.agents.config import AgentConfig
 from apex_jax.datasets.world import World
 from apex_jax.datasets.world_records import invented_words
 from apex_jax.memory.records import Memory
+from apex_jax.tools.overlap import WordSearch
 from apex_jax.toy import corpus as C
 from apex_jax.toy import judging, reading
-from apex_jax.toy.search import WordSearch
 
 
 def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig = C.CorpusConfig(),

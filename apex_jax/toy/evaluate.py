@@ -43,8 +43,8 @@ _DISTILL_QUESTIONS = flags.DEFINE_integer(
 _JUDGE_RUNS = flags.DEFINE_integer("judge_runs", 24, "Runs (gold and corrupted) the judges "
                                    "score, and plans the alignment judge scores (0: skip).")
 _SEARCH = flags.DEFINE_enum("search", "word", ["word", "ngram"], "The executor's search tool: "
-                            "apex_jax.toy.search WordSearch or NgramSearch (the corpus is built "
-                            "with WordSearch either way).")
+                            "apex_jax.tools.overlap WordSearch or NgramSearch (the corpus is "
+                            "built with WordSearch either way).")
 _TOPK = flags.DEFINE_integer("topk", 3, "Passages per search (as in the training corpus).")
 _OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here as JSON.")
 _PROMPTS = flags.DEFINE_enum("prompts", "compact", ["compact", "authors"], "The agents' prompt "
@@ -83,7 +83,7 @@ def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str 
 
   from apex_jax.agents import AgentConfig, Executor, Planner, SeparateGenerator
   from apex_jax.datasets.world import World
-  from apex_jax.toy.search import NgramSearch, WordSearch
+  from apex_jax.tools.overlap import NgramSearch, WordSearch
 
   world = World.generate(world_seed, 120, questions)
   examples = world.examples[:questions]
@@ -122,9 +122,9 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
   from apex_jax.agents import AgentConfig
   from apex_jax.datasets import metrics
   from apex_jax.datasets.world import World
-  from apex_jax.toy import reading
-  from apex_jax.toy.search import WordSearch
   from apex_jax.tools import Answer, ToolCall, parse_turn
+  from apex_jax.tools.overlap import WordSearch
+  from apex_jax.toy import reading
   from morse_jax import llm
 
   world = World.generate(world_seed, 120, questions)

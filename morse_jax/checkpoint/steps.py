@@ -60,13 +60,13 @@ from typing import Any, Callable, TypeVar
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from orbax.checkpoint._src.path import atomicity
 
 from morse_jax import atomic
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")  # the state dataclass
+_TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # ".orbax-checkpoint-tmp"
 
 # Steps of this format are always written with their checksums; one without them is damaged.
 _FORMAT = "morse_jax.rl.state/2"
@@ -150,18 +150,19 @@ def array_checksums(tree: Any) -> dict[str, dict]:
 def unique_temporary_path_class(token: str):
   """An orbax TemporaryPath whose names are unique per save: `<step>.orbax-checkpoint-tmp-
   <token>-<n>` (orbax's own is fixed per step and deleted when found, so concurrent writers of
-  one step destroyed each other's files). Step listing ignores every name with the tmp suffix."""
+  one step destroyed each other's files). Step listing ignores every name with the tmp suffix.
+  Orbax's public `ocp.path.atomicity` and `CheckpointManagerOptions.temporary_path_class`
+  (deprecated for `atomicity_options`, which cannot name a save's temporary: why pyproject pins
+  orbax-checkpoint below 0.13)."""
   counter = itertools.count()
 
-  class UniqueAtomicRenameTemporaryPath(atomicity.AtomicRenameTemporaryPath):
+  class UniqueAtomicRenameTemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
 
     @classmethod
-    def from_final(cls, final_path, *, checkpoint_metadata_store=None, file_options=None,
-                   snapshot_type=None):
-      name = f"{final_path.name}{atomicity.TMP_DIR_SUFFIX}-{token}-{next(counter)}"
-      return cls(final_path.parent / name, final_path,
-                 checkpoint_metadata_store=checkpoint_metadata_store,
-                 file_options=file_options, snapshot_type=snapshot_type)
+    def from_final(cls, final_path, **options):
+      # orbax's own from_final hands the same keywords to the constructor
+      name = f"{final_path.name}{_TMP_SUFFIX}-{token}-{next(counter)}"
+      return cls(final_path.parent / name, final_path, **options)
 
   return UniqueAtomicRenameTemporaryPath
 
@@ -301,8 +302,8 @@ class Checkpoints:
 
   Each step is one orbax step directory holding `state` (the arrays) and `metadata` (JSON: the
   run identity given here plus the PRNG impl). Orbax writes a step under a temporary name
-  (`<step>.orbax-checkpoint-tmp...`, AtomicRenameTemporaryPath in
-  orbax/checkpoint/_src/path/atomicity.py, the default for local paths) and renames it to
+  (`<step>.orbax-checkpoint-tmp...`, `ocp.path.atomicity.AtomicRenameTemporaryPath`, the
+  default for local paths) and renames it to
   `<step>` only once every item is written; step listing ignores the temporary names. Together
   with waiting for the save to finish, a crash at any point leaves either the complete new step
   or no new step, never a half-written latest one.
@@ -485,7 +486,7 @@ class Checkpoints:
   def _remove_own_temporaries(self, step: int) -> None:
     """This writer's temporary directories of `step` left by a failed save (others' are kept:
     they may still be writing)."""
-    prefix = f"{step}{atomicity.TMP_DIR_SUFFIX}-{self._token}-"
+    prefix = f"{step}{_TMP_SUFFIX}-{self._token}-"
     for name in os.listdir(self.directory):
       if name.startswith(prefix):
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)

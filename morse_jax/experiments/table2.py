@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from morse_jax.experiments.variants import VARIANTS
+
 UNTRAINED = ("single", "morse_base")
 TRAINED = ("fixed_grpo", "mole_grpo", "mole_hgrpo")
 _EXACT_UP_TO = 16
@@ -106,11 +108,9 @@ def summary_from_records(records_path: str) -> dict[str, float]:
 
 
 def _variant_config(config, variant: str, seed: int, workdir: str):
-  from configs.morse import common
-
   c = copy.deepcopy(config)
   with c.unlocked():
-    v = common.VARIANTS[variant]
+    v = VARIANTS[variant]
     c.system, c.mixture, c.algo = v["system"], v["mixture"], v["algo"]
     c.seed, c.workdir, c.demo = seed, workdir, False
     c.train.steps = int(config.table2.steps) if variant in TRAINED else 0

@@ -11,7 +11,7 @@ import pytest
 from apex_jax.datasets import DatasetError, World, world_checks
 from apex_jax.datasets import world_records as R
 from apex_jax.datasets.world_words import ENGLISH_LIKE
-from apex_jax.toy.search import NgramSearch, WordSearch
+from apex_jax.tools.overlap import NgramSearch, WordSearch
 
 
 @pytest.fixture(scope="module")

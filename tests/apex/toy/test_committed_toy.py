@@ -10,7 +10,7 @@ import pytest
 
 from apex_jax.agents import AgentConfig, Executor, SeparateGenerator
 from apex_jax.datasets.world import World
-from apex_jax.toy.search import WordSearch
+from apex_jax.tools.overlap import WordSearch
 from morse_jax import llm
 from tests.apex.toy.conftest import REPO
 

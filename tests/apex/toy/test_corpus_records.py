@@ -247,7 +247,7 @@ def test_a_bank_shows_the_planner_what_the_corpus_assumes(pworld, tmp_path):
   and a wrong run's word alone does not."""
   from apex_jax.agents.planner import context_slots
   from apex_jax.memory import MemoryBank, NewMemory
-  from apex_jax.toy.search import WordSearch
+  from apex_jax.tools.overlap import WordSearch
   from tests.apex.memory.fakes import HashEmbedder
 
   searcher = WordSearch(pworld.passages, COMPACT.topk)

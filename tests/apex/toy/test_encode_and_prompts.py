@@ -9,7 +9,7 @@ from apex_jax.agents import AgentConfig, AgentConfigError, Executor, Planner, pr
 from apex_jax.agents.generator import Generation
 from apex_jax.memory.records import Memory
 from apex_jax.toy import encode
-from apex_jax.toy.search import WordSearch
+from apex_jax.tools.overlap import WordSearch
 from morse_jax.toy import sft
 
 RNG = jax.random.key(0)

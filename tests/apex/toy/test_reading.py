@@ -7,7 +7,7 @@ import random
 import pytest
 
 from apex_jax.toy import build, corpus, reading
-from apex_jax.toy.search import WordSearch
+from apex_jax.tools.overlap import WordSearch
 from apex_jax.tools import Answer, parse_turn
 from tests.apex.toy.conftest import COMPACT
 

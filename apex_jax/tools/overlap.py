@@ -1,5 +1,6 @@
-"""In-process term-overlap searches over a list of passages (no index, no model): the toy's
-search tools, with the `Searcher` interface of `apex_jax.tools` (LocalSearch, SearchClient).
+"""In-process term-overlap searches over a list of passages (no index, no model): the search
+tools of the synthetic world (config `search.kind` word / ngram) and of the toy's corpus, with
+the `Searcher` interface of `apex_jax.tools.search` (LocalSearch, SearchClient).
 
 score(q, p) = sum over the distinct terms t of q that occur in p of idf(t),
 idf(t) = log(1 + N / df(t)); ties go to the earlier passage.

@@ -1,12 +1,12 @@
-"""The toy's searches: hand-computed idf scores, ties in corpus order, and the trigram search
-finding a passage by a misspelled name that the word search misses."""
+"""The term-overlap searches (tools.overlap): hand-computed idf scores, ties in corpus order,
+and the trigram search finding a passage by a misspelled name that the word search misses."""
 
 import math
 
 import pytest
 
 from apex_jax.tools.passages import Passage
-from apex_jax.toy.search import NgramSearch, WordSearch, trigrams
+from apex_jax.tools.overlap import NgramSearch, WordSearch, trigrams
 
 PASSAGES = [Passage("a", "Purkir Denos is a writer."), Passage("b", "Tomsa Rilo is a pilot."),
             Passage("c", "Benza is a city.")]
