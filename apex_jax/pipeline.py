@@ -7,30 +7,9 @@ warm-up, the three stages, TTRL, the evaluations and the ablation table.
   scores = evaluate(exp, result.experts, "test", use_memories=True, use_skills=True)
   run(config)                                # all of it, metrics in <workdir>/results.json
 
-Ablations (the paper's table; `config.eval.ablations`, default all of ABLATIONS), each on the
-test questions with EM, F1, answered rate and context tokens per episode:
-  full                          the experts after TTRL, the bank as TTRL left it
-  without_memories / _skills    the same, the planner shown no instance memory / no skill
-  without_memories_and_skills   neither
-  without_ttrl                  the experts after the stages, the bank snapshotted before TTRL
-  without_iteration             the experts after TTRL, the bank one memory-building pass left
-                                before any evolution: its memories, no skill document, nothing
-                                TTRL added (evolution and TTRL's additions are the iterations)
-  without_<module>_training     the system that module's training was left out of: its role
-                                adapter the initial one (each stage trains only its own role,
-                                TTRL only the planner's), and, when TTRL runs, the bank that
-                                system's TTRL builds: TTRL rerun from the bank before TTRL with
-                                the module's initial adapter (`rebuilt_module_rows`) -- distiller:
-                                its summaries and skill evolution untrained, the planner trained
-                                by TTRL as in full; executor: TTRL's episodes executed untrained,
-                                the planner trained by TTRL; planner: TTRL's episodes, stored
-                                and evolved, with the planner never updated (FrozenUpdater).
-                                Memory building runs the untrained system, so its bank is every
-                                row's; what is not rerun: the planner stage, whose rollouts ran
-                                the trained executor (w/o executor keeps the planner it trained).
-                                Without TTRL (or eval.rebuild_module_banks False) the row swaps
-                                the adapter into the full system and reads the full bank.
-Pieces that need a model run in `apex_jax.training.rollouts`; this module only wires them.
+The ablation rows (which exist, what each turns off) are `apex_jax.ablations`; `ablations`
+here evaluates them. Pieces that need a model run in `apex_jax.training.rollouts`; this module
+only wires them.
 """
 
 from __future__ import annotations
@@ -44,6 +23,8 @@ from typing import Any
 import jax
 
 from apex_jax import plots
+from apex_jax.ablations import (ABLATIONS, AblationInputs, ablation_names, ablation_system,
+                                rebuilt_module_rows, row_module, untrained_module)
 from apex_jax.agents import Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
 from apex_jax.agents.generator import with_experts
@@ -216,77 +197,6 @@ def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: boo
   return scores
 
 
-ABLATIONS = ("full", "without_memories", "without_skills", "without_memories_and_skills",
-             "without_ttrl", "without_iteration", "without_executor_training",
-             "without_distiller_training", "without_planner_training")
-
-
-@dataclasses.dataclass
-class AblationInputs:
-  """What the ablation rows read (module docstring): the experts before the stages, after them
-  and after TTRL, and the bank snapshots (files; None where no row asked for one)."""
-  initial: Any  # every module's adapter as its stage started (a stage trains only its own role)
-  staged: Any
-  final: Any
-  one_pass_bank: str | None = None  # memory_build's episodes stored, before any evolution
-  before_ttrl_bank: str | None = None
-  # without_<module>_training -> (experts, bank file) of TTRL rerun with that module untrained
-  # (`rebuilt_module_rows`); a row absent here swaps the adapter into the full system
-  rebuilt: dict = dataclasses.field(default_factory=dict)
-
-
-def ablation_names(config) -> tuple[str, ...]:
-  """config.eval.ablations (empty or absent: all of ABLATIONS), checked."""
-  names = tuple(config.eval.get("ablations") or ABLATIONS)
-  unknown = [n for n in names if n not in ABLATIONS]
-  if unknown:
-    raise ValueError(f"config.eval.ablations {unknown[0]!r} not in {ABLATIONS}")
-  return tuple(dict.fromkeys(names))
-
-
-def row_module(name: str) -> str:
-  """The module of a without_<module>_training row."""
-  return name[len("without_"):-len("_training")]
-
-
-def rebuilt_module_rows(config, names) -> tuple[str, ...]:
-  """The without_<module>_training rows among `names` whose bank is rebuilt: all of them when
-  TTRL runs (its episodes, summaries and evolution run on every module, so the bank the full
-  system evaluates with depends on each) and config.eval.rebuild_module_banks (default True);
-  none otherwise. Memory building runs the untrained system, so its bank is every row's."""
-  t = config.ttrl
-  if not (t.steps or t.get("epochs")) or not config.eval.get("rebuild_module_banks", True):
-    return ()
-  return tuple(n for n in names if n.endswith("_training"))
-
-
-def untrained_module(experts, initial, lora, module: str):
-  """`experts` with `module`'s role adapter taken from `initial` (the others kept)."""
-  from apex_jax.training.grpo import keep_only_expert
-
-  return keep_only_expert(initial, experts, lora.role_index(module))
-
-
-def ablation_system(name: str, inputs: AblationInputs, lora) -> tuple[Any, str | None, bool,
-                                                                      bool]:
-  """(experts, bank snapshot file or None for the live bank, use_memories, use_skills)."""
-  if name not in ABLATIONS:
-    raise ValueError(f"ablation {name!r} not in {ABLATIONS}")
-  if name in inputs.rebuilt:
-    experts, path = inputs.rebuilt[name]
-    return experts, path, True, True
-  if name.endswith("_training"):
-    return untrained_module(inputs.final, inputs.initial, lora, row_module(name)), None, True, \
-        True
-  if name in ("without_ttrl", "without_iteration"):
-    path = inputs.before_ttrl_bank if name == "without_ttrl" else inputs.one_pass_bank
-    if path is None:
-      raise ValueError(f"ablation {name!r} needs its bank snapshot (AblationInputs)")
-    return (inputs.staged if name == "without_ttrl" else inputs.final), path, True, True
-  return (inputs.final, None, name not in ("without_memories", "without_memories_and_skills"),
-          name not in ("without_skills", "without_memories_and_skills"))
-
-
 def bank_counts(bank: MemoryBank) -> dict:
   """Memories and skill documents a bank holds (the rows' banks, in the results)."""
   return {"memories": len(bank), "skills": sum(
@@ -295,8 +205,8 @@ def bank_counts(bank: MemoryBank) -> dict:
 
 def ablations(exp: Experiment, inputs: AblationInputs, names=ABLATIONS, *,
               rng: jax.Array | None = None) -> dict[str, dict]:
-  """One `evaluate` per row (module docstring), all with the same key; each row also names the
-  bank it read (`bank`: memories, skills, the snapshot file or "live")."""
+  """One `evaluate` per row (`apex_jax.ablations`), all with the same key; each row also names
+  the bank it read (`bank`: memories, skills, the snapshot file or "live")."""
   rows, opened = {}, {}
   try:
     for name in names:
@@ -400,91 +310,147 @@ def run(config) -> dict:
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
-  logdir = os.path.join(config.workdir, "logs")
-  seconds, clock = {}, time.time()
-
-  def lap(name):
-    nonlocal clock
-    seconds[name] = round(time.time() - clock, 1)
-    clock = time.time()
-    print(f"[apex] {name}: {seconds[name]:.0f}s", flush=True)
-
-  names, banks = ablation_names(config), os.path.join(config.workdir, "banks")
-  one_pass = os.path.join(banks, "one_pass.db") if "without_iteration" in names else None
-  checkpoints = os.path.join(config.workdir, "checkpoints")  # a restarted run resumes
-  other = bool(config.train.get("continue_other_run", False))
-  results = {"memory_build": resumable_memory_build(exp, rng=k_mem, directory=checkpoints,
-                                                    continue_other_run=other,
-                                                    snapshot=one_pass),
-             "seconds": seconds, "runtime": runtime()}
-  lap("memory_build")
-  untrained = None
-  if config.eval.get("untrained", True):  # False: no such row (e.g. no stage, no TTRL: = full)
-    untrained = evaluate(exp, exp.experts, rng=k_eval)
-    untrained["bank"] = {"path": "live", **bank_counts(exp.bank)}  # as memory building left it
-    lap("eval_untrained")
-  stage_list = stages(exp)
-  if stage_list:
-    staged = run_stages(exp.updater, exp.experts, stage_list, exp.generator, rng=k_stages,
-                        logdir=logdir, checkpoint_dir=os.path.join(checkpoints, "stages"),
-                        checkpoint_every=config.train.get("checkpoint_every", 1),
-                        continue_other_run=other)
-    results["stages"], experts = staged.history, staged.experts
-    lap("stages")
-  else:  # every stage has steps 0: the experts stay the initial ones
-    results["stages"], experts = [], exp.experts
-  before_ttrl = (exp.bank.backup(os.path.join(banks, "before_ttrl.db"))
+  r = _Run(exp, config)
+  names = ablation_names(config)
+  one_pass = r.bank_file("one_pass") if "without_iteration" in names else None
+  r.results.update(memory_build=resumable_memory_build(exp, rng=k_mem, directory=r.checkpoints,
+                                                       continue_other_run=r.other,
+                                                       snapshot=one_pass),
+                   seconds=r.seconds, runtime=runtime())
+  r.lap("memory_build")
+  untrained = _untrained_row(r, k_eval)
+  experts = _after_stages(r, k_stages)
+  before_ttrl = (exp.bank.backup(r.bank_file("before_ttrl"))
                  if "without_ttrl" in names else None)
-  t = config.ttrl
-  rebuilt_rows = rebuilt_module_rows(config, names)
-  row_banks = {name: exp.bank.backup(os.path.join(banks, f"{name}.db")) for name in rebuilt_rows}
-  if t.steps or t.get("epochs"):
-    panel = judges(exp)
-    ttrl = ttrl_phase(exp, experts, exp.bank, panel, rng=k_ttrl, logdir=logdir,
-                      checkpoint_dir=os.path.join(checkpoints, "ttrl"), continue_other_run=other)
-    results["ttrl"] = ttrl.history
-    results["judge_failures"] = judge_failures(panel, ttrl)
-    experts_ttrl = ttrl.experts
-    lap("ttrl")
-  else:
-    experts_ttrl = experts
-  rebuilt = {}
-  for name in rebuilt_rows:  # each with its own bank copy, checkpoints and curves
+  row_banks = {name: exp.bank.backup(r.bank_file(name))
+               for name in rebuilt_module_rows(config, names)}
+  experts_ttrl = _after_ttrl(r, experts, k_ttrl)
+  rebuilt = _module_rows(r, experts, row_banks, k_ttrl)
+  r.results["eval"] = {**untrained, **ablations(
+      exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl, rebuilt),
+      names, rng=k_eval)}
+  r.lap("eval")
+  _write_results(r, experts_ttrl)
+  return r.results
+
+
+@dataclasses.dataclass
+class _Run:
+  """What the phases of one `run` share: the experiment, the folders under config.workdir, the
+  results so far and the seconds per phase."""
+
+  exp: Experiment
+  config: Any  # the ConfigDict run was given
+  results: dict = dataclasses.field(default_factory=dict)
+  seconds: dict = dataclasses.field(default_factory=dict)
+  clock: float = dataclasses.field(default_factory=time.time)
+
+  @property
+  def logdir(self) -> str:
+    return os.path.join(self.config.workdir, "logs")
+
+  @property
+  def checkpoints(self) -> str:  # a restarted run resumes from them
+    return os.path.join(self.config.workdir, "checkpoints")
+
+  @property
+  def other(self) -> bool:  # config.train.continue_other_run
+    return bool(self.config.train.get("continue_other_run", False))
+
+  def bank_file(self, name: str) -> str:
+    return os.path.join(self.config.workdir, "banks", f"{name}.db")
+
+  def lap(self, name: str) -> None:
+    """The seconds since the last lap, as phase `name`'s."""
+    self.seconds[name] = round(time.time() - self.clock, 1)
+    self.clock = time.time()
+    print(f"[apex] {name}: {self.seconds[name]:.0f}s", flush=True)
+
+
+def _untrained_row(r: _Run, rng: jax.Array) -> dict:
+  """{"untrained": the untrained system's row} (the initial experts, the bank as memory building
+  left it), or {} when config.eval.untrained is False (e.g. no stage, no TTRL: it equals full)."""
+  if not r.config.eval.get("untrained", True):
+    return {}
+  row = evaluate(r.exp, r.exp.experts, rng=rng)
+  row["bank"] = {"path": "live", **bank_counts(r.exp.bank)}
+  r.lap("eval_untrained")
+  return {"untrained": row}
+
+
+def _after_stages(r: _Run, rng: jax.Array):
+  """The experts after the stages (every stage at steps 0: the initial ones)."""
+  exp, config = r.exp, r.config
+  stage_list = stages(exp)
+  if not stage_list:
+    r.results["stages"] = []
+    return exp.experts
+  staged = run_stages(exp.updater, exp.experts, stage_list, exp.generator, rng=rng,
+                      logdir=r.logdir, checkpoint_dir=os.path.join(r.checkpoints, "stages"),
+                      checkpoint_every=config.train.get("checkpoint_every", 1),
+                      continue_other_run=r.other)
+  r.results["stages"] = staged.history
+  r.lap("stages")
+  return staged.experts
+
+
+def _after_ttrl(r: _Run, experts, rng: jax.Array):
+  """The experts after TTRL from `experts` on the live bank (TTRL at steps 0: `experts`)."""
+  t = r.config.ttrl
+  if not (t.steps or t.get("epochs")):
+    return experts
+  panel = judges(r.exp)
+  ttrl = ttrl_phase(r.exp, experts, r.exp.bank, panel, rng=rng, logdir=r.logdir,
+                    checkpoint_dir=os.path.join(r.checkpoints, "ttrl"), continue_other_run=r.other)
+  r.results["ttrl"] = ttrl.history
+  r.results["judge_failures"] = judge_failures(panel, ttrl)
+  r.lap("ttrl")
+  return ttrl.experts
+
+
+def _module_rows(r: _Run, experts, row_banks: dict[str, str], rng: jax.Array) -> dict:
+  """TTRL rerun for each rebuilt without_<module>_training row (`rebuilt_module_rows`) from the
+  staged `experts` with that module's initial adapter, on the row's bank copy, each with its own
+  checkpoints and curves: row -> (its experts, its bank file)."""
+  exp, rebuilt = r.exp, {}
+  for name, path in row_banks.items():
     module = row_module(name)
-    row_bank = MemoryBank(row_banks[name], exp.bank.embedder, config=exp.bank.config)
+    row_bank = MemoryBank(path, exp.bank.embedder, config=exp.bank.config)
     try:
       panel = judges(exp)
       row = ttrl_phase(exp, untrained_module(experts, exp.experts, exp.updater.lora, module),
-                       row_bank, panel, rng=k_ttrl, logdir=os.path.join(logdir, name),
-                       checkpoint_dir=os.path.join(checkpoints, f"ttrl_{name}"),
-                       continue_other_run=other, frozen=module == "planner")
+                       row_bank, panel, rng=rng, logdir=os.path.join(r.logdir, name),
+                       checkpoint_dir=os.path.join(r.checkpoints, f"ttrl_{name}"),
+                       continue_other_run=r.other, frozen=module == "planner")
     finally:
       row_bank.close()
-    results.setdefault("ablation_ttrl", {})[name] = {
+    r.results.setdefault("ablation_ttrl", {})[name] = {
         "history": row.history, "judge_failures": judge_failures(panel, row)}
-    rebuilt[name] = (row.experts, row_banks[name])
+    rebuilt[name] = (row.experts, path)
   if rebuilt:
-    lap("ablation_ttrl")
-  results["eval"] = {**({} if untrained is None else {"untrained": untrained}), **ablations(
-      exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl, rebuilt),
-      names, rng=k_eval)}
-  lap("eval")
+    r.lap("ablation_ttrl")
+  return rebuilt
+
+
+def _write_results(r: _Run, experts) -> None:
+  """The bank's counters, `experts` exported, the reward plot and <workdir>/results.json; the
+  bank closed."""
+  exp, results, workdir = r.exp, r.results, r.config.workdir
   results["distiller_errors"] = dict(exp.bank.distiller_errors)
   results["unknown_absorbed_ids"] = exp.bank.unknown_absorbed_ids  # dropped, replies applied
   results["bucket_overwrites"] = exp.bank.bucket_overwrites  # category / modality, replies applied
-  results["adapters"] = export_adapters(exp, experts_ttrl, os.path.join(config.workdir, "adapters"))
+  results["adapters"] = export_adapters(exp, experts, os.path.join(workdir, "adapters"))
   try:
     evals = results["eval"]
     held_out = {"label": "held-out F1", "before": evals.get("untrained", {}).get("f1"),
                 "after": evals.get("full", {}).get("f1")}
-    results["plot"] = plots.reward_curves(logdir, os.path.join(config.workdir, "rewards.png"),
+    results["plot"] = plots.reward_curves(r.logdir, os.path.join(workdir, "rewards.png"),
                                           held_out=held_out)
   except ValueError as e:  # no stage logged a reward: nothing to draw, say so in the results
     results["plot"] = f"not drawn: {e}"
-  with open(os.path.join(config.workdir, "results.json"), "w") as f:
+  with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2, sort_keys=True)
   exp.bank.close()
-  return results
 
 
 def export_adapters(exp: Experiment, experts, directory: str) -> dict[str, str]:

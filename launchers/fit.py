@@ -10,8 +10,8 @@ accelerators.
 Shapes (morse_jax.rl.aot.RunShapes): one update of `--nodes` nodes (default: the tasks of a
 batch, one node each) x B routes x M candidates, prompts of `--prompt_tokens`, the config's
 generation budget and micro-batches. The backbone comes from config.model.path's config.json
-when there is one, else from aot.ARCHITECTURES by config.model.name (or `--model`). Nothing is
-allocated; compiling an 8B update takes a few minutes of CPU and ~1 GB of RAM.
+when there is one, else from llm.presets.ARCHITECTURES by config.model.name (or `--model`).
+Nothing is allocated; compiling an 8B update takes a few minutes of CPU and ~1 GB of RAM.
 
 XLA:CPU's buffer assignment is not the TPU's or GPU's (other fusions and schedules, and f32
 copies where CPU has no bf16 dot), so the compiled bytes are an estimate; the analytical bytes
@@ -32,8 +32,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
                                           lock_config=True)
 _PROMPT = flags.DEFINE_integer("prompt_tokens", 2048, "tokens of a node's (or query's) prompt")
 _NODES = flags.DEFINE_integer("nodes", 0, "nodes per update (0: config.train.tasks_per_step)")
-_MODEL = flags.DEFINE_string("model", "", "architecture name in aot.ARCHITECTURES (default: "
-                             "config.model.name; APEx: Qwen3-8B)")
+_MODEL = flags.DEFINE_string("model", "", "architecture name in llm.presets.ARCHITECTURES "
+                             "(default: config.model.name; APEx: Qwen3-8B)")
 _STAGE = flags.DEFINE_string("stage", "planner", "APEx: the stage whose batch is measured")
 _MESH = flags.DEFINE_string("mesh", "", "DATAxMODEL (default: config.mesh; APEx: 8x1)")
 _COMPILE = flags.DEFINE_bool("compile", True, "False: the analytical bytes only")
@@ -48,17 +48,18 @@ ACCELERATORS = (("TPU v5e", 16), ("A100-40GB", 40), ("H100-80GB", 79.6), ("H200-
 
 def _architecture(config, default_name: str):
   from morse_jax.llm.config import LlmConfig
-  from morse_jax.rl import aot
+  from morse_jax.llm.presets import ARCHITECTURES
 
   path = os.path.expanduser(config.model.get("path", "") or "")
   if path and os.path.exists(os.path.join(path, "config.json")):
     with open(os.path.join(path, "config.json")) as f:
       return path, LlmConfig.from_hf_dict(json.load(f), os.path.join(path, "config.json"))
   name = _MODEL.value or config.model.get("name", "") or default_name
-  if name not in aot.ARCHITECTURES:
-    raise app.UsageError(f"--model / config.model.name {name!r} is not in aot.ARCHITECTURES "
-                         f"{sorted(aot.ARCHITECTURES)}; give --config.model.path")
-  return name, aot.ARCHITECTURES[name]
+  if name not in ARCHITECTURES:
+    raise app.UsageError(f"--model / config.model.name {name!r} is not in "
+                         f"llm.presets.ARCHITECTURES {sorted(ARCHITECTURES)}; give "
+                         "--config.model.path")
+  return name, ARCHITECTURES[name]
 
 
 def _mesh_shape(default):

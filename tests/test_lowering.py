@@ -11,13 +11,14 @@ from configs.morse import common
 from morse_jax.llm import sharding
 from morse_jax.llm import model as model_lib
 from morse_jax.llm.config import LlmConfig
+from morse_jax.llm.presets import ARCHITECTURES
 from morse_jax.lora import mixture
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.lora.router import RouterConfig
 from morse_jax.rl import aot
 from morse_jax.rl.train_step import StepConfig
 
-QWEN3_4B = aot.ARCHITECTURES["Qwen3-4B-Instruct-2507"]
+QWEN3_4B = ARCHITECTURES["Qwen3-4B-Instruct-2507"]
 PRESETS = ("gpu8", "tpu_v5e8")
 PLATFORMS = ("tpu", "cuda")
 LORA = LoraConfig()  # q, v, o in the last 8 layers, 2 roles + 4 subtask experts
@@ -63,7 +64,7 @@ def declared(exported, args, kwargs, suffix):
 
 def test_architectures_match_the_published_parameter_counts():
   # Hugging Face model cards: Qwen3-4B 4.0B, Qwen3-8B 8.2B, Llama-3.1-8B 8.03B parameters.
-  counts = {name: c.num_params() / 1e9 for name, c in aot.ARCHITECTURES.items()}
+  counts = {name: c.num_params() / 1e9 for name, c in ARCHITECTURES.items()}
   assert counts["Qwen3-4B-Instruct-2507"] == pytest.approx(4.02, abs=0.01)
   assert counts["Qwen3-8B"] == pytest.approx(8.19, abs=0.01)
   assert counts["Llama-3.1-8B-Instruct"] == pytest.approx(8.03, abs=0.01)

@@ -87,7 +87,7 @@ def get_config(arg=None):
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)
   c.judges = dict(kind="inprocess", url="", model="", max_tokens=32, accuracy="rule", rule="em",
                   skill_quality="rule", skill_terms="rule")
-  # ablations: the table's rows (apex_jax.pipeline.ABLATIONS); () gives every row
+  # ablations: the table's rows (apex_jax.ablations.ABLATIONS); () gives every row
   # untrained: the untrained system's row (initial experts, built memories) before the table
   # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial
   # adapter, so it reads the bank that system builds (apex_jax.pipeline); False: the adapter

@@ -127,7 +127,7 @@ def get_config(arg=None):
                   # the Writer's format and evolution terms judged too (the paper's J_skill;
                   # the authors' code scores them by rules: skill_terms="rule")
                   skill_terms="judge")
-  # ours: all test questions, greedy; every ablation row (apex_jax.pipeline.ABLATIONS), or a
+  # ours: all test questions, greedy; every ablation row (apex_jax.ablations.ABLATIONS), or a
   # subset: --config.eval.ablations="('full','without_ttrl')"
   # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial
   # adapter, so it reads the bank that system builds (apex_jax.pipeline); False: the adapter

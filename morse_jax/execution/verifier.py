@@ -505,85 +505,139 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
     program, upstream = f"{upstream}\n\n{program}", None
   codes = [("upstream", upstream), ("program", f"{upstream}\n\n{program}")] if upstream else [
       ("program", program)]
-  pipes, threads, results, spec = [], [], {}, []
-  pids, launched = {}, []  # each program's host pid: the harness measures its CPU time there
-  server_fds = []  # the program's ends: run_python owns them once its thread starts
+  job = {"tests": tests, "prelude": prelude, "support": dict(files or {}),
+         "remote": list(remote) if remote is not None else None,
+         "per_test": limits, "shared": bool(shared_namespace),
+         "groups": [int(g) for g in groups] if groups is not None else None,
+         "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
+         "sys_path": _site_paths(), "strict": _strict_source()}
+  out, err, results = _run_harness(codes, job, timeout_s=timeout_s, memory_mb=memory_mb,
+                                   files=files)
+  res = results.get("program")
+  isolation = res.isolation if res is not None else isolation
+  return _test_run(out, err, tests, isolation, timed_out=res is not None and res.timed_out,
+                   timeout_s=timeout_s)
+
+
+@dataclasses.dataclass
+class _Servers:
+  """The sandboxed programs of one `run_tests` call, before and while they run: per program two
+  pipes (requests in, answers out) and the thread that runs it in the sandbox."""
+
+  spec: list[dict] = dataclasses.field(default_factory=list)  # per program, for the harness
+  harness_fds: list[int] = dataclasses.field(default_factory=list)  # the harness's pipe ends
+  # the programs' ends: run_python owns them once its thread starts
+  server_fds: list[int] = dataclasses.field(default_factory=list)
+  threads: list[threading.Thread] = dataclasses.field(default_factory=list)
+  launched: list[threading.Event] = dataclasses.field(default_factory=list)
+  # each program's host pid: the harness measures its CPU time there
+  pids: dict[str, int] = dataclasses.field(default_factory=dict)
+  results: dict = dataclasses.field(default_factory=dict)  # label -> run_python's result or error
+
+  def add(self, label: str, code: str, *, timeout_s: float, memory_mb: int,
+          files: dict[str, str] | None) -> None:
+    """One program's pipes and its (unstarted) thread."""
+    req_r, req_w = os.pipe()
+    self.harness_fds.append(req_w)
+    self.server_fds.append(req_r)
+    resp_r, resp_w = os.pipe()
+    self.harness_fds.append(resp_r)
+    self.server_fds.append(resp_w)
+    self.spec.append({"label": label, "request_fd": req_w, "response_fd": resp_r})
+    # _os._exit after the loop: a thread the program left running cannot keep it alive.
+    source = _server_source() + f"\n_serve({code!r}, {req_r}, {resp_w})\n_os._exit(0)\n"
+    launched = threading.Event()
+    self.launched.append(launched)
+
+    def on_start(pid):
+      self.pids[label] = pid
+      launched.set()
+
+    def serve():
+      try:
+        self.results[label] = sandbox.run_python(source, timeout_s=timeout_s,
+                                                 memory_mb=memory_mb, files=files,
+                                                 pass_fds=(req_r, resp_w), on_start=on_start)
+      except BaseException as e:  # pylint: disable=broad-except
+        self.results[label] = e
+      finally:
+        launched.set()
+    self.threads.append(threading.Thread(target=serve, daemon=True))
+
+  def start(self, harness: subprocess.Popen, timeout_s: float) -> None:
+    """The programs started once the harness has protected itself (`_await_harness`), each
+    one's pid in `spec`; none when it did not."""
+    _close_all(self.harness_fds)  # the harness holds them now: it sees EOF when a program ends
+    self.harness_fds = []
+    if not _await_harness(harness, timeout_s):
+      self.threads = []  # closed unstarted: the harness sees the programs gone
+      _close_all(self.server_fds)
+    self.server_fds = []
+    for t in self.threads:
+      t.start()
+    for event in self.launched if self.threads else ():
+      event.wait(timeout_s)
+    for server in self.spec:
+      server["pid"] = self.pids.get(server["label"])
+
+  def join(self) -> None:
+    """Waits for the threads that started (each ends with its program's sandbox)."""
+    for t in self.threads:
+      if t.ident is not None:
+        t.join()
+
+
+def _run_harness(codes: Sequence[tuple[str, str]], job: dict, *, timeout_s: float,
+                 memory_mb: int, files: dict[str, str] | None) -> tuple[bytes, bytes, dict]:
+  """(the harness's stdout, its stderr, label -> each program's run_python result): the programs
+  in their sandboxes, the harness sent `job` with their pipes; an error of a sandbox is raised
+  once everything is shut down."""
+  servers = _Servers()
   workdir = tempfile.mkdtemp(prefix="morse-harness-")
   harness = None
   try:
     for label, code in codes:
-      req_r, req_w = os.pipe()
-      pipes.append(req_w)
-      server_fds.append(req_r)
-      resp_r, resp_w = os.pipe()
-      pipes.append(resp_r)
-      server_fds.append(resp_w)
-      spec.append({"label": label, "request_fd": req_w, "response_fd": resp_r})
-      # _os._exit after the loop: a thread the program left running cannot keep it alive.
-      source = _server_source() + f"\n_serve({code!r}, {req_r}, {resp_w})\n_os._exit(0)\n"
-
-      launched.append(threading.Event())
-
-      def serve(label=label, source=source, fds=(req_r, resp_w), launched=launched[-1]):
-        def on_start(pid):
-          pids[label] = pid
-          launched.set()
-        try:
-          results[label] = sandbox.run_python(source, timeout_s=timeout_s, memory_mb=memory_mb,
-                                              files=files, pass_fds=fds, on_start=on_start)
-        except BaseException as e:  # pylint: disable=broad-except
-          results[label] = e
-        finally:
-          launched.set()
-      threads.append(threading.Thread(target=serve, daemon=True))
-    harness = subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
-        [sys.executable, "-I", "-S", "-B", "-c", _source(_HARNESS_PATH)], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,
-        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-             "LANG": "C.UTF-8"}, pass_fds=tuple(pipes))
-    for fd in pipes:  # the harness holds them now: it sees EOF when a program ends
-      os.close(fd)
-    pipes = []
-    started = _await_harness(harness, timeout_s)
-    if not started:  # closed unstarted: the harness sees the programs gone
-      threads = []
-      _close_all(server_fds)
-    server_fds = []
-    for t in threads:
-      t.start()
-    for event in launched if threads else ():
-      event.wait(timeout_s)
-    for server in spec:
-      server["pid"] = pids.get(server["label"])
-    job = json.dumps({"servers": spec, "tests": tests, "prelude": prelude,
-                      "support": dict(files or {}),
-                      "remote": list(remote) if remote is not None else None,
-                      "per_test": limits, "shared": bool(shared_namespace),
-                      "groups": [int(g) for g in groups] if groups is not None else None,
-                      "timeout": timeout_s, "memory_mb": max(memory_mb, 1024) * 2,
-                      "sys_path": _site_paths(), "strict": _strict_source()}).encode()
-    try:
-      out, err = harness.communicate(job, timeout=timeout_s + _HARNESS_GRACE_S)
-    except subprocess.TimeoutExpired:
-      out, err = b"", b"the trusted harness ran past its deadline"
+      servers.add(label, code, timeout_s=timeout_s, memory_mb=memory_mb, files=files)
+    harness = _start_harness(workdir, servers.harness_fds)
+    servers.start(harness, timeout_s)
+    out, err = _send_job(harness, {"servers": servers.spec, **job}, timeout_s)
   finally:
-    for fd in pipes + server_fds:
-      os.close(fd)
+    _close_all(servers.harness_fds + servers.server_fds)
     if harness is not None:
       try:
         os.killpg(harness.pid, 9)
       except (ProcessLookupError, PermissionError):
         pass
       harness.wait()
-    for t in threads:
-      if t.ident is not None:
-        t.join()
+    servers.join()
     shutil.rmtree(workdir, ignore_errors=True)
-  for res in results.values():
+  for res in servers.results.values():
     if isinstance(res, BaseException):
       raise res
-  res = results.get("program")
-  isolation = res.isolation if res is not None else isolation
+  return out, err, servers.results
+
+
+def _start_harness(workdir: str, fds: Sequence[int]) -> subprocess.Popen:
+  """The trusted harness, a plain subprocess in its own session and a bare environment, holding
+  the harness's ends of the programs' pipes."""
+  return subprocess.Popen(  # -S: no site processing (faster); the job names site-packages
+      [sys.executable, "-I", "-S", "-B", "-c", _source(_HARNESS_PATH)], stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, start_new_session=True,
+      env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
+           "LANG": "C.UTF-8"}, pass_fds=tuple(fds))
+
+
+def _send_job(harness: subprocess.Popen, job: dict, timeout_s: float) -> tuple[bytes, bytes]:
+  """The harness's stdout and stderr after it ran `job`; empty output past its deadline."""
+  try:
+    return harness.communicate(json.dumps(job).encode(), timeout=timeout_s + _HARNESS_GRACE_S)
+  except subprocess.TimeoutExpired:
+    return b"", b"the trusted harness ran past its deadline"
+
+
+def _test_run(out: bytes, err: bytes, tests: list[str], isolation: str, *, timed_out: bool,
+              timeout_s: float) -> TestRun:
+  """The harness's summary as a TestRun; without a readable one, nothing counts as passed."""
   try:
     summary = json.loads(out)
   except ValueError:
@@ -601,7 +655,7 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_s: float = 10.0,
     if not ok:
       first = tests[i].strip().splitlines()[-1:] or [""]
       why = err_text or "failed"
-      if res is not None and res.timed_out:
+      if timed_out:
         why += f" (the program timed out after {timeout_s} s)"
       errors.append(f"test {i} ({first[0][:100]}): {why}")
   flags = tuple(ok is True for ok in summary["passed"])

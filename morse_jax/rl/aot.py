@@ -29,7 +29,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from morse_jax.llm import sharding as sharding_lib
-from morse_jax.llm.config import LlmConfig, RopeConfig
+from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.model import forward, init_cache
 from morse_jax.llm.params import abstract_params
 from morse_jax.llm.sampling import (SamplingConfig, bucket, generate_padded, length_bucket,
@@ -42,24 +42,6 @@ from morse_jax.rl import train_step as ts
 from morse_jax.rl import update as update_lib
 from morse_jax.rl.batch import PolicyBatch, RouterBatch, padded_rows
 from morse_jax.rl.shared_prefix import SharedPrefix
-
-# The paper's backbones, from their Hugging Face config.json (used when no checkpoint is at hand).
-ARCHITECTURES = {
-    "Qwen3-4B-Instruct-2507": LlmConfig(
-        "qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
-        num_heads=32, num_kv_heads=8, head_dim=128, rope=RopeConfig(theta=5e6),
-        tie_word_embeddings=True, qk_norm=True, max_position_embeddings=262144),
-    "Qwen3-8B": LlmConfig(
-        "qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
-        num_heads=32, num_kv_heads=8, head_dim=128, rope=RopeConfig(theta=1e6),
-        qk_norm=True, max_position_embeddings=40960),
-    "Llama-3.1-8B-Instruct": LlmConfig(
-        "llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-        num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
-        rope=RopeConfig(theta=5e5, type="llama3", factor=8.0, low_freq_factor=1.0,
-                        high_freq_factor=4.0, original_max_position_embeddings=8192),
-        max_position_embeddings=131072),
-}
 
 
 def abstract_mesh(data: int, model: int = 1) -> AbstractMesh:

@@ -88,8 +88,33 @@ def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1,
   their length is the longest one's `length_bucket`. Invalid rows keep nothing.
   """
   host = jax.tree.map(np.asarray, batch)
-  n = host.tokens.shape[0]
   lengths = host.attention_mask.sum(axis=1).astype(int)
+  groups = [_Group(rows, _common_prefix(host, lengths, route, rows))
+            for route, rows in _route_rows(host, lengths).items()]
+  longest_suffix = max(lengths[r] - g.prefix for g in groups for r in g.rows)
+  width = width or length_bucket(int(longest_suffix))
+  if longest_suffix > width:
+    raise ValueError(f"share_prefixes: a row has {longest_suffix} tokens after its group's "
+                     f"prefix, more than width={width}")
+  shared = _packed_rows(host, groups, lengths, width, rows_multiple)
+  own = {k: np.zeros((host.tokens.shape[0], width), getattr(host, k).dtype) for k in (
+      "tokens", "attention_mask", "loss_mask", "logp_old", "logp_ref")
+         if getattr(host, k) is not None}  # the rows' arrays, cut to their suffixes
+  for p, group in enumerate(groups):
+    _place(shared, own, p, group, host, lengths)
+  return dataclasses.replace(host, shared=shared, **own)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+  """A route's valid rows and the length of their common prefix."""
+
+  rows: list[int]
+  prefix: int
+
+
+def _route_rows(host: PolicyBatch, lengths: np.ndarray) -> dict[int, list[int]]:
+  """route -> its valid rows, each checked to be right-padded."""
   groups: dict[int, list[int]] = {}
   for r in np.flatnonzero(host.valid > 0):
     if not host.attention_mask[r, :lengths[r]].all():
@@ -98,69 +123,79 @@ def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1,
     groups.setdefault(int(host.route[r]), []).append(int(r))
   if not groups:
     raise ValueError("share_prefixes: the batch has no valid row")
+  return groups
 
-  def mixture(r):  # (expert, weight) pairs in expert order: the same mixture in any slot order
-    order = np.argsort(host.routes.idx[r], kind="stable")
-    return np.stack([host.routes.idx[r][order], host.routes.w[r][order]])
 
-  def first_trained(r):
-    trained = np.flatnonzero(host.loss_mask[r, :lengths[r]] > 0)
-    return int(trained[0]) if trained.size else int(lengths[r])
+def _mixture(host: PolicyBatch, r: int) -> np.ndarray:
+  """Row r's (expert, weight) pairs in expert order: the same mixture in any slot order."""
+  order = np.argsort(host.routes.idx[r], kind="stable")
+  return np.stack([host.routes.idx[r][order], host.routes.w[r][order]])
 
-  layouts = []  # per group: (rows, prefix length, packed length)
-  for g, rows in groups.items():
-    first = rows[0]
-    for r in rows[1:]:
-      if not np.array_equal(mixture(r), mixture(first)):
-        raise ValueError(f"share_prefixes: rows {first} and {r} of route {g} have different "
-                         f"experts ({host.routes.idx[first].tolist()} vs "
-                         f"{host.routes.idx[r].tolist()}); a group shares one route")
-    prefix = min(first_trained(r) for r in rows)  # trained tokens stay in their own row's part
-    for r in rows[1:]:
-      differ = np.flatnonzero(host.tokens[r, :prefix] != host.tokens[first, :prefix])
-      prefix = int(differ[0]) if differ.size else prefix
-    layouts.append((rows, prefix, prefix + int(sum(lengths[r] - prefix for r in rows))))
-  longest_suffix = max(lengths[r] - prefix for rows, prefix, _ in layouts for r in rows)
-  width = width or length_bucket(int(longest_suffix))
-  if longest_suffix > width:
-    raise ValueError(f"share_prefixes: a row has {longest_suffix} tokens after its group's "
-                     f"prefix, more than width={width}")
-  s = length_bucket(max(size for *_, size in layouts))
-  packed_rows = padded_rows(len(layouts), rows_multiple)
-  tokens = np.zeros((packed_rows, s), np.int32)
-  positions = np.zeros((packed_rows, s), np.int32)
-  segments = np.full((packed_rows, s), -1, np.int32)
-  prev = np.full((packed_rows, s), -1, np.int32)
-  row, col = np.zeros(n, np.int32), np.zeros((n, width), np.int32)
-  own = {k: np.zeros((n, width), getattr(host, k).dtype) for k in (
-      "tokens", "attention_mask", "loss_mask", "logp_old", "logp_ref")
-         if getattr(host, k) is not None}  # the rows' arrays, cut to their suffixes
+
+def _first_trained(host: PolicyBatch, lengths: np.ndarray, r: int) -> int:
+  trained = np.flatnonzero(host.loss_mask[r, :lengths[r]] > 0)
+  return int(trained[0]) if trained.size else int(lengths[r])
+
+
+def _common_prefix(host: PolicyBatch, lengths: np.ndarray, route: int, rows: list[int]) -> int:
+  """The rows' longest common prefix up to the first generated token; the rows must have the
+  same experts."""
+  first = rows[0]
+  for r in rows[1:]:
+    if not np.array_equal(_mixture(host, r), _mixture(host, first)):
+      raise ValueError(f"share_prefixes: rows {first} and {r} of route {route} have different "
+                       f"experts ({host.routes.idx[first].tolist()} vs "
+                       f"{host.routes.idx[r].tolist()}); a group shares one route")
+  # trained tokens stay in their own row's part
+  prefix = min(_first_trained(host, lengths, r) for r in rows)
+  for r in rows[1:]:
+    differ = np.flatnonzero(host.tokens[r, :prefix] != host.tokens[first, :prefix])
+    prefix = int(differ[0]) if differ.size else prefix
+  return prefix
+
+
+def _packed_rows(host: PolicyBatch, groups: list[_Group], lengths: np.ndarray, width: int,
+                 rows_multiple: int) -> SharedPrefix:
+  """The empty layout: a packed row per group (padded to a power of two, a multiple of
+  rows_multiple) with its first row's experts, as long as the longest group's `length_bucket`."""
+  n = host.tokens.shape[0]
+  s = length_bucket(max(g.prefix + int(sum(lengths[r] - g.prefix for r in g.rows))
+                        for g in groups))
+  packed_rows = padded_rows(len(groups), rows_multiple)
   route_of = np.zeros(packed_rows, np.int32)  # an original row whose experts the packed row uses
-  for p, (rows, prefix, _) in enumerate(layouts):
-    first = rows[0]
-    route_of[p] = first
-    tokens[p, :prefix] = host.tokens[first, :prefix]
-    positions[p, :prefix] = np.arange(prefix)
-    segments[p, :prefix] = 0
-    prev[p, 1:prefix] = np.arange(prefix - 1)
-    start = prefix
-    for k, r in enumerate(rows, start=1):
-      size = lengths[r] - prefix
-      end = start + size
-      tokens[p, start:end] = host.tokens[r, prefix:lengths[r]]
-      positions[p, start:end] = np.arange(prefix, lengths[r])
-      segments[p, start:end] = k
-      prev[p, start:end] = np.arange(start - 1, end - 1)
-      if size:  # the suffix's first token is predicted by the prefix's last (none: a fresh row)
-        prev[p, start] = prefix - 1
-      row[r], col[r, :size] = p, np.arange(start, end)
-      for key, array in own.items():
-        array[r, :size] = getattr(host, key)[r, prefix:lengths[r]]
-      start = end
-  routes = Routes(idx=host.routes.idx[route_of], w=host.routes.w[route_of])
-  shared = SharedPrefix(tokens=tokens, positions=positions, segments=segments, prev=prev,
-                        row=row, col=col, routes=routes)
-  return dataclasses.replace(host, shared=shared, **own)
+  route_of[:len(groups)] = [g.rows[0] for g in groups]
+  return SharedPrefix(
+      tokens=np.zeros((packed_rows, s), np.int32), positions=np.zeros((packed_rows, s), np.int32),
+      segments=np.full((packed_rows, s), -1, np.int32),
+      prev=np.full((packed_rows, s), -1, np.int32),
+      row=np.zeros(n, np.int32), col=np.zeros((n, width), np.int32),
+      routes=Routes(idx=host.routes.idx[route_of], w=host.routes.w[route_of]))
+
+
+def _place(shared: SharedPrefix, own: dict[str, np.ndarray], p: int, group: _Group,
+           host: PolicyBatch, lengths: np.ndarray) -> None:
+  """Writes group `group` into packed row p (its prefix, then each row's suffix as segment
+  1, 2, ...) and each row's suffix into `own`."""
+  rows, prefix = group.rows, group.prefix
+  first = rows[0]
+  shared.tokens[p, :prefix] = host.tokens[first, :prefix]
+  shared.positions[p, :prefix] = np.arange(prefix)
+  shared.segments[p, :prefix] = 0
+  shared.prev[p, 1:prefix] = np.arange(prefix - 1)
+  start = prefix
+  for k, r in enumerate(rows, start=1):
+    size = lengths[r] - prefix
+    end = start + size
+    shared.tokens[p, start:end] = host.tokens[r, prefix:lengths[r]]
+    shared.positions[p, start:end] = np.arange(prefix, lengths[r])
+    shared.segments[p, start:end] = k
+    shared.prev[p, start:end] = np.arange(start - 1, end - 1)
+    if size:  # the suffix's first token is predicted by the prefix's last (none: a fresh row)
+      shared.prev[p, start] = prefix - 1
+    shared.row[r], shared.col[r, :size] = p, np.arange(start, end)
+    for key, array in own.items():
+      array[r, :size] = getattr(host, key)[r, prefix:lengths[r]]
+    start = end
 
 
 @dataclasses.dataclass(frozen=True)
