@@ -8,5 +8,5 @@ from morse_jax.llm.model import KVCache, forward, init_cache
 from morse_jax.llm.params import LayerParams, Params, init_random, param_shapes
 from morse_jax.llm import fused_decode, tokenizer
 from morse_jax.llm.tokenizer import Tokenizer, TokenizerError
-from morse_jax.llm.sampling import (GREEDY, SampleOutput, SamplingConfig, bucket, generate_padded,
-                                    length_bucket, sample)
+from morse_jax.llm.sampling import (GREEDY, GenerationSettings, SampleOutput, SamplingConfig,
+                                    bucket, generate_padded, length_bucket, sample)

@@ -114,9 +114,10 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
   # A route's M candidates share one prefill, unless some rows have prompts of their own.
   repeats = 1 if any(req.row_prompts is not None for req in requests) else group_size
   adapter = make_adapter(experts, lora, config, sets, kernel=kernel)
-  out = llm.sample(backbone, config, prompts, max_new_tokens=max_new_tokens, rng=rng,
-                   sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter,
-                   prompt_repeats=repeats)
+  settings = llm.GenerationSettings(max_new_tokens, sampling, eos_ids=eos_ids, pad_id=pad_id,
+                                    prompt_repeats=repeats)
+  out = llm.sample(llm.Model(config, backbone), prompts, settings, rng=rng, mesh=mesh,
+                   adapter=adapter)
   n = len(prompts)
   completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]
   segments = [[Segment(prompts[r]), Segment(completions[r], out.logprobs[r, :out.lengths[r]])]

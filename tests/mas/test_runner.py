@@ -105,8 +105,8 @@ def test_replies_count_tokens_and_tell_the_limit_from_a_stop(agents, monkeypatch
   lengths = [3, 2, 3, 1]
   seen = {}
 
-  def sample(params, config, prompts, *, max_new_tokens, **kwargs):
-    seen.update(max_new_tokens=max_new_tokens, eos_ids=kwargs["eos_ids"])
+  def sample(model, prompts, settings, **kwargs):
+    seen.update(max_new_tokens=settings.max_new_tokens, eos_ids=settings.eos_ids)
     return llm.SampleOutput(np.asarray(rows, np.int32), np.zeros((4, 3), np.float32),
                             np.asarray(lengths, np.int32))
 
