@@ -174,8 +174,7 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
   generator = generator or AdapterGenerator(model, experts, lora)
   step = step_config(c.train)
-  updater = ModuleUpdater(model.params, model.config, lora, step, pad_id=model.tokenizer.pad_id,
-                          recompute_logp_old=c.agents.top_p < 1.0)
+  updater = ModuleUpdater(model, lora, step, recompute_logp_old=c.agents.top_p < 1.0)
   os.makedirs(c.workdir, exist_ok=True)
   bank = MemoryBank(c.memory.path or _fresh_bank_path(c.workdir),
                     embedder or _embedder(c, model), config=bank_config(c))

@@ -63,7 +63,8 @@ def cache_bytes(config, rows: int, slots: int, itemsize: int = 4) -> int:
 def step_ms(model, prompts, new: int, sampling=None, repeats: int = 3,
             unstack: bool | None = None) -> dict:
   """ms per decode step and the prefill (+ first step) seconds, from `new` and 1 tokens.
-  unstack: the decode loop's layout (`generate_padded`'s; None: `default_unstack`'s choice)."""
+  unstack: the decode loop's layout (`GenerationSettings.unstack`; None: `default_unstack`'s
+  choice)."""
   import jax
   import jax.numpy as jnp
 
@@ -76,23 +77,23 @@ def step_ms(model, prompts, new: int, sampling=None, repeats: int = 3,
   p = sampling_lib.length_bucket(max(len(x) for x in prompts))
   tokens, mask = sampling_lib.left_pad(prompts, p, rows, 0)
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(rows))
-  gen_len = sampling_lib.bucket(new)
   bits = model_lib.bits_view(model.params)  # as `llm.sample` runs it
   if unstack is None:
     unstack = sampling_lib.default_unstack(model.params)
+  settings = llm.GenerationSettings(sampling_lib.bucket(new), sampling, unstack=unstack)
 
   def run(n):
     out = sampling_lib.generate_padded(
         model.params, model.config, jnp.asarray(tokens), jnp.asarray(mask), keys, jnp.int32(n),
-        sampling=sampling, gen_len=gen_len, eos_ids=(),
-        unstack=unstack, bits=bits)
+        settings, bits=bits)
     return jax.block_until_ready(out)
 
   run(1)  # compile
   one = min(_seconds(lambda: run(1)) for _ in range(repeats))
   full = min(_seconds(lambda: run(new)) for _ in range(repeats))
   return {"step_ms": 1000 * (full - one) / (new - 1), "prefill_and_first_step_s": one,
-          "prompt_bucket": p, "cache_slots": p + gen_len, "fused_decode_layout": unstack}
+          "prompt_bucket": p, "cache_slots": p + settings.max_new_tokens,
+          "fused_decode_layout": unstack}
 
 
 def profile(model, prompts, new: int, full_ms: float) -> dict:

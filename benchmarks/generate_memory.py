@@ -81,8 +81,9 @@ def main(argv):
   start = time.time()
   out = sampling_lib.generate_padded(
       model.params, model.config, jnp.asarray(tokens), jnp.asarray(mask), keys,
-      jnp.int32(_MAX_NEW.value), sampling=llm.GREEDY, gen_len=_GEN_LEN.value, eos_ids=(),
-      unstack=unstack, bits=model_lib.bits_view(model.params))
+      jnp.int32(_MAX_NEW.value),
+      llm.GenerationSettings(_GEN_LEN.value, llm.GREEDY, unstack=unstack),
+      bits=model_lib.bits_view(model.params))
   jax.block_until_ready(out)
   seconds = time.time() - start
   stop.set()

@@ -55,8 +55,8 @@ def sampler_case(model, experts, lcfg, repeats: int) -> dict:
               "shared": lora.make_adapter(experts, lcfg, model.config, SHARED)}
 
   def call(adapter):
-    out = llm.sample(model.params, model.config, prompts, max_new_tokens=NEW,
-                     rng=jax.random.key(0), sampling=llm.GREEDY, eos_ids=(), adapter=adapter)
+    out = llm.sample(model, prompts, llm.GenerationSettings(NEW, llm.GREEDY),
+                     rng=jax.random.key(0), adapter=adapter)
     return out.tokens
 
   fns = {k: (lambda a=a: call(a)) for k, a in adapters.items()}

@@ -88,8 +88,8 @@ def run_case(name, shape, mode, repeats, dtype_name):
   sampling = llm.SamplingConfig(temperature=settings["temperature"], top_p=settings["top_p"])
 
   def ours():
-    llm.sample(model.params, model.config, prompts.tolist(), max_new_tokens=NEW,
-               rng=jax.random.key(0), sampling=sampling)
+    llm.sample(model, prompts.tolist(), llm.GenerationSettings(NEW, sampling),
+               rng=jax.random.key(0))
 
   gen_kwargs = dict(max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
   if settings["temperature"] == 0:

@@ -48,8 +48,8 @@ def run_case(model, hf, rows: int, length: int, mode: str, repeats: int) -> dict
   sampling = llm.SamplingConfig(temperature=settings["temperature"], top_p=settings["top_p"])
 
   def ours():
-    return llm.sample(model.params, model.config, prompts, max_new_tokens=NEW,
-                      rng=jax.random.key(0), sampling=sampling, eos_ids=())
+    return llm.sample(model, prompts, llm.GenerationSettings(NEW, sampling),
+                      rng=jax.random.key(0))
 
   gen = dict(max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None,
              pad_token_id=model.tokenizer.pad_id)
@@ -153,8 +153,8 @@ def run_qwen(folder: str, repeats: int, dtype_name: str, rows_list=QWEN_ROWS,
     prompts = prompts_of[rows] = humaneval_prompts(model, rows, length)
 
     def ours():
-      return llm.sample(model.params, model.config, prompts, max_new_tokens=new,
-                        rng=jax.random.key(0), sampling=llm.GREEDY, eos_ids=())
+      return llm.sample(model, prompts, llm.GenerationSettings(new, llm.GREEDY),
+                        rng=jax.random.key(0))
 
     before = peak_rss_reset()
     start = time.perf_counter()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from absl import app, flags, logging
@@ -59,7 +60,7 @@ def main(argv):
 
   data, model_axis = (int(n) for n in _MESH.value.lower().split("x"))
   mesh = sharding.make_mesh(data, model_axis)
-  params = sharding.shard_params(model.params, mesh)
+  model = dataclasses.replace(model, params=sharding.shard_params(model.params, mesh))
 
   tok = model.tokenizer
   if tok is None:
@@ -78,13 +79,12 @@ def main(argv):
   banner("generate")
   sampling = llm.SamplingConfig(temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
                                 top_k=_TOP_K.value)
-  kwargs = dict(max_new_tokens=_MAX_NEW.value, sampling=sampling, eos_ids=model.stop_ids,
-                pad_id=tok.pad_id if tok else 0, mesh=mesh)
+  settings = llm.GenerationSettings.for_model(model, _MAX_NEW.value, sampling)
   start = time.perf_counter()
-  llm.sample(params, model.config, rows, rng=jax.random.key(_SEED.value), **kwargs)
+  llm.sample(model, rows, settings, rng=jax.random.key(_SEED.value), mesh=mesh)
   first = time.perf_counter() - start
   start = time.perf_counter()
-  out = llm.sample(params, model.config, rows, rng=jax.random.key(_SEED.value + 1), **kwargs)
+  out = llm.sample(model, rows, settings, rng=jax.random.key(_SEED.value + 1), mesh=mesh)
   elapsed = time.perf_counter() - start
   for i, (tokens, length) in enumerate(zip(out.tokens, out.lengths)):
     ids = tokens[:length].tolist()

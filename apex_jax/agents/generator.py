@@ -89,10 +89,9 @@ def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max
             sampling, mesh) -> list[Generation]:
   if model.tokenizer is None:
     raise ValueError("the model has no tokenizer; agents need one to render chats and decode")
-  out = llm.sample(model.params, model.config, [list(p) for p in prompts],
-                   max_new_tokens=max_new_tokens, rng=rng, sampling=sampling,
-                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id, mesh=mesh,
-                   adapter=adapter)
+  out = llm.sample(model, [list(p) for p in prompts],
+                   llm.GenerationSettings.for_model(model, max_new_tokens, sampling), rng=rng,
+                   mesh=mesh, adapter=adapter)
   stops = set(int(s) for s in model.stop_ids)
   gens = []
   for i in range(len(prompts)):

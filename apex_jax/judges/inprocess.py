@@ -131,12 +131,11 @@ class InProcessChat:
     if self.route is not None:
       adapter = make_adapter(self.route.experts, self.route.lora, self.model.config,
                              [list(self.route.expert_ids)] * len(prompts), self.route.kernel)
+    settings = llm.GenerationSettings.for_model(self.model, max(max_tokens), sampling)
     with self._lock:
       rng = jax.random.fold_in(self._key, next(self._calls))
-      out = llm.sample(self.model.params, self.model.config, list(prompts),
-                       max_new_tokens=max(max_tokens), rng=rng, sampling=sampling,
-                       eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id,
-                       mesh=self.mesh, adapter=adapter, row_keys=_row_keys(rng, keys))
+      out = llm.sample(self.model, list(prompts), settings, rng=rng, mesh=self.mesh,
+                       adapter=adapter, row_keys=_row_keys(rng, keys))
     return [self.completion(out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])],
                             len(prompts[i]), stops[i]) for i in range(len(prompts))]
 

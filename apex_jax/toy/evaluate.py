@@ -131,9 +131,9 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
   examples = world.examples[:questions]
   rows = reading.reading_prompts(examples, WordSearch(world.passages, topk),
                          AgentConfig(prompts=prompts, topk=topk), model.tokenizer, spaced)
-  out = llm.sample(model.params, model.config, [r[0] for r in rows], max_new_tokens=96,
-                   rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
-                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  out = llm.sample(model, [r[0] for r in rows],
+                   llm.GenerationSettings.for_model(model, 96, llm.GREEDY),
+                   rng=jax.random.key(0))
   query_ok, answers, by_hops, samples = [], {}, collections.defaultdict(list), []
   for i, (_, kind, gold, ex) in enumerate(rows):
     text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
@@ -176,9 +176,9 @@ def distiller_metrics(model, world_seed: int, questions: int, topk: int,
     return {"prompts": 0}
   prompts = [model.tokenizer.apply_chat_template(t["messages"], add_generation_prompt=True)
              for t in turns]
-  out = llm.sample(model.params, model.config, prompts, max_new_tokens=max_new_tokens,
-                   rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
-                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  out = llm.sample(model, prompts,
+                   llm.GenerationSettings.for_model(model, max_new_tokens, llm.GREEDY),
+                   rng=jax.random.key(0))
   kinds, texts, dropped, with_dropped = collections.Counter(), [], 0, 0
   overwrites, with_overwrites = 0, 0
   for i, t in enumerate(turns):
@@ -214,9 +214,9 @@ def morse_metrics(model, problems: int) -> dict:
   turns = [t for t in corpus.turns(probs) if t["role"] == "execute"]
   prompts = [model.tokenizer.apply_chat_template(t["messages"], add_generation_prompt=True)
              for t in turns]
-  out = llm.sample(model.params, model.config, prompts, max_new_tokens=320,
-                   rng=jax.random.key(0), sampling=llm.SamplingConfig(temperature=0.0),
-                   eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  out = llm.sample(model, prompts,
+                   llm.GenerationSettings.for_model(model, 320, llm.GREEDY),
+                   rng=jax.random.key(0))
   by_id, passed = {p.id: p for p in probs}, 0
   for i, t in enumerate(turns):
     problem = by_id[t["problem_id"]]

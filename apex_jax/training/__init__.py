@@ -1,7 +1,7 @@
 """APEx training: rewards (pure functions), one-module GRPO updates, the three-stage alternating
 GRPO (executor -> distiller -> planner) and skill-guided test-time RL (planner only).
 
-  updater = ModuleUpdater(backbone, model_config, lora)  # roles: planner, executor, distiller
+  updater = ModuleUpdater(model, lora)  # model: llm.Model; roles: planner, executor, distiller
   stages = [Stage(StageConfig("executor", ...), data, rollout_fn), ...]  # then distiller, planner
   result = run_stages(updater, experts, stages, generator, rng=key, logdir="runs/apex")
   ttrl = run_ttrl(updater, result.experts, queries, bank, generator, episode_fn, judges,

@@ -75,17 +75,16 @@ def keep_only_expert(new, old, expert: int):
 
 @dataclasses.dataclass
 class ModuleUpdater:
-  """The frozen backbone and static settings; `update` trains one module's expert.
+  """The frozen backbone (an `llm.Model`, whose pad id pads the rows) and static settings;
+  `update` trains one module's expert.
 
   recompute_logp_old: the sampler's log-probs are those of the filtered distribution when top-k
   or top-p is on; set True then, and the old log-probs are recomputed under the current experts.
   """
 
-  backbone: object
-  model: llm.LlmConfig
+  model: llm.Model
   lora: LoraConfig
   step: ts.StepConfig = ts.StepConfig(estimator="grpo")
-  pad_id: int = 0
   kernel: str = "gather"  # the mixture kernel in the differentiated forward pass
   recompute_logp_old: bool = False
   # The update leaves flat groups out and runs a group's common prompt once (rl.compaction):
@@ -104,7 +103,7 @@ class ModuleUpdater:
   def step_update(self) -> update_lib.Update:
     """The update object of these settings (rebuilt when `step` is replaced; equal settings give
     an equal, so already compiled, object)."""
-    return update_lib.Update(self.model, self.lora, self.step, kernel=self.kernel,
+    return update_lib.Update(self.model.config, self.lora, self.step, kernel=self.kernel,
                              rows_multiple=self.step.micro_batches,
                              share_prompts=self.share_prompts, donate=("opt_states",))
 
@@ -125,7 +124,7 @@ class ModuleUpdater:
         raise ValueError(f"ModuleUpdater.update: group {g} holds {wrong[0]!r} trajectories, "
                          f"training {module!r}")
     expert = self.lora.role_index(module)
-    batch, num_routes = packed_batch(groups, rewards, expert, pad_id=self.pad_id,
+    batch, num_routes = packed_batch(groups, rewards, expert, pad_id=self.model.pad_id,
                                      rows_multiple=self.step.micro_batches)
     update = self.step_update
     flat_groups = update.flat_nodes(batch, num_routes)  # the rule's one evaluation this update
@@ -137,16 +136,17 @@ class ModuleUpdater:
     if flat_groups[:len(groups)].all():
       metrics.update(skipped=1.0)
       return experts, opt_state, metrics
+    backbone = self.model.params
     if self.recompute_logp_old:
       batch = dataclasses.replace(batch, logp_old=logprobs.recompute(
-          self.backbone, self.model, update.adapter(experts, batch.routes), batch.tokens,
+          backbone, self.model.config, update.adapter(experts, batch.routes), batch.tokens,
           batch.attention_mask, batch.loss_mask, self.step.temperature))
     if self.step.kl_coef > 0:
       batch = dataclasses.replace(batch, logp_ref=logprobs.recompute(
-          self.backbone, self.model, None, batch.tokens, batch.attention_mask, batch.loss_mask,
-          self.step.temperature))
+          backbone, self.model.config, None, batch.tokens, batch.attention_mask,
+          batch.loss_mask, self.step.temperature))
     new, _, (new_state, _), step_metrics, _ = update(
-        self.backbone, experts, None, (opt_state[0], None), batch, None, num_routes=num_routes,
+        backbone, experts, None, (opt_state[0], None), batch, None, num_routes=num_routes,
         flat=flat_groups, to_host=lambda m: {k: float(v) for k, v in jax.device_get(m).items()})
     new = keep_only_expert(new, experts, expert)
     metrics.update(step_metrics)

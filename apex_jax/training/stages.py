@@ -104,7 +104,7 @@ def _check_rollout(groups, rewards, config: StageConfig, step: int) -> None:
 
 def _metadata(updater: ModuleUpdater, stages: Sequence[Stage]) -> dict:
   return json.loads(json.dumps({
-      "model": dataclasses.asdict(updater.model), "lora": dataclasses.asdict(updater.lora),
+      "model": dataclasses.asdict(updater.model.config), "lora": dataclasses.asdict(updater.lora),
       "step": step_identity(updater.step),
       "stages": [dataclasses.asdict(s.config) for s in stages]}))
 

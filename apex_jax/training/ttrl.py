@@ -282,7 +282,8 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
   ckpt = sidecar = None
   first = 0
   if checkpoint_dir is not None:
-    meta = {"model": dataclasses.asdict(updater.model), "lora": dataclasses.asdict(updater.lora),
+    meta = {"model": dataclasses.asdict(updater.model.config),
+            "lora": dataclasses.asdict(updater.lora),
             "step": step_identity(updater.step), "ttrl": dataclasses.asdict(config)}
     meta = json.loads(json.dumps(meta))
     # The directory belongs to one run: this config, these queries, from this key.

@@ -219,10 +219,9 @@ class Experiment:
 
   def trainer(self) -> trainer_lib.Trainer:
     return trainer_lib.Trainer(
-        self.model.params, self.model.config, self.agents.lora, self.agents.router,
-        step_config(self.config), rollout_config(self.config, self.agents.router is not None),
-        embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0,
-        mesh=self.mesh, eos_ids=self.model.stop_ids, pad_id=self.model.tokenizer.pad_id)
+        self.model, self.agents.lora, self.agents.router, step_config(self.config),
+        rollout_config(self.config, self.agents.router is not None),
+        embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0, mesh=self.mesh)
 
 
 # Presets' default folders (configs/morse/common.py BACKBONES) that are made locally from a GGUF

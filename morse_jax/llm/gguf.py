@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from morse_jax.llm import parts
+from morse_jax.llm.bundle import Model
 from morse_jax.llm.config import FAMILIES, LlmConfig
-from morse_jax.llm.hf import CheckpointError, Model, assemble_params, save
+from morse_jax.llm.hf import CheckpointError, assemble_params, save
 from morse_jax.llm.tokenizer import Tokenizer, TokenizerError, stop_ids_from
 
 # name -> (package, file in it)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -15,9 +14,10 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from morse_jax.llm.bundle import Model
 from morse_jax.llm.config import ConfigError, LlmConfig
 from morse_jax.llm.params import Params, Weight, declared
-from morse_jax.llm.tokenizer import Tokenizer, load_tokenizer, stop_ids
+from morse_jax.llm.tokenizer import load_tokenizer, stop_ids
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 SHARD_BYTES = 2 * 1024**3
@@ -25,16 +25,6 @@ SHARD_BYTES = 2 * 1024**3
 
 class CheckpointError(ValueError):
   """A checkpoint tensor or index is missing or malformed; the message names file and tensor."""
-
-
-@dataclasses.dataclass
-class Model:
-  config: LlmConfig
-  params: Params
-  tokenizer: Tokenizer | None = None
-  stop_ids: tuple[int, ...] = ()
-  hf_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # raw, kept for save
-  generation_config: dict[str, Any] | None = None
 
 
 def _read_json(path: str) -> dict[str, Any]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from morse_jax.llm import gguf, hf
+from morse_jax.llm.bundle import Model
 
 
-def load(path: str, dtype=None) -> hf.Model:
+def load(path: str, dtype=None) -> Model:
   """Loads a local Hugging Face folder or a `.gguf` file of Llama 3.x, Qwen2/2.5 or Qwen3.
 
   dtype: weights dtype; default the config's `dtype`/`torch_dtype` when float32/bfloat16/float16,

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from morse_jax.llm.bundle import Model
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm import sharding as sharding_lib
 from morse_jax.llm import fused_decode
@@ -45,6 +47,55 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig(temperature=0.0)
+PREFILL_CHUNK = 512  # prompt tokens per row per prefill pass (see `prefill`)
+PREFILL_TOKENS = 4096  # prompt tokens of all rows per prefill pass (see `prefill`)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+  """The static settings of a generation call in one frozen, hashable object, as `rl.update.Update`
+  is for the train step: `generate_padded`'s static argument.
+
+  Per request (what a continuous-batching engine would take with each request):
+    max_new_tokens: the most tokens to generate (in `generate_padded`: the static capacity, a
+      bucket; the count itself is traced, so similar counts share one compiled program).
+    sampling: temperature and filters.
+  Per model and engine (`for_model` fills the model's):
+    eos_ids: a row stops after emitting one; pad_id: written after the stop.
+    unstack: the decode loop's weight layout, `fused_decode`'s per-layer [in, out] copies (faster
+      on CPU, one copy of the layers per call) or the stored stack (False); None: on for the CPU
+      backend when the copy is small (`default_unstack`: SmolLM2 yes, Qwen2.5-Coder-1.5B no).
+    prefill_chunk: the prompt is prefilled in chunks of at most this many tokens (`prefill`).
+  Per call:
+    prompt_repeats: r when rows come in runs of r equal prompts with equal routes (a B x M
+      rollout's candidates): each run's prompt is prefilled once and its cache repeated r times.
+  """
+
+  max_new_tokens: int
+  sampling: SamplingConfig = SamplingConfig()
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+  prompt_repeats: int = 1
+  unstack: bool | None = None
+  prefill_chunk: int = PREFILL_CHUNK
+
+  def __post_init__(self):
+    for name in ("max_new_tokens", "prompt_repeats", "prefill_chunk"):
+      value = getattr(self, name)
+      if not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"GenerationSettings.{name} must be an int >= 1, got {value!r}")
+      object.__setattr__(self, name, int(value))
+    if not isinstance(self.sampling, SamplingConfig):
+      raise ValueError(f"GenerationSettings.sampling must be a SamplingConfig, got "
+                       f"{self.sampling!r}")
+    # Hashable whatever sequence the caller has (a list, a numpy array of a tokenizer's ids).
+    object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
+
+  @classmethod
+  def for_model(cls, model: Model, max_new_tokens: int,
+                sampling: SamplingConfig = SamplingConfig(), **rest) -> GenerationSettings:
+    """These per-request settings with `model`'s stop ids and pad id."""
+    return cls(max_new_tokens, sampling, eos_ids=model.stop_ids, pad_id=model.pad_id, **rest)
 
 
 @dataclasses.dataclass
@@ -131,10 +182,6 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
   return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
-PREFILL_CHUNK = 512  # prompt tokens per row per prefill pass (see `prefill`)
-PREFILL_TOKENS = 4096  # prompt tokens of all rows per prefill pass (see `prefill`)
-
-
 def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KVCache,
             adapter=None, chunk: int = PREFILL_CHUNK, bits: WeightBits | None = None):
   """The prompt's pass into the cache; (last-slot logits [b, 1, v], cache).
@@ -164,41 +211,34 @@ def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KV
   return logits[-1], cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "gen_len", "eos_ids", "pad_id",
-                                             "unstack", "mesh", "rules", "prompt_repeats",
-                                             "prefill_chunk"))
+@functools.partial(jax.jit, static_argnames=("config", "settings", "mesh", "rules"))
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
-                    *, sampling: SamplingConfig, gen_len: int, eos_ids: tuple[int, ...],
-                    pad_id: int = 0, unstack: bool = False, mesh=None,
+                    settings: GenerationSettings, *, mesh=None,
                     rules: sharding_lib.ShardingRules | None = None, adapter=None, active=None,
-                    prompt_repeats: int = 1, prefill_chunk: int = PREFILL_CHUNK,
                     bits: WeightBits | None = None):
   """Generates from left-padded prompts, all on device.
 
   Args:
     tokens, attention_mask: [b, p] left-padded prompts and their mask.
     keys: [b] PRNG keys, one per row (rows are reproducible whatever the batch around them).
-    max_new: [] int32, tokens to generate (<= gen_len); traced, so it does not recompile.
-    gen_len: static capacity of the output and of the cache beyond the prompt.
-    unstack: run the decode loop over `fused_decode`'s per-layer [in, out] fused copies (faster
-      on CPU, at the cost of one copy of the layers per call); False: scan the stored layers.
+    max_new: [] int32, tokens to generate (<= settings.max_new_tokens); traced, so it does not
+      recompile.
+    settings: static; its max_new_tokens is the capacity of the output and of the cache beyond
+      the prompt (`sample` gives the bucket), unstack None scans the stored layers.
     adapter: optional per-row adapter (`model.Adapter`; morse_jax.lora.Adapter: each row runs
       with its own mixture of experts).
     mesh, rules: when given, the cache is laid out by `rules` on `mesh` (rows over the batch axis,
       kv heads over the model axis) instead of wherever propagation would put it.
     active: [b] bool, False for padding rows: they count as finished from the start, so the loop
       can stop as soon as every real row has emitted an EOS id.
-    prompt_repeats: r > 1 when rows come in runs of r with the same prompt and route (a group's
-      candidates): the prefill runs once per run and its cache and logits are repeated r times.
-    prefill_chunk: the prompt is prefilled in chunks of at most this many tokens (`prefill`).
     bits: `model.bits_view(params)` (CPU, 16-bit weights): the prefill and the scanned decode
       read the weights through it, so XLA:CPU makes no float32 copy of them.
 
   Returns:
-    tokens [b, gen_len], logprobs [b, gen_len], lengths [b].
+    tokens [b, settings.max_new_tokens], logprobs [b, same], lengths [b].
   """
   b, p = tokens.shape
-  r = prompt_repeats
+  gen_len, pad_id, r = settings.max_new_tokens, settings.pad_id, settings.prompt_repeats
   firsts = lambda x: x[::r]  # one row of each run
   constrain = lambda cache: cache if mesh is None else jax.lax.with_sharding_constraint(
       cache, sharding_lib.cache_shardings(cache, mesh, rules or sharding_lib.ShardingRules()))
@@ -207,7 +247,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     cache = constrain(cache)
   prefill_adapter = None if adapter is None else adapter.map_rows(firsts)
   logits, cache = prefill(params, config, firsts(tokens), firsts(attention_mask), cache,
-                          prefill_adapter, prefill_chunk, bits)
+                          prefill_adapter, settings.prefill_chunk, bits)
   if r > 1:
     rep = lambda x, axis: jnp.repeat(x, r, axis=axis)
     logits = rep(logits, 0)
@@ -215,10 +255,10 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
                     length=cache.length, next_pos=rep(cache.next_pos, 0))
     cache = constrain(cache)
   run_layers = None
-  if unstack:  # the decode loop's weight layout, chosen once for every step
+  if settings.unstack:  # the decode loop's weight layout, chosen once for every step
     params, cache = fused_decode.decode_layout(params, cache)
     run_layers = fused_decode.run_layers
-  eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+  eos = jnp.asarray(settings.eos_ids or (-1,), jnp.int32)
   out_tokens = jnp.full((b, gen_len), pad_id, jnp.int32)
   out_logp = jnp.zeros((b, gen_len), jnp.float32)
   done = jnp.zeros((b,), bool) if active is None else ~active
@@ -230,7 +270,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
 
   def body(state):
     step, logits, cache, done, out_tokens, out_logp, lengths = state
-    token, logp = _choose(logits[:, -1], keys, step, sampling)
+    token, logp = _choose(logits[:, -1], keys, step, settings.sampling)
     token = jnp.where(done, pad_id, token)
     logp = jnp.where(done, 0.0, logp)
     out_tokens = out_tokens.at[:, step].set(token)
@@ -247,7 +287,7 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
 
 
 def default_unstack(params: Params) -> bool:
-  """`generate_padded`'s `unstack` unless told: the fused CPU decode layout where it fits."""
+  """`GenerationSettings.unstack` unless told: the fused CPU decode layout where it fits."""
   return jax.default_backend() == "cpu" and fused_decode.fits(params)
 
 
@@ -274,7 +314,7 @@ def _pad_routes(adapter, n: int, rows: int):
 
 def _check_runs(prompts, adapter, r: int) -> None:
   """Prompts (and routes) must come in runs of r equal ones for `prompt_repeats=r`."""
-  if not isinstance(r, int) or r < 1 or len(prompts) % r:
+  if len(prompts) % r:
     raise ValueError(f"sample: prompt_repeats={r!r} must be an int >= 1 dividing the "
                      f"{len(prompts)} prompts")
   routes = [] if adapter is None else [np.asarray(a) for a in jax.tree.leaves(adapter.row_data)]
@@ -286,46 +326,39 @@ def _check_runs(prompts, adapter, r: int) -> None:
                          f"({'prompt' if same_route else 'route'})")
 
 
-def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], *,
-           max_new_tokens: int, rng: jax.Array, sampling: SamplingConfig = SamplingConfig(),
-           eos_ids: Sequence[int] = (), pad_id: int = 0, mesh=None,
-           rules: sharding_lib.ShardingRules | None = None,
-           unstack: bool | None = None, adapter=None, prompt_repeats: int = 1,
-           row_keys=None) -> SampleOutput:
-  """Samples continuations of token-id prompts of any lengths.
+def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationSettings, *,
+           rng: jax.Array, adapter=None, row_keys=None, mesh=None,
+           rules: sharding_lib.ShardingRules | None = None) -> SampleOutput:
+  """Samples continuations of token-id prompts of any lengths with `model`'s params and config.
 
+  settings: the call's `GenerationSettings` (`GenerationSettings.for_model` takes the model's
+    stop ids and pad id); its prompt_repeats is checked against the prompts and routes.
   rng: one PRNG key; row i uses fold_in(rng, i), so a row's tokens do not depend on batch size.
+  adapter: optional morse_jax.lora Adapter whose routes have one row per prompt.
   row_keys: optional [len(prompts)] keys, row i's instead of fold_in(rng, i) (a row that keeps
     its key draws the same wherever it sits in the batch).
   mesh, rules: a device mesh (and ShardingRules, default ones) to run on: rows are padded to a
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
-  unstack: see `generate_padded`; by default on for the CPU backend when the layers' copy is
-    small (`fused_decode.fits`: SmolLM2 yes, Qwen2.5-Coder-1.5B no).
-  adapter: optional morse_jax.lora Adapter whose routes have one row per prompt.
-  prompt_repeats: r when the prompts come in runs of r equal prompts with equal routes (a B x M
-    rollout's candidates): each run's prompt is prefilled once (checked; same samples).
   """
+  params, config = model.params, model.config
   if not prompts:
     raise ValueError("sample: prompts is empty")
-  if max_new_tokens <= 0:
-    raise ValueError(f"sample: max_new_tokens must be > 0, got {max_new_tokens!r}")
   if any(len(p) == 0 for p in prompts):
     raise ValueError("sample: every prompt needs at least one token")
   too_big = [t for p in prompts for t in p if not 0 <= t < config.vocab_size]
   if too_big:
     raise ValueError(f"sample: token id {too_big[0]} is outside the vocabulary "
                      f"[0, {config.vocab_size})")
-  _check_runs(prompts, adapter, prompt_repeats)
+  _check_runs(prompts, adapter, settings.prompt_repeats)
   rows = bucket(len(prompts), minimum=1)
   rules = rules or sharding_lib.ShardingRules()
-  multiple = prompt_repeats
+  multiple = settings.prompt_repeats
   if mesh is not None and rules.batch is not None:
     multiple = math.lcm(multiple, mesh.shape[rules.batch])
   rows = -(-rows // multiple) * multiple
   prompt_len = length_bucket(max(len(p) for p in prompts))  # prefill and cache grow with it
-  gen_len = bucket(max_new_tokens)
-  tokens, mask = left_pad(prompts, prompt_len, rows, pad_id)
+  tokens, mask = left_pad(prompts, prompt_len, rows, settings.pad_id)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
   if row_keys is not None:
     row_keys = jnp.asarray(row_keys)
@@ -340,13 +373,15 @@ def sample(params: Params, config: LlmConfig, prompts: Sequence[Sequence[int]], 
     adapter = _pad_routes(adapter, len(prompts), rows)
   if mesh is not None:
     tokens, mask, keys, active = sharding_lib.shard_rows(mesh, rules)(tokens, mask, keys, active)
+  # Compiled for the generation length's bucket, the count itself traced; the layout chosen.
+  compiled = dataclasses.replace(
+      settings, max_new_tokens=bucket(settings.max_new_tokens),
+      unstack=default_unstack(params) if settings.unstack is None else settings.unstack)
   out_tokens, out_logp, lengths = generate_padded(
-      params, config, tokens, mask, keys, jnp.int32(max_new_tokens), sampling=sampling,
-      gen_len=gen_len, eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
-      unstack=default_unstack(params) if unstack is None else unstack, mesh=mesh,
-      rules=None if mesh is None else rules, adapter=adapter, active=active,
-      prompt_repeats=prompt_repeats, bits=bits_view(params))
-  n = len(prompts)
+      params, config, tokens, mask, keys, jnp.int32(settings.max_new_tokens), compiled,
+      mesh=mesh, rules=None if mesh is None else rules, adapter=adapter, active=active,
+      bits=bits_view(params))
+  n, new = len(prompts), settings.max_new_tokens
   out_tokens, out_logp, lengths = sharding_lib.to_host((out_tokens, out_logp, lengths))
-  return SampleOutput(tokens=out_tokens[:n, :max_new_tokens],
-                      logprobs=out_logp[:n, :max_new_tokens], lengths=lengths[:n])
+  return SampleOutput(tokens=out_tokens[:n, :new], logprobs=out_logp[:n, :new],
+                      lengths=lengths[:n])

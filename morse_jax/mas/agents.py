@@ -79,10 +79,9 @@ class Agents:
     if expert_sets is not None and self.lora is not None:
       adapter = make_adapter(experts, self.lora, self.model.config, expert_sets, self.kernel)
     limit = max_new_tokens or self.max_new_tokens
-    out = llm.sample(self.model.params, self.model.config, list(prompts),
-                     max_new_tokens=limit, rng=rng,
-                     sampling=sampling, eos_ids=self.model.stop_ids,
-                     pad_id=self.model.tokenizer.pad_id, mesh=self.mesh, adapter=adapter)
+    settings = llm.GenerationSettings.for_model(self.model, limit, sampling)
+    out = llm.sample(self.model, list(prompts), settings, rng=rng, mesh=self.mesh,
+                     adapter=adapter)
     stops = {int(t) for t in self.model.stop_ids}
     replies = []
     for i in range(len(prompts)):

@@ -32,8 +32,8 @@ from morse_jax.llm import sharding as sharding_lib
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.model import forward, init_cache
 from morse_jax.llm.params import abstract_params
-from morse_jax.llm.sampling import (SamplingConfig, bucket, generate_padded, length_bucket,
-                                    prefill)
+from morse_jax.llm.sampling import (GenerationSettings, SamplingConfig, bucket, generate_padded,
+                                    length_bucket, prefill)
 from morse_jax.lora import router as router_lib
 from morse_jax.lora.experts import (LoraConfig, adapter_of, expert_axes, init_experts, target_dims,
                                     target_weight)
@@ -216,16 +216,18 @@ def _sampler_inputs(config, lora, shapes, mesh, rows, kernel, dtype):
 def sample_args(config: LlmConfig, lora: LoraConfig | None, shapes: RunShapes, mesh, *,
                 dtype=jnp.bfloat16, kernel: str = "gather",
                 sampling: SamplingConfig = SamplingConfig()):
-  """(args, static kwargs) of `generate_padded` as `llm.sample` calls it for a B x M rollout
+  """(args, kwargs) of `generate_padded` as `llm.sample` calls it for a B x M rollout
   (each route's prompt prefilled once), in the accelerator layout (stacked layers)."""
   b, p = shapes.sample_rows, shapes.prompt_len
   params, adapter = _sampler_inputs(config, lora, shapes, mesh, b, kernel, dtype)
   key_type = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), b)).dtype
+  settings = GenerationSettings(shapes.gen_len, sampling, eos_ids=(0,),
+                                prompt_repeats=shapes.group_size, unstack=False)
   args = (params, config, _rows(mesh, (b, p), jnp.int32), _rows(mesh, (b, p), jnp.int32),
-          _rows(mesh, (b,), key_type), _array((), jnp.int32, NamedSharding(mesh, PartitionSpec())))
-  kwargs = dict(sampling=sampling, gen_len=shapes.gen_len, eos_ids=(0,),
-                unstack=False, mesh=mesh, rules=sharding_lib.ShardingRules(), adapter=adapter,
-                active=_rows(mesh, (b,), jnp.bool_), prompt_repeats=shapes.group_size)
+          _rows(mesh, (b,), key_type), _array((), jnp.int32, NamedSharding(mesh, PartitionSpec())),
+          settings)
+  kwargs = dict(mesh=mesh, rules=sharding_lib.ShardingRules(), adapter=adapter,
+                active=_rows(mesh, (b,), jnp.bool_))
   return args, kwargs
 
 

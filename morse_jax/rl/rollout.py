@@ -85,17 +85,19 @@ def expert_sets_of(requests: Sequence[NodeRequest], lora: LoraConfig, group_size
   return sets
 
 
-def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
-            requests: Sequence[NodeRequest], *, group_size: int, rng: jax.Array,
-            max_new_tokens: int, sampling: llm.SamplingConfig = llm.SamplingConfig(),
-            eos_ids: Sequence[int] = (), pad_id: int = 0, kl: bool = False,
-            rows_multiple: int = 1, mesh=None, kernel: str = "auto") -> GroupRollout:
+def rollout(model: llm.Model, experts, lora: LoraConfig, requests: Sequence[NodeRequest],
+            settings: llm.GenerationSettings, *, group_size: int, rng: jax.Array,
+            kl: bool = False, rows_multiple: int = 1, mesh=None,
+            kernel: str = "auto") -> GroupRollout:
   """Samples M candidates for each of the B routes of every node, in one sampler call.
 
-  Log-probs under the sampling distribution are recorded as the old policy's. When top-k or top-p
-  filtering is on, that distribution is not the policy's softmax, so they are recomputed with one
-  forward pass. kl=True also records the adapters-off (reference) log-probs. Rows are padded to a
-  power of two that is a multiple of `rows_multiple` (mesh data axis x micro-batches).
+  settings: the sampler's (its prompt_repeats is the rollout's to choose: M, unless some rows
+  have prompts of their own); its pad_id also pads the packed rows. Log-probs under the sampling
+  distribution are recorded as the old policy's. When top-k or top-p filtering is on, that
+  distribution is not the policy's softmax, so they are recomputed with one forward pass.
+  kl=True also records the adapters-off (reference) log-probs. Rows are padded to a power of two
+  that is a multiple of `rows_multiple` (mesh data axis x micro-batches); kernel: the mixture
+  kernel while sampling.
   """
   if not requests:
     raise ValueError("rollout: no nodes")
@@ -113,30 +115,27 @@ def rollout(backbone, config: llm.LlmConfig, experts, lora: LoraConfig,
              for p in (req.row_prompts or [req.prompt] * (b * group_size))]
   # A route's M candidates share one prefill, unless some rows have prompts of their own.
   repeats = 1 if any(req.row_prompts is not None for req in requests) else group_size
-  adapter = make_adapter(experts, lora, config, sets, kernel=kernel)
-  out = llm.sample(backbone, config, prompts, max_new_tokens=max_new_tokens, rng=rng,
-                   sampling=sampling, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh, adapter=adapter,
-                   prompt_repeats=repeats)
+  adapter = make_adapter(experts, lora, model.config, sets, kernel=kernel)
+  out = llm.sample(model, prompts, dataclasses.replace(settings, prompt_repeats=repeats), rng=rng,
+                   mesh=mesh, adapter=adapter)
   n = len(prompts)
   completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]
   segments = [[Segment(prompts[r]), Segment(completions[r], out.logprobs[r, :out.lengths[r]])]
               for r in range(n)]
   # T fits the longest real row, not the longest prompt plus max_new_tokens: completions are
   # mostly far shorter than the cap, and the update's cost grows with T squared.
-  rows = batch_lib.layout(segments, np.arange(n) // group_size, sets, pad_id=pad_id,
+  rows = batch_lib.layout(segments, np.arange(n) // group_size, sets, pad_id=settings.pad_id,
                           rows_multiple=rows_multiple, width=adapter.routes.idx.shape[1])
   packed = rows.packed
+  sampling = settings.sampling
   temperature = logprobs.scoring_temperature(sampling)
+  recompute = lambda adapter: np.asarray(logprobs.recompute(
+      model.params, model.config, adapter, packed.tokens, packed.attention_mask,
+      packed.loss_mask, temperature))
   if not sampling.greedy and (sampling.top_p < 1.0 or sampling.top_k):
-    padded = dataclasses.replace(adapter, routes=rows.routes)  # the same mixtures, padding too
-    packed.logp_old = np.asarray(logprobs.recompute(backbone, config, padded, packed.tokens,
-                                                    packed.attention_mask, packed.loss_mask,
-                                                    temperature))
-  logp_ref = None
-  if kl:
-    logp_ref = np.asarray(logprobs.recompute(backbone, config, None, packed.tokens,
-                                             packed.attention_mask, packed.loss_mask,
-                                             temperature))
+    # the same mixtures, padding rows too
+    packed.logp_old = recompute(dataclasses.replace(adapter, routes=rows.routes))
+  logp_ref = recompute(None) if kl else None
   return GroupRollout(requests=list(requests), routes_per_node=b, group_size=group_size,
                       num_nodes=bucket(len(requests), minimum=1), completions=completions,
                       expert_sets=sets, packed=packed, route=rows.route, valid=rows.valid,

@@ -95,22 +95,22 @@ def _router_log_probs(params, emb, config):
 
 
 class Trainer:
-  """Holds the frozen backbone and the static settings; the changing part is a `TrainState`."""
+  """Holds the frozen backbone (an `llm.Model`, whose stop ids end a sample and whose pad id pads
+  the rows) and the static settings; the changing part is a `TrainState`."""
 
-  def __init__(self, backbone, model: llm.LlmConfig, lora: LoraConfig,
-               router: router_lib.RouterConfig | None, step: ts.StepConfig,
-               rollout: RolloutConfig, *,
-               embed_dim: int, mesh=None, eos_ids: Sequence[int] = (), pad_id: int = 0):
-    self.backbone, self.model, self.lora, self.router = backbone, model, lora, router
+  def __init__(self, model: llm.Model, lora: LoraConfig, router: router_lib.RouterConfig | None,
+               step: ts.StepConfig, rollout: RolloutConfig, *, embed_dim: int, mesh=None):
+    self.model, self.lora, self.router = model, lora, router
     # The update scores tokens at the temperature they were sampled at.
     step = dataclasses.replace(step, temperature=scoring_temperature(rollout.sampling))
     if step.aggregation == "seq-mean-token-sum-norm" and step.norm_len is None:
       step = dataclasses.replace(step, norm_len=rollout.max_new_tokens)
     self.rollout_config, self.embed_dim, self.mesh = rollout, embed_dim, mesh
-    self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
+    self.generation = llm.GenerationSettings.for_model(model, rollout.max_new_tokens,
+                                                       rollout.sampling)
     data = 1 if mesh is None else mesh.shape["data"]
     self.update = update_lib.Update(
-        model, lora, step, router, kernel=rollout.train_kernel,
+        model.config, lora, step, router, kernel=rollout.train_kernel,
         routes_per_node=rollout.routes_per_node, rows_multiple=math.lcm(data, step.micro_batches),
         share_prompts=rollout.share_prompts)
 
@@ -124,7 +124,7 @@ class Trainer:
 
   def init_state(self, key: jax.Array) -> TrainState:
     k_experts, k_router, k_run = jax.random.split(key, 3)
-    experts = init_experts(self.lora, self.model, k_experts)
+    experts = init_experts(self.lora, self.model.config, k_experts)
     router = None if self.router is None else router_lib.init_router(
         self.router, self.embed_dim, self.lora.num_subtask_experts, k_router)
     if self.mesh is not None:  # laid out by their declared logical axes, as the backbone is
@@ -138,7 +138,7 @@ class Trainer:
     """The run's identity, stored in checkpoints and compared on restore (after the JSON round
     trip `Checkpoints` applies); the step config as `train_step.step_identity` gives it."""
     as_dict = dataclasses.asdict
-    return {"model": as_dict(self.model), "lora": as_dict(self.lora),
+    return {"model": as_dict(self.model.config), "lora": as_dict(self.lora),
             "router": None if self.router is None else as_dict(self.router),
             "step": ts.step_identity(self.step_config),
             "rollout": as_dict(self.rollout_config), "embed_dim": self.embed_dim}
@@ -174,10 +174,9 @@ class Trainer:
   def _sample(self, experts, requests, key) -> rollout_lib.GroupRollout:
     rc = self.rollout_config
     return rollout_lib.rollout(
-        self.backbone, self.model, experts, self.lora, requests, group_size=rc.group_size,
-        rng=key, max_new_tokens=rc.max_new_tokens, sampling=rc.sampling,
-        eos_ids=self.eos_ids, pad_id=self.pad_id, kl=self.step_config.kl_coef > 0,
-        rows_multiple=self.rows_multiple, mesh=self.mesh, kernel=rc.kernel)
+        self.model, experts, self.lora, requests, self.generation, group_size=rc.group_size,
+        rng=key, kl=self.step_config.kl_coef > 0, rows_multiple=self.rows_multiple,
+        mesh=self.mesh, kernel=rc.kernel)
 
   def _merges(self, experts, nodes: Sequence[TrainNode], requests, key):
     """Samples every MergeCall once per executor row. Returns (the merge rollout, the executor
@@ -219,7 +218,7 @@ class Trainer:
     t2 = time.perf_counter()
     update, update_rewards = out, rewards
     if merged is not None:
-      update = rollout_lib.concat(out, merged, pad_id=self.pad_id,
+      update = rollout_lib.concat(out, merged, pad_id=self.model.pad_id,
                                   rows_multiple=self.rows_multiple)
       update_rewards = np.concatenate([rewards, rewards[paired]])
     batch = rollout_lib.policy_batch(update, update_rewards)
@@ -229,7 +228,7 @@ class Trainer:
     # with prompts of their own (after a merge) have longer suffixes than the generation budget.
     # The state's experts, router and optimiser state are donated to the update.
     experts, router, opt_states, step_metrics, info = self.update(
-        self.backbone, state.experts, state.router, state.opt_states, batch, rbatch,
+        self.model.params, state.experts, state.router, state.opt_states, batch, rbatch,
         num_routes=update.num_routes,
         width=None if merged is not None else llm.length_bucket(rc.max_new_tokens),
         mesh=self.mesh)

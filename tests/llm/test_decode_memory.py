@@ -34,9 +34,10 @@ def _args(params):
   return (params, WIDE, tokens, jnp.ones_like(tokens), keys, jnp.int32(GEN))
 
 
-def _temp_bytes(params, **kwargs) -> int:
+def _temp_bytes(params, unstack: bool, bits=None) -> int:
   compiled = sampling_lib.generate_padded.lower(
-      *_args(params), sampling=llm.GREEDY, gen_len=GEN, eos_ids=(), **kwargs).compile()
+      *_args(params), llm.GenerationSettings(GEN, llm.GREEDY, unstack=unstack),
+      bits=bits).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 
 
@@ -70,10 +71,10 @@ def test_scanned_bfloat16_decode_makes_no_copy_of_the_weights(wide16):
 def test_bfloat16_decode_through_the_bits_equals_the_plain_one(wide16):
   """The same program reading the weights through their uint16 view: the same greedy tokens and
   log-probs, bit for bit."""
-  kwargs = dict(sampling=llm.GREEDY, gen_len=GEN, eos_ids=(), unstack=False)
-  plain = sampling_lib.generate_padded(*_args(wide16), **kwargs)
+  settings = llm.GenerationSettings(GEN, llm.GREEDY, unstack=False)
+  plain = sampling_lib.generate_padded(*_args(wide16), settings)
   bits = model_lib.bits_view(wide16)
-  through = sampling_lib.generate_padded(*_args(wide16), bits=bits, **kwargs)
+  through = sampling_lib.generate_padded(*_args(wide16), settings, bits=bits)
   for a, b in zip(plain, through):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -114,8 +115,8 @@ def test_a_qwen_generate_compiles_within_one_and_a_half_weights_and_cache(dtype)
   unstack = sampling_lib.default_unstack(params)
   assert not unstack  # the fused copy would be 3.1 GB (bf16) / 6.2 GB (f32) of layers more
   compiled = sampling_lib.generate_padded.lower(
-      params, QWEN, tokens, tokens, keys, spec((), jnp.int32), sampling=llm.GREEDY,
-      gen_len=new, eos_ids=(), unstack=unstack, bits=bits).compile()
+      params, QWEN, tokens, tokens, keys, spec((), jnp.int32),
+      llm.GenerationSettings(new, llm.GREEDY, unstack=unstack), bits=bits).compile()
   weights = sum(np.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(params))
   cache = 2 * QWEN.num_layers * rows * QWEN.num_kv_heads * (prompt + new) * QWEN.head_dim
   cache *= float_dtype.itemsize

@@ -85,8 +85,8 @@ def test_greedy_generation_equals_transformers_generate(family, hf_folders, load
   torch_model = hf_folders[family][1]
   model = loaded[family]
   prompts = [tiny_models.random_tokens(10 + i, (n,)).tolist() for i, n in enumerate((4, 9, 13))]
-  ours = llm.sample(model.params, model.config, prompts, max_new_tokens=24,
-                    rng=jax.random.key(0), sampling=llm.GREEDY)
+  ours = llm.sample(model, prompts, llm.GenerationSettings(24, llm.GREEDY),
+                    rng=jax.random.key(0))
   for row, prompt in enumerate(prompts):
     with torch.no_grad():
       ref = torch_model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,

@@ -103,9 +103,8 @@ def test_greedy_generation_equals_transformers_generate(real):
   model = real.ours
   # unstack=False: the scanned program compiles in half the CPU time of 30 unrolled layers; the
   # unrolled CPU default equals it (tests/llm/test_sampling.py).
-  out = llm.sample(model.params, model.config, real.prompts, max_new_tokens=NEW_TOKENS,
-                   rng=jax.random.key(0), sampling=llm.GREEDY, eos_ids=model.stop_ids,
-                   pad_id=model.tokenizer.pad_id, unstack=False)
+  out = llm.sample(model, real.prompts, llm.GenerationSettings.for_model(
+      model, NEW_TOKENS, llm.GREEDY, unstack=False), rng=jax.random.key(0))
   # transformers: one left-padded batch, its mask giving the positions.
   width = max(len(p) for p in real.prompts)
   tokens = torch.tensor([[2] * (width - len(p)) + p for p in real.prompts])

@@ -115,9 +115,8 @@ def test_logits_equal_transformers(ref, ours):
 
 
 def test_greedy_generation_equals_transformers_generate(ref, ours):
-  out = llm.sample(ours.params, ours.config, ref.prompts, max_new_tokens=NEW_TOKENS,
-                   rng=jax.random.key(0), sampling=llm.GREEDY, eos_ids=ours.stop_ids,
-                   pad_id=ours.tokenizer.pad_id, unstack=False)
+  out = llm.sample(ours, ref.prompts, llm.GenerationSettings.for_model(
+      ours, NEW_TOKENS, llm.GREEDY, unstack=False), rng=jax.random.key(0))
   for row, expected in enumerate(ref.greedy):
     got = out.tokens[row, :out.lengths[row]].tolist()
     assert got == expected, (f"chat {row}: ours {ours.tokenizer.decode(got)!r} vs transformers "

@@ -18,6 +18,15 @@ def params():
   return llm.init_random(CONFIG, jax.random.key(0), scale=0.3, norm_jitter=0.2)
 
 
+@pytest.fixture(scope="module")
+def model(params):
+  return llm.Model(CONFIG, params)
+
+
+def settings(max_new_tokens, sampling=llm.SamplingConfig(), **rest):
+  return llm.GenerationSettings(max_new_tokens, sampling, **rest)
+
+
 def prompts_of(lengths, seed=0):
   return [tiny_models.random_tokens(seed + i, (n,)).tolist() for i, n in enumerate(lengths)]
 
@@ -51,25 +60,23 @@ def test_bucket():
   assert llm.length_bucket(5, minimum=1) == 6 and llm.length_bucket(2, minimum=1) == 2
 
 
-def test_similar_sizes_do_not_recompile(params):
+def test_similar_sizes_do_not_recompile(model):
   sampling = llm.SamplingConfig(temperature=0.8, top_p=0.9, top_k=20)
-  llm.sample(params, CONFIG, prompts_of([5, 9, 20]), max_new_tokens=10, rng=jax.random.key(0),
-             sampling=sampling)
+  llm.sample(model, prompts_of([5, 9, 20]), settings(10, sampling), rng=jax.random.key(0))
   with CompileCounter() as counter:  # 4 rows, prompt <= 24, new <= 16: the same buckets
-    llm.sample(params, CONFIG, prompts_of([17, 3, 23, 8], seed=5), max_new_tokens=13,
-               rng=jax.random.key(1), sampling=sampling)
+    llm.sample(model, prompts_of([17, 3, 23, 8], seed=5), settings(13, sampling),
+               rng=jax.random.key(1))
   assert counter.count == 0
   with CompileCounter() as counter:  # a longer prompt bucket must compile: the counter works
-    llm.sample(params, CONFIG, prompts_of([40]), max_new_tokens=13, rng=jax.random.key(1),
-               sampling=sampling)
+    llm.sample(model, prompts_of([40]), settings(13, sampling), rng=jax.random.key(1))
   assert counter.count >= 1
 
 
-def test_logprobs_are_model_log_softmax_at_temperature_one(params):
+def test_logprobs_are_model_log_softmax_at_temperature_one(params, model):
   """With no filter, each recorded log-prob equals log_softmax of a full forward pass."""
   prompts = prompts_of([6, 11])
-  out = llm.sample(params, CONFIG, prompts, max_new_tokens=8, rng=jax.random.key(3),
-                   sampling=llm.SamplingConfig(temperature=1.0))
+  out = llm.sample(model, prompts, settings(8, llm.SamplingConfig(temperature=1.0)),
+                   rng=jax.random.key(3))
   for row, prompt in enumerate(prompts):
     seq = np.asarray(prompt + out.tokens[row].tolist())[None]
     logits, _ = llm.forward(params, CONFIG, jnp.asarray(seq))
@@ -79,10 +86,10 @@ def test_logprobs_are_model_log_softmax_at_temperature_one(params):
     np.testing.assert_allclose(out.logprobs[row], expected, atol=2e-5)
 
 
-def test_temperature_scales_logprobs(params):
+def test_temperature_scales_logprobs(params, model):
   prompts = prompts_of([7])
-  out = llm.sample(params, CONFIG, prompts, max_new_tokens=4, rng=jax.random.key(4),
-                   sampling=llm.SamplingConfig(temperature=0.5))
+  out = llm.sample(model, prompts, settings(4, llm.SamplingConfig(temperature=0.5)),
+                   rng=jax.random.key(4))
   seq = np.asarray(prompts[0] + out.tokens[0].tolist())[None]
   logits, _ = llm.forward(params, CONFIG, jnp.asarray(seq))
   logp = np.asarray(jax.nn.log_softmax(logits[0] / 0.5, axis=-1))
@@ -90,13 +97,12 @@ def test_temperature_scales_logprobs(params):
   np.testing.assert_allclose(out.logprobs[0], logp[positions, out.tokens[0]], atol=2e-5)
 
 
-def test_top_k_one_and_tiny_top_p_are_greedy(params):
+def test_top_k_one_and_tiny_top_p_are_greedy(model):
   prompts = prompts_of([5, 12, 3])
-  kwargs = dict(max_new_tokens=12, rng=jax.random.key(5))
-  greedy = llm.sample(params, CONFIG, prompts, sampling=llm.GREEDY, **kwargs)
-  top1 = llm.sample(params, CONFIG, prompts, sampling=llm.SamplingConfig(1.0, top_k=1), **kwargs)
-  top_p = llm.sample(params, CONFIG, prompts, sampling=llm.SamplingConfig(1.0, top_p=1e-6),
-                     **kwargs)
+  rng = jax.random.key(5)
+  greedy = llm.sample(model, prompts, settings(12, llm.GREEDY), rng=rng)
+  top1 = llm.sample(model, prompts, settings(12, llm.SamplingConfig(1.0, top_k=1)), rng=rng)
+  top_p = llm.sample(model, prompts, settings(12, llm.SamplingConfig(1.0, top_p=1e-6)), rng=rng)
   np.testing.assert_array_equal(top1.tokens, greedy.tokens)
   np.testing.assert_array_equal(top_p.tokens, greedy.tokens)
   np.testing.assert_allclose(top1.logprobs, 0.0, atol=1e-6)  # a one-token distribution
@@ -123,13 +129,12 @@ def test_sampling_frequencies_follow_filtered_distribution():
   np.testing.assert_allclose(np.exp(np.asarray(logp))[np.asarray(tokens) == 0], 0.625, atol=1e-5)
 
 
-def test_eos_stops_rows_and_pads(params):
+def test_eos_stops_rows_and_pads(model):
   prompts = prompts_of([4, 8, 6])
-  free = llm.sample(params, CONFIG, prompts, max_new_tokens=16, rng=jax.random.key(6),
-                    sampling=llm.GREEDY)
+  free = llm.sample(model, prompts, settings(16, llm.GREEDY), rng=jax.random.key(6))
   eos = (int(free.tokens[0, 2]), int(free.tokens[1, 5]))
-  out = llm.sample(params, CONFIG, prompts, max_new_tokens=16, rng=jax.random.key(6),
-                   sampling=llm.GREEDY, eos_ids=eos, pad_id=0)
+  out = llm.sample(model, prompts, settings(16, llm.GREEDY, eos_ids=eos, pad_id=0),
+                   rng=jax.random.key(6))
   for row in range(3):
     hits = [i for i, t in enumerate(free.tokens[row]) if t in eos]
     expected_len = hits[0] + 1 if hits else 16
@@ -139,63 +144,57 @@ def test_eos_stops_rows_and_pads(params):
     assert (out.logprobs[row, expected_len:] == 0).all()
 
 
-def test_rows_do_not_depend_on_their_neighbours(params):
+def test_rows_do_not_depend_on_their_neighbours(model):
   """A row's tokens depend on its prompt and its index's key, not on batch size or padding."""
   prompts = prompts_of([3, 10, 25])
-  sampling = llm.SamplingConfig(temperature=1.0, top_p=0.95)
-  batch = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=jax.random.key(7),
-                     sampling=sampling)
-  first = llm.sample(params, CONFIG, prompts[:1], max_new_tokens=10, rng=jax.random.key(7),
-                     sampling=sampling)
+  ten = settings(10, llm.SamplingConfig(temperature=1.0, top_p=0.95))
+  batch = llm.sample(model, prompts, ten, rng=jax.random.key(7))
+  first = llm.sample(model, prompts[:1], ten, rng=jax.random.key(7))
   np.testing.assert_array_equal(batch.tokens[0], first.tokens[0])
   np.testing.assert_allclose(batch.logprobs[0], first.logprobs[0], atol=1e-5)
-  other = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=jax.random.key(8),
-                     sampling=sampling)
+  other = llm.sample(model, prompts, ten, rng=jax.random.key(8))
   assert not np.array_equal(other.tokens, batch.tokens)
 
 
-def test_a_row_with_its_own_key_draws_the_same_anywhere(params):
+def test_a_row_with_its_own_key_draws_the_same_anywhere(model):
   """row_keys: a row keeps its key wherever it sits and whatever the batch; rows given
   fold_in(rng, i) draw what they draw without row_keys."""
   prompts = prompts_of([3, 10, 25])
-  sampling = llm.SamplingConfig(temperature=1.0)
+  ten = settings(10, llm.SamplingConfig(temperature=1.0))
   rng, own = jax.random.key(7), jax.random.key(99)
-  plain = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=rng, sampling=sampling)
+  plain = llm.sample(model, prompts, ten, rng=rng)
   same = jnp.stack([jax.random.fold_in(rng, i) for i in range(3)])
-  again = llm.sample(params, CONFIG, prompts, max_new_tokens=10, rng=rng, sampling=sampling,
-                     row_keys=same)
+  again = llm.sample(model, prompts, ten, rng=rng, row_keys=same)
   np.testing.assert_array_equal(again.tokens, plain.tokens)
-  moved = llm.sample(params, CONFIG, [prompts[1], prompts[2], prompts[0]], max_new_tokens=10,
-                     rng=jax.random.key(8), sampling=sampling,
+  moved = llm.sample(model, [prompts[1], prompts[2], prompts[0]], ten, rng=jax.random.key(8),
                      row_keys=jnp.stack([same[1], own, same[0]]))
-  alone = llm.sample(params, CONFIG, prompts[:1], max_new_tokens=10, rng=jax.random.key(9),
-                     sampling=sampling, row_keys=same[:1])
+  alone = llm.sample(model, prompts[:1], ten, rng=jax.random.key(9), row_keys=same[:1])
   np.testing.assert_array_equal(moved.tokens[2], plain.tokens[0])
   np.testing.assert_array_equal(moved.tokens[0], plain.tokens[1])
   np.testing.assert_array_equal(alone.tokens[0], plain.tokens[0])
   with pytest.raises(ValueError, match="row_keys must be \\(3,\\) keys"):
-    llm.sample(params, CONFIG, prompts, max_new_tokens=2, rng=rng, row_keys=same[:2])
+    llm.sample(model, prompts, settings(2), rng=rng, row_keys=same[:2])
 
 
-def test_bad_arguments_name_the_field(params):
+def test_bad_arguments_name_the_field(model):
   with pytest.raises(ValueError, match="temperature"):
     llm.SamplingConfig(temperature=-1)
   with pytest.raises(ValueError, match="top_p"):
     llm.SamplingConfig(top_p=0)
   with pytest.raises(ValueError, match="max_new_tokens"):
-    llm.sample(params, CONFIG, [[1]], max_new_tokens=0, rng=jax.random.key(0))
+    llm.sample(model, [[1]], settings(0), rng=jax.random.key(0))
   with pytest.raises(ValueError, match="outside the vocabulary"):
-    llm.sample(params, CONFIG, [[1, 500]], max_new_tokens=2, rng=jax.random.key(0))
+    llm.sample(model, [[1, 500]], settings(2), rng=jax.random.key(0))
   with pytest.raises(ValueError, match="at least one token"):
-    llm.sample(params, CONFIG, [[]], max_new_tokens=2, rng=jax.random.key(0))
+    llm.sample(model, [[]], settings(2), rng=jax.random.key(0))
 
 
-def test_unstacked_decode_equals_scanned_decode(params):
+def test_unstacked_decode_equals_scanned_decode(model):
   """The fused CPU decode loop (`llm.fused_decode`) and the scan agree."""
   prompts = prompts_of([4, 9])
-  kwargs = dict(max_new_tokens=10, rng=jax.random.key(9), sampling=llm.SamplingConfig(0.9))
-  scanned = llm.sample(params, CONFIG, prompts, unstack=False, **kwargs)
-  unrolled = llm.sample(params, CONFIG, prompts, unstack=True, **kwargs)
+  rng, sampling = jax.random.key(9), llm.SamplingConfig(0.9)
+  scanned = llm.sample(model, prompts, settings(10, sampling, unstack=False), rng=rng)
+  unrolled = llm.sample(model, prompts, settings(10, sampling, unstack=True), rng=rng)
   np.testing.assert_array_equal(scanned.tokens, unrolled.tokens)
   np.testing.assert_allclose(scanned.logprobs, unrolled.logprobs, atol=1e-5)
 
@@ -226,36 +225,35 @@ def test_inverse_cdf_skips_zero_probability_entries():
                                 [1, 2, 3, 2])
 
 
-def test_padding_rows_do_not_keep_the_loop_running(params):
+def test_padding_rows_do_not_keep_the_loop_running(params, model):
   """3 prompts bucket to 4 rows; once the 3 real rows hit EOS the loop stops (all lengths short)."""
   prompts = prompts_of([4, 8, 6])
-  free = llm.sample(params, CONFIG, prompts, max_new_tokens=16, rng=jax.random.key(6),
-                    sampling=llm.GREEDY)
+  free = llm.sample(model, prompts, settings(16, llm.GREEDY), rng=jax.random.key(6))
   eos = tuple(int(t) for t in free.tokens[:, 0])  # every real row stops at its first token
   tokens, mask = sampling_lib.left_pad(prompts, 16, 4, 0)
   keys = jax.random.split(jax.random.key(0), 4)
   active = jnp.asarray([True, True, True, False])
   _, _, lengths = sampling_lib.generate_padded(
       params, CONFIG, jnp.asarray(tokens), jnp.asarray(mask), keys, jnp.int32(16),
-      sampling=llm.GREEDY, gen_len=16, eos_ids=eos, active=active)
+      settings(16, llm.GREEDY, eos_ids=eos), active=active)
   np.testing.assert_array_equal(np.asarray(lengths), [1, 1, 1, 0])
 
 
-def test_repeated_prompts_are_prefilled_once_with_the_same_samples(params):
+def test_repeated_prompts_are_prefilled_once_with_the_same_samples(model):
   """prompt_repeats=r: one prefill per run of r equal prompts, its cache repeated; each row
   still draws its own tokens (rows of a run differ) exactly as without sharing."""
   prompts = [p for p in prompts_of([5, 9]) for _ in range(3)]
-  sampling = llm.SamplingConfig(temperature=1.0)
-  kwargs = dict(max_new_tokens=8, rng=jax.random.key(3), sampling=sampling)
-  ref = llm.sample(params, CONFIG, prompts, **kwargs)
-  got = llm.sample(params, CONFIG, prompts, prompt_repeats=3, **kwargs)
+  sampling, rng = llm.SamplingConfig(temperature=1.0), jax.random.key(3)
+  ref = llm.sample(model, prompts, settings(8, sampling), rng=rng)
+  threes = settings(8, sampling, prompt_repeats=3)
+  got = llm.sample(model, prompts, threes, rng=rng)
   np.testing.assert_array_equal(got.tokens, ref.tokens)
   np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
   assert not np.array_equal(got.tokens[0], got.tokens[1])
   with pytest.raises(ValueError, match="row 4 differs from row 3 of its run \\(prompt\\)"):
-    llm.sample(params, CONFIG, prompts[:4] + [[1, 2]] + prompts[5:], prompt_repeats=3, **kwargs)
+    llm.sample(model, prompts[:4] + [[1, 2]] + prompts[5:], threes, rng=rng)
   with pytest.raises(ValueError, match="prompt_repeats=4 must be an int >= 1 dividing the 6"):
-    llm.sample(params, CONFIG, prompts, prompt_repeats=4, **kwargs)
+    llm.sample(model, prompts, settings(8, sampling, prompt_repeats=4), rng=rng)
 
 
 @pytest.mark.parametrize("chunk", [16, 20])  # 20: the largest power of two dividing 48 is used
@@ -286,8 +284,8 @@ def test_bfloat16_weights_sample_on_cpu():
   params32 = llm.init_random(CONFIG, jax.random.key(0), scale=0.3)
   params16 = llm.params.cast(params32, jnp.bfloat16)
   prompts = prompts_of([5, 5])
-  out16 = llm.sample(params16, CONFIG, prompts, max_new_tokens=6, rng=jax.random.key(0),
-                     sampling=llm.GREEDY)
+  out16 = llm.sample(llm.Model(CONFIG, params16), prompts, settings(6, llm.GREEDY),
+                     rng=jax.random.key(0))
   tokens = jnp.asarray(prompts)
   logits16 = np.asarray(llm.forward(params16, CONFIG, tokens)[0], np.float32)
   logits32 = np.asarray(llm.forward(params32, CONFIG, tokens)[0])

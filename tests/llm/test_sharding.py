@@ -26,8 +26,8 @@ def reference():
   logits, _ = llm.forward(params, CONFIG, jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
   prompts = [tiny_models.random_tokens(i, (3 + i,)).tolist() for i in range(8)]
   sampling = llm.SamplingConfig(temperature=1.0, top_p=0.9)
-  out = llm.sample(params, CONFIG, prompts, max_new_tokens=12, rng=jax.random.key(1),
-                   sampling=sampling)
+  out = llm.sample(llm.Model(CONFIG, params), prompts, llm.GenerationSettings(12, sampling),
+                   rng=jax.random.key(1))
   return params, tokens, mask, np.asarray(logits), prompts, sampling, out
 
 
@@ -57,8 +57,8 @@ def test_sharded_logits_and_samples_equal_one_device(data, model, reference, eig
   logits, _ = llm.forward(sharded, CONFIG, tok, attention_mask=msk)
   assert logits.sharding.spec[0] == "data"
   np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=1e-5, rtol=1e-5)
-  out = llm.sample(sharded, CONFIG, prompts, max_new_tokens=12, rng=jax.random.key(1),
-                   sampling=sampling, mesh=mesh)
+  out = llm.sample(llm.Model(CONFIG, sharded), prompts, llm.GenerationSettings(12, sampling),
+                   rng=jax.random.key(1), mesh=mesh)
   np.testing.assert_array_equal(out.tokens, ref_out.tokens)
   np.testing.assert_allclose(out.logprobs, ref_out.logprobs, atol=1e-5)
 

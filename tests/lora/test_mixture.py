@@ -226,13 +226,13 @@ def test_sampler_runs_each_row_with_its_own_route(llama):
   model, _, experts = llama
   prompts = [tiny_models.random_tokens(10 + i, (4 + i,)).tolist() for i in range(3)]
   sets = [[0, 2, 3], [1, 4, 5], [0, 5]]
-  kwargs = dict(max_new_tokens=8, rng=jax.random.key(0), sampling=llm.GREEDY)
-  together = llm.sample(model.params, model.config, prompts, **kwargs,
+  kwargs = dict(settings=llm.GenerationSettings(8, llm.GREEDY), rng=jax.random.key(0))
+  together = llm.sample(model, prompts, **kwargs,
                         adapter=adapter_for(experts, model, mixture.uniform_routes(sets, 3), "gather"))
-  bare = llm.sample(model.params, model.config, prompts, **kwargs)
+  bare = llm.sample(model, prompts, **kwargs)
   assert not np.array_equal(together.tokens, bare.tokens)
   for row in range(3):
-    alone = llm.sample(model.params, model.config, prompts[row:row + 1], **kwargs,
+    alone = llm.sample(model, prompts[row:row + 1], **kwargs,
                        adapter=adapter_for(experts, model, mixture.uniform_routes([sets[row]], 3),
                                            "gather"))
     np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])

@@ -105,8 +105,8 @@ def test_replies_count_tokens_and_tell_the_limit_from_a_stop(agents, monkeypatch
   lengths = [3, 2, 3, 1]
   seen = {}
 
-  def sample(params, config, prompts, *, max_new_tokens, **kwargs):
-    seen.update(max_new_tokens=max_new_tokens, eos_ids=kwargs["eos_ids"])
+  def sample(model, prompts, settings, **kwargs):
+    seen.update(max_new_tokens=settings.max_new_tokens, eos_ids=settings.eos_ids)
     return llm.SampleOutput(np.asarray(rows, np.int32), np.zeros((4, 3), np.float32),
                             np.asarray(lengths, np.int32))
 
@@ -173,11 +173,9 @@ def test_run_measures_each_node_and_records_say_why_it_failed(agents, tmp_path):
 
 def make_trainer(agents):
   return trainer_lib.Trainer(
-      agents.model.params, agents.model.config, LORA, RCFG,
-      ts.StepConfig(expert_lr=1e-2, router_lr=1e-2),
+      agents.model, LORA, RCFG, ts.StepConfig(expert_lr=1e-2, router_lr=1e-2),
       trainer_lib.RolloutConfig(routes_per_node=2, group_size=2, max_new_tokens=6,
-                                kernel="gather"), embed_dim=agents.embed.dim,
-      eos_ids=agents.model.stop_ids, pad_id=agents.model.tokenizer.pad_id)
+                                kernel="gather"), embed_dim=agents.embed.dim)
 
 
 def test_training_waves_update_and_pick_the_best(agents):

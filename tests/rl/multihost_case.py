@@ -88,7 +88,8 @@ def run_trainer(mesh, steps: int = 2):
   task = TokenBandit(vocab_size=96, categories=4, embed_dim=6, prompt_len=5)
   backbone = sharding.shard_params(llm.init_random(config, jax.random.key(0), scale=0.3), mesh)
   trainer = trainer_lib.Trainer(
-      backbone, config, lora.LoraConfig(last_n_layers=1, rank=4, alpha=8.0, num_subtask_experts=4),
+      llm.Model(config, backbone),
+      lora.LoraConfig(last_n_layers=1, rank=4, alpha=8.0, num_subtask_experts=4),
       router.RouterConfig(dim=8, top_k=2), ts.StepConfig(expert_lr=1e-2, router_lr=1e-2),
       trainer_lib.RolloutConfig(routes_per_node=2, group_size=2, max_new_tokens=6,
                                 kernel="gather"), embed_dim=6, mesh=mesh)

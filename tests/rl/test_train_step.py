@@ -44,9 +44,9 @@ def setup():
   # Non-zero B, so that the adapted model differs from the backbone.
   experts = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(5), x.shape),
                          experts)
-  out = rl_rollout.rollout(backbone, CONFIG, experts, LORA, requests(), group_size=2,
-                           rng=jax.random.key(2), max_new_tokens=6,
-                           sampling=llm.SamplingConfig(temperature=1.0), kl=True, kernel="gather")
+  out = rl_rollout.rollout(llm.Model(CONFIG, backbone), experts, LORA, requests(),
+                           llm.GenerationSettings(6, llm.SamplingConfig(temperature=1.0)),
+                           group_size=2, rng=jax.random.key(2), kl=True, kernel="gather")
   return backbone, experts, out
 
 

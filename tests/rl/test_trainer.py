@@ -25,8 +25,8 @@ TASK = TokenBandit(vocab_size=shapes.CONFIG.vocab_size, categories=4,
 @pytest.fixture(scope="module")
 def trainer():
   backbone = llm.init_random(shapes.CONFIG, jax.random.key(0), scale=0.3, norm_jitter=0.2)
-  return trainer_lib.Trainer(backbone, shapes.CONFIG, shapes.LORA, shapes.RCFG, shapes.STEP,
-                             ROLLOUT, embed_dim=shapes.EMB_DIM)
+  return trainer_lib.Trainer(llm.Model(shapes.CONFIG, backbone), shapes.LORA, shapes.RCFG,
+                             shapes.STEP, ROLLOUT, embed_dim=shapes.EMB_DIM)
 
 
 def run(trainer, directory, steps, resume=False):
@@ -71,7 +71,7 @@ def test_killed_and_resumed_run_equals_unbroken_run(trainer, tmp_path):
 
 def test_checkpoint_of_another_run_is_refused(trainer, tmp_path):
   run(trainer, tmp_path, 2)
-  other = trainer_lib.Trainer(trainer.backbone, shapes.CONFIG, shapes.LORA, shapes.RCFG,
+  other = trainer_lib.Trainer(trainer.model, shapes.LORA, shapes.RCFG,
                               dataclasses.replace(shapes.STEP, expert_lr=1e-3), ROLLOUT,
                               embed_dim=shapes.EMB_DIM)
   ckpt = checkpoint.Checkpoints(str(tmp_path / "ckpt"), every=2, keep=3,
@@ -110,7 +110,7 @@ def test_execution_only_settings_resume_the_same_run(trainer, tmp_path):
   """A run stopped by the OOM killer may resume with layers recomputed or rows split: they
   leave the update's result unchanged, so they are not part of the checkpoint's metadata."""
   run(trainer, tmp_path, 2)
-  other = trainer_lib.Trainer(trainer.backbone, shapes.CONFIG, shapes.LORA, shapes.RCFG,
+  other = trainer_lib.Trainer(trainer.model, shapes.LORA, shapes.RCFG,
                               dataclasses.replace(shapes.STEP, remat=True, micro_batches=2),
                               ROLLOUT, embed_dim=shapes.EMB_DIM)
   assert other.metadata() == trainer.metadata()

@@ -171,7 +171,7 @@ def test_saved_model_loads_matches_transformers_and_samples(trained, hf_tok, tmp
     ref = torch_model(torch.tensor([prompt], dtype=torch.long)).logits.float().numpy()
   np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=0)
 
-  out = llm.sample(model.params, model.config, [prompt], max_new_tokens=8, rng=jax.random.key(0),
-                   sampling=llm.GREEDY, eos_ids=model.stop_ids, pad_id=model.tokenizer.pad_id)
+  out = llm.sample(model, [prompt], llm.GenerationSettings.for_model(model, 8, llm.GREEDY),
+                   rng=jax.random.key(0))
   assert np.asarray(out.tokens).shape[0] == 1
   model.tokenizer.decode(np.asarray(out.tokens)[0].tolist())

@@ -50,7 +50,8 @@ class Tiny:
         LORA, CONFIG, jax.random.key(1))), 1, 0.05)
 
   def updater(self, **overrides) -> ModuleUpdater:
-    return ModuleUpdater(self.backbone, CONFIG, LORA, overrides.pop("step", STEP), **overrides)
+    return ModuleUpdater(llm.Model(CONFIG, self.backbone), LORA, overrides.pop("step", STEP),
+                         **overrides)
 
   def logprobs(self, experts, module: str, tokens: np.ndarray) -> np.ndarray:
     """[n, T] log p of tokens under the module's expert (0 at t = 0)."""

@@ -92,7 +92,7 @@ def test_wrong_module_or_roles_rejected(tiny):
     upd.update(tiny.experts, upd.init_opt_state(tiny.experts), "planner",
                tiny.groups("executor"), [[1.0, 0.0], [1.0, 0.0]])
   with pytest.raises(ValueError, match="lacks"):
-    grpo.ModuleUpdater(tiny.backbone, tiny.updater().model,
+    grpo.ModuleUpdater(tiny.updater().model,
                        LoraConfig(roles=("planner", "executor"), num_subtask_experts=0))
 
 
