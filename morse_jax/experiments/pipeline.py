@@ -246,7 +246,7 @@ def train(config) -> dict:
   if not problems:
     raise ValueError(f"no training problems for {config.task.family} (check task.path / split)")
   _check_targets(exp.family, problems)
-  trainer, train = exp.trainer(), config.train
+  trainer, train = exp.trainer(), exp.train
   workdir = os.path.abspath(config.workdir)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "run_info.json"), "w") as f:  # what the rewards ran under
