@@ -3,7 +3,13 @@ memory bank, generator, updater and agents. The phases that run them (memory bui
 stages, TTRL, the ablation table) are in `apex_jax.pipeline`.
 
   exp = build(config)                        # data, search, bank, generator, updater, agents
-  agents_for(exp, config.stages.executor)    # the agents' settings inside one phase
+  phase = settings(StagePhase, config.stages.executor, "stages.executor", module="executor")
+  agents_for(exp, phase, "stages.executor")  # the agents' settings inside one phase
+
+Every section that becomes a dataclass is `config_sections.section` of it in the config file and
+`settings` of it here: `agents` (AgentConfig), `memory.bank` (MemoryConfig), `lora`
+(LoraConfig, the roles APEx's), `train` (TrainConfig), `stages.<module>` (StagePhase), `ttrl`
+(TtrlPhase).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 import jax
 
 from morse_jax import llm
-from morse_jax.config_sections import section, settings
+from morse_jax.config_sections import as_base, section, settings
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
 
@@ -27,6 +33,81 @@ from apex_jax.memory.schema import CATEGORIES
 from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import StageConfig
 from apex_jax.training.ttrl import TtrlConfig
+
+# The step's fields APEx sets itself: GRPO always, each stage's learning rate and temperature,
+# and no router.
+STEP_SET_ELSEWHERE = ("estimator", "expert_lr", "temperature", "router_lr", "alpha_pi")
+# LoraConfig's (`lora_config`): the three modules are role experts, none a subtask expert.
+LORA_SET_ELSEWHERE = ("roles", "num_subtask_experts")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """config.train: the modules' GRPO update (`step`: the loss and advantage forms; each stage
+  and TTRL set its learning rate and temperature) and the stages' checkpoints."""
+  checkpoint_every: int = 1  # the stages save every n updates (0: at each stage's end)
+  # True: go on in a workdir whose checkpoints another config wrote (morse_jax.checkpoint)
+  continue_other_run: bool = False
+  step: ts.StepConfig = dataclasses.field(default=ts.StepConfig(estimator="grpo"),
+                                          metadata={"set_elsewhere": STEP_SET_ELSEWHERE})
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """What a stage's or TTRL's section holds beside its dataclass's fields (mixed into
+  StagePhase and TtrlPhase, whose `steps` and `batch_size` it reads): `epochs`, passes over
+  the phase's inputs that give its steps (0: `steps`), and `agents`, AgentConfig fields the
+  phase sets over config.agents (configs/apex/paper.py: the paper's tool-output and context
+  lengths per module; checked as config.<phase>.agents by `agents_for`)."""
+  epochs: int = 0
+  agents: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def runs(self) -> bool:
+    """False for steps 0 and no epochs: the pipeline leaves the phase out."""
+    return bool(self.steps or self.epochs)
+
+  def steps_over(self, n: int) -> int:
+    """`steps`, or `epochs` passes over n inputs at `batch_size` per step (rounded up)."""
+    if not self.epochs:
+      return self.steps
+    return max(1, -(-self.epochs * n // max(self.batch_size, 1)))  # batch_size: its check
+
+  def _check(self, base) -> None:
+    if isinstance(self.epochs, bool) or self.epochs < 0:
+      raise ValueError(f"{type(self).__name__}.epochs must be an int >= 0, got {self.epochs!r}")
+    if self.runs:  # the dataclass's own checks, with the steps its epochs give
+      as_base(self, base, steps=self.steps_over(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePhase(Phase, StageConfig):
+  """config.stages.<module>: a StageConfig (its module the key) that may give its steps as
+  epochs, and the agents' settings of its rollouts."""
+
+  def __post_init__(self):
+    self._check(StageConfig)
+
+  def stage(self, n: int) -> StageConfig:
+    """The StageConfig the stage runs over n inputs."""
+    return as_base(self, StageConfig, steps=self.steps_over(n))
+
+
+@dataclasses.dataclass(frozen=True)
+class TtrlPhase(Phase, TtrlConfig):
+  """config.ttrl: a TtrlConfig that may give its steps as epochs, the agents' settings of its
+  episodes, whether stored workflows are the Distiller's summaries (else the executor's
+  traces), and its checkpoint cadence (steps; each with the memory bank's snapshot)."""
+  summarize: bool = True
+  checkpoint_every: int = 1
+
+  def __post_init__(self):
+    self._check(TtrlConfig)
+
+  def ttrl(self, n: int) -> TtrlConfig:
+    """The TtrlConfig TTRL runs over n queries."""
+    return as_base(self, TtrlConfig, steps=self.steps_over(n))
+
 
 SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder", "hotpotqa", "twowiki"), \
     ("word", "ngram", "index"), \
@@ -52,6 +133,7 @@ class Experiment:
   generator: Any  # AdapterGenerator (or any Generator with an `experts` attribute)
   updater: ModuleUpdater
   experts: Any  # the initial role experts
+  training: TrainConfig  # config.train
 
   def executor(self, agents: AgentConfig | None = None) -> Executor:
     return Executor(self.generator, self.searcher, agents or self.agents)
@@ -173,107 +255,24 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   lora = lora_config(c)
   experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
   generator = generator or AdapterGenerator(model, experts, lora)
-  step = step_config(c.train)
-  updater = ModuleUpdater(model, lora, step, recompute_logp_old=c.agents.top_p < 1.0)
+  training = train_config(c)
+  agents = settings(AgentConfig, c.agents, "agents")
+  updater = ModuleUpdater(model, lora, training.step, recompute_logp_old=agents.top_p < 1.0)
   os.makedirs(c.workdir, exist_ok=True)
-  bank = MemoryBank(c.memory.path or _fresh_bank_path(c.workdir),
-                    embedder or _embedder(c, model), config=bank_config(c))
-  return Experiment(c, model, train, test, _searcher(c, passages), bank,
-                    agents_config(c), generator, updater, experts)
+  bank = MemoryBank(c.memory.path or _fresh_bank_path(c.workdir), embedder or _embedder(c, model),
+                    config=settings(MemoryConfig, c.memory.bank, "memory.bank"))
+  return Experiment(c, model, train, test, _searcher(c, passages), bank, agents, generator,
+                    updater, experts, training)
 
 
-def agents_section(**values):
-  """config.agents: every AgentConfig field, `values` over the defaults (the authors')."""
-  return section(AgentConfig(**values))
-
-
-def agents_config(c) -> AgentConfig:
-  return settings(AgentConfig, c.agents, "agents")
-
-
-def bank_section(**values):
-  """config.memory.bank: every MemoryConfig field, `values` over the defaults (the reference
-  code's retrieval, dedup, skill and evolution constants)."""
-  return section(MemoryConfig(**values))
-
-
-def bank_config(c) -> MemoryConfig:
-  return settings(MemoryConfig, c.memory.bank, "memory.bank")
-
-
-# A phase's keys (config.stages.<module>, config.ttrl) that are no field of its dataclass:
-# epochs (passes over the phase's inputs: its steps when steps is 0, `phase_steps`) and agents
-# (AgentConfig fields the phase sets over config.agents, `agents_for`).
-PHASE_KEYS = ("epochs", "agents")
-# config.ttrl's keys that are not TtrlConfig fields: stored workflows summarised, and the
-# checkpoint cadence (steps; each with the memory bank's snapshot).
-TTRL_KEYS = ("summarize", "checkpoint_every")
-
-
-def _with_phase_keys(out, epochs, agents):
-  if epochs is not None:
-    out.epochs = epochs
-  if agents is not None:
-    out.agents = dict(agents)
-  return out
-
-
-def stage_section(*, epochs: int | None = None, agents: dict | None = None, **values):
-  """config.stages.<module>: every StageConfig field but the module (its key), `values` over
-  the defaults, and the phase keys given (PHASE_KEYS)."""
-  return _with_phase_keys(section(StageConfig, exclude=("module",), **values), epochs, agents)
-
-
-def stage_config(s, module: str, n: int) -> StageConfig:
-  """config.stages.<module> as the stage's StageConfig over n inputs."""
-  values = {k: v for k, v in s.items() if k not in PHASE_KEYS}
-  values["steps"] = phase_steps(s, n)
-  return settings(StageConfig, values, f"stages.{module}", module=module)
-
-
-def ttrl_section(*, summarize: bool, checkpoint_every: int = 1, epochs: int | None = None,
-                 agents: dict | None = None, **values):
-  """config.ttrl: every TtrlConfig field, `values` over the defaults, with TTRL_KEYS and the
-  phase keys given."""
-  out = section(TtrlConfig, **values)
-  out.summarize, out.checkpoint_every = summarize, checkpoint_every
-  return _with_phase_keys(out, epochs, agents)
-
-
-def ttrl_config(t, n: int) -> TtrlConfig:
-  """config.ttrl as a TtrlConfig over n test queries (`epochs` -> steps, as a stage's)."""
-  values = {k: v for k, v in t.items() if k not in PHASE_KEYS + TTRL_KEYS}
-  values["steps"] = phase_steps(t, n)
-  return settings(TtrlConfig, values, "ttrl")
-
-
-def lora_section(**values):
-  """config.lora: every LoraConfig field but those the system sets (the three modules are role
-  experts, no subtask experts), `values` over the defaults."""
-  return section(lora_lib.LoraConfig(**values), exclude=("roles", "num_subtask_experts"))
+def train_config(c) -> TrainConfig:
+  """config.train; the update is GRPO's."""
+  return settings(TrainConfig, c.train, "train", step={"estimator": "grpo"})
 
 
 def lora_config(c) -> lora_lib.LoraConfig:
+  """config.lora with APEx's roles (LORA_SET_ELSEWHERE)."""
   return settings(lora_lib.LoraConfig, c.lora, "lora", roles=APEX_ROLES, num_subtask_experts=0)
-
-
-# The step's fields set elsewhere: GRPO always, each stage's learning rate and temperature, and
-# no router.
-STEP_SET_ELSEWHERE = ("estimator", "expert_lr", "temperature", "router_lr", "alpha_pi")
-
-
-def step_section(**values):
-  """config.train.step: every other StepConfig field, `values` over the defaults (ours). The
-  loss and advantage forms: aggregation "token-mean" (every generated token weighs the same) or
-  "seq-mean-token-mean" (APEx Eq. 5: each sequence's token mean, then 1/G); advantage_clip
-  (5.0; 0: no clip, the paper's); min_reward_std (a group whose reward std is below it gets
-  advantage 0; 5e-4, 0.0: only an exactly flat group, the paper's)."""
-  return section(ts.StepConfig(estimator="grpo", **values), exclude=STEP_SET_ELSEWHERE)
-
-
-def step_config(train) -> ts.StepConfig:
-  """config.train.step as the modules' GRPO step (the stages set the learning rate)."""
-  return settings(ts.StepConfig, train.step, "train.step", estimator="grpo")
 
 
 def _field(c, dotted: str):
@@ -305,22 +304,12 @@ def check_paths(c, *, model_given: bool = False) -> None:
     raise ValueError(f"config.judges.path {judge!r} does not exist")
 
 
-def agents_for(exp: "Experiment", phase, where: str = "phase") -> AgentConfig:
+def agents_for(exp: "Experiment", phase: Phase, where: str = "phase") -> AgentConfig:
   """The agents' settings inside one stage or TTRL (at config.<where>): the experiment's, with
-  the phase's `agents` overrides (configs/apex/paper.py: the paper's tool-output and context
-  lengths per module); none given: the experiment's own."""
-  overrides = phase.get("agents")
-  if not overrides:
+  the phase's `agents` overrides; none given: the experiment's own."""
+  if not phase.agents:
     return exp.agents
-  return settings(AgentConfig, {**section(exp.agents), **dict(overrides)}, f"{where}.agents")
-
-
-def phase_steps(phase, n: int) -> int:
-  """`steps`, or `epochs` passes over n inputs at `batch_size` per step (rounded up)."""
-  epochs = phase.get("epochs")
-  if not epochs:
-    return phase.steps
-  return max(1, -(-int(epochs) * n // phase.batch_size))
+  return settings(AgentConfig, {**section(exp.agents), **phase.agents}, f"{where}.agents")
 
 
 def _fresh_bank_path(workdir: str) -> str:

@@ -22,6 +22,8 @@ from typing import Any
 
 import jax
 
+from morse_jax.config_sections import settings
+
 from apex_jax import plots
 from apex_jax.ablations import (ABLATIONS, AblationInputs, ablation_names, ablation_system,
                                 rebuilt_module_rows, row_module, untrained_module)
@@ -29,8 +31,8 @@ from apex_jax.agents import Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
 from apex_jax.agents.generator import with_experts
 from apex_jax.datasets import evaluate as score_predictions
-from apex_jax.experiment import (JUDGES, Experiment, agents_for, build, choice, stage_config,
-                                  ttrl_config)
+from apex_jax.experiment import (JUDGES, Experiment, StagePhase, TtrlPhase, agents_for, build,
+                                  choice)
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank
 from apex_jax.memory.consolidation import Judged, consolidate, count_evolutions
 from apex_jax.training import judging, rollouts
@@ -228,10 +230,10 @@ def stages(exp: Experiment) -> list[Stage]:
   left out. The distiller trains on the buckets memory_build filled."""
   out = []
   for module in STAGE_ORDER:
-    s = exp.config.stages[module]
-    if s.steps == 0 and not s.get("epochs"):
+    phase = settings(StagePhase, exp.config.stages[module], f"stages.{module}", module=module)
+    if not phase.runs:
       continue
-    agents = agents_for(exp, s, f"stages.{module}")
+    agents = agents_for(exp, phase, f"stages.{module}")
     if module == "executor":
       data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, agents,
                                                      accuracy=judging.reward_accuracy(exp))
@@ -245,7 +247,7 @@ def stages(exp: Experiment) -> list[Stage]:
       if not data:
         raise ValueError("the distiller stage has no bucket with memories: run memory_build "
                          "first (config.memory_build.questions > 0)")
-    out.append(Stage(stage_config(s, module, len(data)), data, fn))
+    out.append(Stage(phase.stage(len(data)), data, fn))
   return out
 
 
@@ -269,7 +271,7 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
   """config.ttrl on the test questions (answers unused), reading and growing `bank`, with
   `experts` for every module (its episodes, summaries and evolution run on them). frozen: the
   planner is not updated (FrozenUpdater): the bank grows as that system's TTRL would grow it."""
-  t = exp.config.ttrl
+  t = settings(TtrlPhase, exp.config.ttrl, "ttrl")
   queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
   updater = exp.updater
   if frozen:
@@ -279,8 +281,8 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
                   rollouts.TtrlEpisodes(exp.searcher, bank, agents_for(exp, t, "ttrl"),
                                         t.summarize),
                   panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
-                  config=ttrl_config(t, len(queries)), rng=rng, logdir=logdir,
-                  checkpoint_dir=checkpoint_dir, checkpoint_every=t.get("checkpoint_every", 1),
+                  config=t.ttrl(len(queries)), rng=rng, logdir=logdir,
+                  checkpoint_dir=checkpoint_dir, checkpoint_every=t.checkpoint_every,
                   continue_other_run=continue_other_run)
 
 
@@ -355,7 +357,7 @@ class _Run:
 
   @property
   def other(self) -> bool:  # config.train.continue_other_run
-    return bool(self.config.train.get("continue_other_run", False))
+    return self.exp.training.continue_other_run
 
   def bank_file(self, name: str) -> str:
     return os.path.join(self.config.workdir, "banks", f"{name}.db")
@@ -380,14 +382,14 @@ def _untrained_row(r: _Run, rng: jax.Array) -> dict:
 
 def _after_stages(r: _Run, rng: jax.Array):
   """The experts after the stages (every stage at steps 0: the initial ones)."""
-  exp, config = r.exp, r.config
+  exp = r.exp
   stage_list = stages(exp)
   if not stage_list:
     r.results["stages"] = []
     return exp.experts
   staged = run_stages(exp.updater, exp.experts, stage_list, exp.generator, rng=rng,
                       logdir=r.logdir, checkpoint_dir=os.path.join(r.checkpoints, "stages"),
-                      checkpoint_every=config.train.get("checkpoint_every", 1),
+                      checkpoint_every=exp.training.checkpoint_every,
                       continue_other_run=r.other)
   r.results["stages"] = staged.history
   r.lap("stages")

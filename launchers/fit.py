@@ -79,11 +79,12 @@ def _morse(config):
 
   name, model = _architecture(config, "")
   lora, router = experiment.lora_config(config), experiment.router_config(config)
-  step = experiment.step_config(config)
+  train = experiment.train_config(config)
+  step = train.step
   data, model_axis = _mesh_shape((config.mesh.data, config.mesh.model))
-  rollout = experiment.rollout_config(config, router is not None)
+  rollout = experiment.rollout_config(train, router is not None)
   shapes = aot.RunShapes(
-      nodes=_NODES.value or config.train.tasks_per_step,
+      nodes=_NODES.value or train.tasks_per_step,
       routes_per_node=rollout.routes_per_node, group_size=rollout.group_size,
       prompt_tokens=_PROMPT.value, max_new_tokens=rollout.max_new_tokens,
       micro_batches=step.micro_batches, share_prompts=rollout.share_prompts,
@@ -102,7 +103,8 @@ def _apex(config):
   stage = config.stages[_STAGE.value]
   response = stage.max_new_tokens
   prompt = stage.agents.max_context_tokens - response
-  lora, step = experiment.lora_config(config), experiment.step_config(config.train)
+  lora = experiment.lora_config(config)
+  step = experiment.train_config(config).step
   data, model_axis = _mesh_shape((8, 1))
   shapes = aot.RunShapes(nodes=stage.batch_size, routes_per_node=1, group_size=stage.group_size,
                          prompt_tokens=prompt, max_new_tokens=response,

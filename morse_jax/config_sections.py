@@ -9,7 +9,11 @@ field whose default is None: a placeholder of the field's type, so that a flag c
 every field can be set from a config file or the command line
 (`--config.train.step.epsilon=0.28`). `settings` is the one validator: a key that is not a
 field, a value of the wrong type and the dataclass's own checks are refused as a ConfigError
-that names the field and the value.
+that names the field and the value. Both systems' sections are made and read by this pair alone.
+
+A section whose keys are one dataclass's fields plus keys of the experiment's own (the training
+loop beside the rollout, the router's embedder, a phase's epochs) is a dataclass that extends the
+first: `class TrainConfig(RolloutConfig)`; `as_base(train, RolloutConfig)` is the first back.
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ def _fields(cls) -> dict[str, dataclasses.Field]:
 
 
 def section(instance, *, exclude: tuple[str, ...] = (), **values) -> ml_collections.ConfigDict:
-  """A ConfigDict of `instance`'s fields (less `exclude`: set from elsewhere) and values.
-  `instance` may be the dataclass itself: then `values` over its defaults, not checked until
-  `settings` builds it (so a value the translation replaces, such as steps 0 where epochs give
-  the steps, may stand)."""
+  """A ConfigDict of `instance`'s fields (less `exclude`: set from elsewhere; a nested
+  section less the names its field's metadata lists as "set_elsewhere") and values. `instance`
+  may be the dataclass itself: then `values` over its defaults, not checked until `settings`
+  builds it (so a value the translation replaces, such as steps 0 where epochs give the steps,
+  may stand)."""
   cls = instance if isinstance(instance, type) else type(instance)
   fields, kinds = _fields(cls), _field_types(cls)
   if instance is not cls:
@@ -79,8 +84,8 @@ def section(instance, *, exclude: tuple[str, ...] = (), **values) -> ml_collecti
     else:
       raise ConfigError(f"config section of {cls.__name__}: field {name!r} has no default; "
                         "give it a value")
-    if dataclasses.is_dataclass(value):
-      out[name] = section(value)
+    if dataclasses.is_dataclass(value):  # less the fields the system sets (field metadata)
+      out[name] = section(value, exclude=field.metadata.get("set_elsewhere", ()))
     elif value is None:
       kind = typing.get_origin(kinds[name][0]) or kinds[name][0]
       out[name] = placeholder(kind if isinstance(kind, type) else object)
@@ -89,15 +94,16 @@ def section(instance, *, exclude: tuple[str, ...] = (), **values) -> ml_collecti
   return out
 
 
-def _value(kind, optional: bool, value, where: str):
-  """`value` as a field of type `kind`, or a ConfigError naming where and value."""
+def _value(kind, optional: bool, value, where: str, given: Mapping):
+  """`value` as a field of type `kind`, or a ConfigError naming where and value. `given`: a
+  nested section's fields set from elsewhere."""
   if value is None:
     check(optional, where, value, "must be set (None is not allowed)")
     return None
   if dataclasses.is_dataclass(kind):
     check(isinstance(value, (Mapping, ml_collections.ConfigDict))
           or dataclasses.is_dataclass(value), where, value, f"expected a {kind.__name__} section")
-    return value if dataclasses.is_dataclass(value) else settings(kind, value, where)
+    return value if dataclasses.is_dataclass(value) else settings(kind, value, where, **given)
   origin = typing.get_origin(kind) or kind
   if origin is bool:
     check(isinstance(value, bool), where, value, "expected True or False")
@@ -113,24 +119,42 @@ def _value(kind, optional: bool, value, where: str):
   elif origin is tuple:
     check(isinstance(value, (list, tuple)), where, value, "expected a tuple")
     return tuple(value)
+  elif origin is dict:
+    check(isinstance(value, (Mapping, ml_collections.ConfigDict)), where, value,
+          "expected a mapping")
+    return dict(value)
   return value
 
 
 def settings(cls, config: Mapping, where: str, **given):
   """`cls` from the section `config` found at `config.<where>`. `given`: fields set elsewhere
-  (e.g. the estimator from config.algo), which the section must not hold too. A field the
-  section lacks keeps the dataclass's default (a config written before the field existed)."""
+  (e.g. the estimator from config.algo), which the section must not hold too; for a nested
+  section, a dict of its own given fields (`step={"estimator": ...}`). A field the section
+  lacks keeps the dataclass's default (a config written before the field existed)."""
   fields, kinds = _fields(cls), _field_types(cls)
   values = dict(config)
+  nested = {name: given.pop(name) for name in list(given)
+            if name in kinds and dataclasses.is_dataclass(kinds[name][0])
+            and isinstance(given[name], Mapping)}
+  for name in nested:  # a nested section the config lacks: its defaults and the given fields
+    values.setdefault(name, {})
   for name, value in values.items():
     check(name in fields, f"{where}.{name}", value,
           f"{cls.__name__} has no such field (fields: {', '.join(fields)})")
     check(name not in given, f"{where}.{name}", value,
           f"set from elsewhere ({name}={given.get(name)!r}), not in this section")
-  kwargs = {name: _value(*kinds[name], value, f"{where}.{name}") for name, value in values.items()}
+  kwargs = {name: _value(*kinds[name], value, f"{where}.{name}", nested.get(name, {}))
+            for name, value in values.items()}
   try:
     return cls(**kwargs, **given)
   except (TypeError, ValueError) as e:
     if isinstance(e, ConfigError):
       raise
     raise ConfigError(f"config.{where}: {e}") from e
+
+
+def as_base(instance, cls, **values):
+  """The `cls` that `instance` (of a dataclass that extends `cls`) holds: its `cls` fields, with
+  `values` over them (e.g. a phase's steps, resolved from its epochs)."""
+  return cls(**{**{f.name: getattr(instance, f.name) for f in dataclasses.fields(cls) if f.init},
+                **values})

@@ -14,6 +14,7 @@ from apex_jax.agents import APEX_ROLES, AgentConfig
 from apex_jax.memory import MemoryConfig
 from apex_jax.training.stages import STAGE_ORDER, StageConfig
 from apex_jax.training.ttrl import TtrlConfig
+from morse_jax.config_sections import settings
 from morse_jax.experiments import experiment
 from morse_jax.llm.sampling import SamplingConfig
 from morse_jax.lora.experts import LoraConfig
@@ -99,9 +100,9 @@ def test_every_config_file_is_checked():
 @pytest.mark.parametrize("name,arg", sorted(MORSE, key=str))
 def test_a_morse_config_builds_its_dataclasses(name, arg):
   c = importlib.import_module(f"configs.morse.{name}").get_config(arg)
-  router = experiment.router_config(c)
-  got = (experiment.lora_config(c), router, experiment.step_config(c),
-         experiment.rollout_config(c, router is not None))
+  router, train = experiment.router_config(c), experiment.train_config(c)
+  got = (experiment.lora_config(c), router, train.step,
+         experiment.rollout_config(train, router is not None))
   assert got == MORSE[name, arg]
 
 
@@ -173,22 +174,21 @@ APEX = {
 def test_an_apex_config_builds_its_dataclasses(name, arg):
   c = importlib.import_module(f"configs.apex.{name}").get_config(arg)
   want = APEX[name, arg]
-  agents = apex_experiment.agents_config(c)
+  agents = settings(AgentConfig, c.agents, "agents")
   exp = type("Built", (), {"agents": agents})  # what agents_for reads
   assert apex_experiment.lora_config(c) == want["lora"]
-  assert apex_experiment.step_config(c.train) == want["step"]
+  assert apex_experiment.train_config(c).step == want["step"]
   assert agents == want["agents"]
-  assert apex_experiment.bank_config(c) == want["bank"]
+  assert settings(MemoryConfig, c.memory.bank, "memory.bank") == want["bank"]
   for module in STAGE_ORDER:
-    s = c.stages[module]
+    s = settings(apex_experiment.StagePhase, c.stages[module], f"stages.{module}", module=module)
     got = None
-    if s.steps or s.get("epochs"):  # pipeline.stages leaves a stage of steps 0 out
-      got = (apex_experiment.stage_config(s, module, N),
-             apex_experiment.agents_for(exp, s, f"stages.{module}"))
+    if s.runs:  # pipeline.stages leaves a stage of steps 0 out
+      got = (s.stage(N), apex_experiment.agents_for(exp, s, f"stages.{module}"))
     assert got == want["stages"][module], module
-  t, got = c.ttrl, None
-  if t.steps or t.get("epochs"):
-    got = apex_experiment.ttrl_config(t, N), apex_experiment.agents_for(exp, t, "ttrl")
+  t, got = settings(apex_experiment.TtrlPhase, c.ttrl, "ttrl"), None
+  if t.runs:
+    got = t.ttrl(N), apex_experiment.agents_for(exp, t, "ttrl")
   assert got == want["ttrl"]
   assert (t.summarize, t.checkpoint_every) == (True, 1)
 

@@ -15,15 +15,12 @@ from configs.apex import demo_cpu as apex_demo
 from configs.morse import common
 from morse_jax.config_sections import ConfigError, section, settings
 from morse_jax.lora.experts import LoraConfig
-from morse_jax.lora.router import RouterConfig
 from morse_jax.experiments import experiment
 from morse_jax.llm.sampling import SamplingConfig
 from morse_jax.rl.train_step import StepConfig
-from morse_jax.rl.trainer import RolloutConfig
 from apex_jax.agents import AgentConfig
 from apex_jax.memory import MemoryConfig
-from apex_jax.training.stages import STAGE_ORDER, StageConfig
-from apex_jax.training.ttrl import TtrlConfig
+from apex_jax.training.stages import STAGE_ORDER
 
 # Valid values for fields whose type alone does not give one: the first that is not the default.
 CHOICES = {"aggregation": ("seq-mean-token-mean",), "log_prob": ("sum_log_p",),
@@ -31,7 +28,7 @@ CHOICES = {"aggregation": ("seq-mean-token-mean",), "log_prob": ("sum_log_p",),
            "estimator": ("grpo",), "kernel": ("dense", "grouped"),
            "train_kernel": ("grouped", "dense"), "prompts": ("authors", "compact"),
            "on_format_error": ("feedback", "end"), "store": ("best", "all"),
-           "summaries": ("rule", "distiller")}
+           "summaries": ("rule", "distiller"), "embedder": ("sentence",)}
 
 
 def other_value(name, default, kind):
@@ -70,7 +67,7 @@ def walk(cls, make_config, where, build, elsewhere=(), others=()):
   walked = []
   for name in sorted(section_fields):
     default = getattr(defaults, name)
-    if dataclasses.is_dataclass(default):
+    if dataclasses.is_dataclass(default) or isinstance(default, dict):
       continue
     kind = int if "int" in str(kinds[name]) else float
     value = other_value(name, default, kind)
@@ -93,16 +90,19 @@ def morse_config():
 
 
 def morse_rollout(c):
-  return experiment.rollout_config(c, routed=True)
+  return experiment.rollout_config(experiment.train_config(c), routed=True)
+
+
+def morse_step(c):
+  return experiment.train_config(c).step
 
 
 def test_every_morse_setting_is_reachable_from_the_command_line():
-  walk(StepConfig, morse_config, "train.step", experiment.step_config,
+  walk(StepConfig, morse_config, "train.step", morse_step,
        elsewhere=("estimator", "temperature"))  # config.algo; the rollout's temperature
   walk(LoraConfig, morse_config, "lora", experiment.lora_config, elsewhere=("roles",))
-  walk(RouterConfig, morse_config, "router", experiment.router_config, others=("embedder",))
-  walked = walk(RolloutConfig, morse_config, "train", morse_rollout,
-                others=experiment.TRAIN_LOOP_KEYS)
+  walk(experiment.RoutingConfig, morse_config, "router", experiment.routing_config)
+  walked = walk(experiment.TrainConfig, morse_config, "train", experiment.train_config)
   assert "kernel" in walked and "train_kernel" in walked
   assert walk(SamplingConfig, morse_config, "train.sampling",
               lambda c: morse_rollout(c).sampling) == ["temperature", "top_k", "top_p"]
@@ -111,27 +111,43 @@ def test_every_morse_setting_is_reachable_from_the_command_line():
 def test_without_a_router_the_one_route_gets_every_sample():
   c = morse_config()
   c.train.update(routes_per_node=3, group_size=2)
-  fixed = experiment.rollout_config(c, routed=False)
+  fixed = experiment.rollout_config(experiment.train_config(c), routed=False)
   assert (fixed.routes_per_node, fixed.group_size) == (1, 6)
   assert fixed == dataclasses.replace(morse_rollout(c), routes_per_node=1, group_size=6)
 
 
+def apex_stage(module, n=10):
+  return lambda c: settings(apex_experiment.StagePhase, c.stages[module], f"stages.{module}",
+                            module=module).stage(n)
+
+
+def apex_phase(module):
+  return lambda c: settings(apex_experiment.StagePhase, c.stages[module], f"stages.{module}",
+                            module=module)
+
+
+def apex_ttrl(c):
+  return settings(apex_experiment.TtrlPhase, c.ttrl, "ttrl")
+
+
+def apex_step(c):
+  return apex_experiment.train_config(c).step
+
+
 def test_every_apex_setting_is_reachable_from_the_command_line():
-  walk(StepConfig, apex_demo.get_config, "train.step",
-       lambda c: apex_experiment.step_config(c.train),
+  walk(StepConfig, apex_demo.get_config, "train.step", apex_step,
        elsewhere=apex_experiment.STEP_SET_ELSEWHERE)
+  walk(apex_experiment.TrainConfig, apex_demo.get_config, "train", apex_experiment.train_config)
   walk(LoraConfig, apex_demo.get_config, "lora", apex_experiment.lora_config,
        elsewhere=("roles", "num_subtask_experts"))
   assert "max_queries" in walk(AgentConfig, apex_demo.get_config, "agents",
-                               apex_experiment.agents_config)
+                               lambda c: settings(AgentConfig, c.agents, "agents"))
   assert "dedup_gate" in walk(MemoryConfig, apex_demo.get_config, "memory.bank",
-                              apex_experiment.bank_config)
+                              lambda c: settings(MemoryConfig, c.memory.bank, "memory.bank"))
   for module in STAGE_ORDER:
-    walk(StageConfig, apex_demo.get_config, f"stages.{module}",
-         lambda c: apex_experiment.stage_config(c.stages[module], module, 10),
-         elsewhere=("module",))
-  walk(TtrlConfig, apex_demo.get_config, "ttrl",
-       lambda c: apex_experiment.ttrl_config(c.ttrl, 10), others=apex_experiment.TTRL_KEYS)
+    walk(apex_experiment.StagePhase, apex_demo.get_config, f"stages.{module}",
+         apex_phase(module), elsewhere=("module",))
+  walk(apex_experiment.TtrlPhase, apex_demo.get_config, "ttrl", apex_ttrl)
 
 
 def _with(config, where, key, value):
@@ -146,18 +162,17 @@ def _with(config, where, key, value):
 
 
 BUILDS = [  # (config, section, build, a field and a value of the wrong type for it)
-    (morse_config, "train.step", experiment.step_config, "epochs", "two"),
+    (morse_config, "train.step", morse_step, "epochs", "two"),
     (morse_config, "lora", experiment.lora_config, "rank", 2.5),
     (morse_config, "train.sampling", morse_rollout, "top_k", "all"),
     (apex_demo.get_config, "lora", apex_experiment.lora_config, "alpha", "high"),
-    (apex_demo.get_config, "train.step", lambda c: apex_experiment.step_config(c.train),
-     "epochs", 1.5),
-    (apex_demo.get_config, "agents", apex_experiment.agents_config, "max_turns", "five"),
-    (apex_demo.get_config, "memory.bank", apex_experiment.bank_config, "k", 2.0),
-    (apex_demo.get_config, "stages.planner",
-     lambda c: apex_experiment.stage_config(c.stages.planner, "planner", 10), "group_size", "4"),
-    (apex_demo.get_config, "ttrl", lambda c: apex_experiment.ttrl_config(c.ttrl, 10),
-     "hard_gate", 1),
+    (apex_demo.get_config, "train.step", apex_step, "epochs", 1.5),
+    (apex_demo.get_config, "agents", lambda c: settings(AgentConfig, c.agents, "agents"),
+     "max_turns", "five"),
+    (apex_demo.get_config, "memory.bank",
+     lambda c: settings(MemoryConfig, c.memory.bank, "memory.bank"), "k", 2.0),
+    (apex_demo.get_config, "stages.planner", apex_stage("planner"), "group_size", "4"),
+    (apex_demo.get_config, "ttrl", lambda c: apex_ttrl(c).ttrl(10), "hard_gate", 1),
 ]
 
 
@@ -172,8 +187,8 @@ def test_an_unknown_key_and_a_wrong_type_are_named(make_config, where, build, fi
 def test_a_stray_training_key_is_named():
   c = morse_config()
   c.train.temperature = 0.7  # the sampling temperature is config.train.sampling.temperature
-  with pytest.raises(ConfigError, match=r"config.train.temperature=0.7: neither a RolloutConfig"):
-    experiment.rollout_config(c, routed=True)
+  with pytest.raises(ConfigError, match=r"config.train.temperature=0.7: TrainConfig has no such"):
+    experiment.train_config(c)
 
 
 def test_a_section_round_trips_and_bad_values_are_named():

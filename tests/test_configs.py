@@ -1,14 +1,22 @@
 """Every shipped config loads, and builds its experiment with a tiny model swapped in."""
 
+import dataclasses
 import glob
 import importlib
 import os
 
 import pytest
 
+from apex_jax import experiment as apex_experiment
+from apex_jax.agents import AgentConfig
+from apex_jax.memory import MemoryConfig
+from apex_jax.toy.corpus import CorpusConfig
 from configs.morse import common
+from morse_jax import config_sections
 from morse_jax.experiments import experiment
-from tests import tiny_models
+from morse_jax.lora.experts import LoraConfig
+from morse_jax.toy.sft import ToyConfig
+from tests import test_config_built, tiny_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "tasks", "fixtures")
@@ -124,8 +132,62 @@ def test_router_switches_reach_the_router_config():
 
 def test_advantage_switches_reach_the_step_config():
   config = common.apply(common.base(), "mole_hgrpo,qwen3_4b,cpu", "srdd")
-  step = experiment.step_config(config)
+  step = experiment.train_config(config).step
   assert (step.advantage_clip, step.min_reward_std) == (5.0, 5e-4)  # the reference code's
   config.train.step.update(advantage_clip=0.0, min_reward_std=0.0)  # 0: no clip
-  step = experiment.step_config(config)
+  step = experiment.train_config(config).step
   assert (step.advantage_clip, step.min_reward_std) == (0.0, 0.0)
+
+
+# config section -> the dataclass it becomes, per system
+SECTIONS = {
+    "morse": {"lora": LoraConfig, "router": experiment.RoutingConfig,
+              "train": experiment.TrainConfig},
+    "apex": {"lora": LoraConfig, "agents": AgentConfig, "memory.bank": MemoryConfig,
+             "train": apex_experiment.TrainConfig, "ttrl": apex_experiment.TtrlPhase,
+             **{f"stages.{m}": apex_experiment.StagePhase
+                for m in ("executor", "distiller", "planner")}},
+    "toy": {"toy": ToyConfig, "corpus": CorpusConfig},
+}
+
+
+def _shipped(system):
+  """(file, argument) of every shipped config of `system`, as the tests load them."""
+  if system == "morse":
+    for name in CONFIG_FILES:
+      variants = [f"{v},{b},{h}" for v in common.VARIANTS for b in common.BACKBONES
+                  for h in common.HARDWARE]
+      args = {"smollm2_train_cpu": [None, "fixed_grpo"]}.get(name, variants if name in (
+          "humaneval", "scicode", "srdd") else [None])
+      yield from ((name, arg) for arg in args)
+  elif system == "apex":
+    yield from sorted(test_config_built.APEX, key=str)
+  else:
+    yield from [("qwen3", None), ("qwen3_dose", None), *(("apex", str(r)) for r in range(1, 13))]
+
+
+def _unknown_keys(section, cls, where):
+  """The keys of `section` (at config.<where>) that are no field of `cls`, nested ones too."""
+  kinds, out = config_sections._field_types(cls), []  # pylint: disable=protected-access
+  for key in section:
+    if key not in kinds:
+      out.append(f"config.{where}.{key}")
+    elif dataclasses.is_dataclass(kinds[key][0]) and hasattr(section[key], "keys"):
+      out += _unknown_keys(section[key], kinds[key][0], f"{where}.{key}")
+  return out
+
+
+@pytest.mark.parametrize("system", ["morse", "apex", "toy"])
+def test_every_key_of_every_shipped_config_is_a_dataclass_field(system):
+  """The config tree is the dataclass tree: no section holds a key that its dataclass (or a
+  nested one) does not declare."""
+  sections, checked = SECTIONS[system], 0
+  for name, arg in _shipped(system):
+    config = importlib.import_module(f"configs.{system}.{name}").get_config(arg)
+    for where, cls in sections.items():
+      section = config
+      for part in where.split("."):
+        section = section[part]
+      assert _unknown_keys(section, cls, where) == [], (name, arg)
+      checked += 1
+  assert checked >= 3 * len(sections)

@@ -18,23 +18,18 @@ generator is the agents' sampler; each rollout gets `with_experts(generator, cur
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from morse_jax.checkpoint.sidecar import RunCheckpoints
-from morse_jax.rl import metrics as metrics_lib
-from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
+from morse_jax.rl.run import Run, record
 from morse_jax.rl.state import TrainState
-from morse_jax.rl.train_step import step_identity
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import MODULES, Trajectory
-from apex_jax.training import resume
 from apex_jax.training.grpo import ModuleUpdater
 
 STAGE_ORDER = ("executor", "distiller", "planner")  # the paper's alternation
@@ -102,11 +97,12 @@ def _check_rollout(groups, rewards, config: StageConfig, step: int) -> None:
                        f"{config.group_size}")
 
 
-def _metadata(updater: ModuleUpdater, stages: Sequence[Stage]) -> dict:
-  return json.loads(json.dumps({
-      "model": dataclasses.asdict(updater.model.config), "lora": dataclasses.asdict(updater.lora),
-      "step": step_identity(updater.step),
-      "stages": [dataclasses.asdict(s.config) for s in stages]}))
+def _records(updater: ModuleUpdater, stages: Sequence[Stage], rng) -> tuple[dict, dict]:
+  """(what every checkpoint step records, the run that owns the folder: these stages from this
+  key)."""
+  meta = record(model=updater.model.config, lora=updater.lora, step=updater.step,
+                stages=[s.config for s in stages])
+  return meta, record(stages=meta, rng=rng)
 
 
 def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generator, *,
@@ -120,67 +116,60 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
   latest good one (the stage and its step follow from the global step): finished stages are
   skipped, `history` is the whole run's (kept in each step's sidecar, `checkpoint.sidecar`), and
   a resumed run's metrics repeat an unbroken run's step for step. Another run's checkpoints
-  (other stages or key) are refused unless `continue_other_run` (Checkpoints)."""
+  (other stages or key) are refused unless `continue_other_run` (`rl.run.Run`)."""
   if not stages:
     raise ValueError("run_stages: no stages")
-  done, opt, resumed, history = 0, None, False, []
-  ckpt = sidecar = None
-  if checkpoint_dir is not None:
-    # A step written before sidecars existed restores with an empty history.
-    ckpt, sidecar, found = resume.open_run(
-        checkpoint_dir, experts=experts, opt_states=updater.init_opt_state(experts), rng=rng,
-        every=checkpoint_every or 10**9, keep=keep, metadata=_metadata(updater, stages),
-        identity={"stages": _metadata(updater, stages)}, continue_other_run=continue_other_run,
-        sidecar_required=False)
-    if found is not None:
-      done, experts, opt, rng, payload = found
-      history = list(payload.get("history", []))
-      resumed = True
-  saver = None if ckpt is None else RunCheckpoints(ckpt, sidecar,
-                                                         lambda: {"history": history})
-  start = 0
-  try:
+  history = []
+  meta, identity = _records(updater, stages, rng)
+  template = TrainState(step=jnp.int32(0), experts=experts, router=None,
+                        opt_states=updater.init_opt_state(experts), rng=rng,
+                        cursor=jnp.int32(0))
+  # A step written before sidecars existed restores with an empty history.
+  with Run(checkpoint_dir, metadata=meta, identity=identity,
+           every=checkpoint_every or 10**9, keep=keep, continue_other_run=continue_other_run,
+           payload=lambda: {"history": history}, sidecar_required=False) as run:
+    state = run.restore(template)
+    history.extend(run.payload.get("history", []))
+    start = 0
     for index, stage in enumerate(stages):
-      cfg = stage.config
-      end = start + cfg.steps
-      if done >= end:
-        start = end
-        continue
-      step_config = dataclasses.replace(updater.step, expert_lr=cfg.learning_rate,
-                                        temperature=scoring_temperature(cfg.temperature))
-      stage_updater = dataclasses.replace(updater, step=step_config)
-      # this stage's skipped updates (logged as skipped_total; carried on from a resumed history)
-      skipped = sum(h["stage"] == index and h["skipped"] != 0 for h in history)
-      if opt is None or done == start:
-        opt = stage_updater.init_opt_state(experts)
-      name = f"stage{index}_{cfg.module}"
-      writer = metrics_lib.MetricsWriter(
-          None if logdir is None else os.path.join(logdir, name), total_steps=cfg.steps,
-          progress=False, resume_step=done - start if resumed else None)
+      end, done = start + stage.config.steps, int(state.step)
+      if done < end:
+        stage_updater = dataclasses.replace(updater, step=dataclasses.replace(
+            updater.step, expert_lr=stage.config.learning_rate,
+            temperature=scoring_temperature(stage.config.temperature)))
+        # the moments are the stage's own: fresh at its start, restored inside it
+        opt = (state.opt_states if done > start else
+               stage_updater.init_opt_state(state.experts))
+        state = dataclasses.replace(state, opt_states=opt, cursor=jnp.int32(done - start))
+        name = f"stage{index}_{stage.config.module}"
+        state = run.loop(_step_fn(stage, index, stage_updater, generator, history), state,
+                         steps=end, logdir=None if logdir is None else os.path.join(logdir, name),
+                         progress=False, log_offset=start)
+      start = end
+  return StagesResult(state.experts, history, state.rng)
 
-      def step_fn(state):  # state.step counts the whole run's updates, state.cursor this stage's
-        nonlocal skipped
-        step, experts, opt, rng = int(state.cursor), state.experts, state.opt_states, state.rng
-        rng, key = jax.random.split(rng)
-        groups, rewards = stage.rollout_fn(stage.batch(step), with_experts(generator, experts),
-                                           key, cfg)
-        _check_rollout(groups, rewards, cfg, step)
-        experts, opt, metrics = stage_updater.update(experts, opt, cfg.module, groups, rewards)
-        metrics.update(getattr(stage.rollout_fn, "metrics", None) or {})  # judge counts
-        skipped += int(metrics["skipped"] != 0)
-        metrics.update(skipped_total=float(skipped), stage=float(index),
-                       learning_rate=cfg.learning_rate)
-        history.append({"stage": index, "module": cfg.module, "step": step + 1, **metrics})
-        return TrainState(step=jnp.int32(int(state.step) + 1), experts=experts, router=None,
-                          opt_states=opt, rng=rng, cursor=jnp.int32(step + 1)), metrics
 
-      state = TrainState(step=jnp.int32(done), experts=experts, router=None, opt_states=opt,
-                         rng=rng, cursor=jnp.int32(done - start))
-      state = run_loop(step_fn, state, steps=end, writer=writer, checkpoints=saver,
-                       log_offset=start)
-      done, experts, rng = end, state.experts, state.rng
-      opt, start = None, end
-  finally:
-    if ckpt is not None:
-      ckpt.close()
-  return StagesResult(experts, history, rng)
+def _step_fn(stage: Stage, index: int, updater: ModuleUpdater, generator, history: list):
+  """One update of `stage` (the `index`-th): state.step counts the whole run's updates,
+  state.cursor this stage's; its record is appended to `history`."""
+  cfg = stage.config
+  # this stage's skipped updates (logged as skipped_total; carried on from a resumed history)
+  skipped = sum(h["stage"] == index and h["skipped"] != 0 for h in history)
+
+  def step_fn(state):
+    nonlocal skipped
+    step, experts, opt, rng = int(state.cursor), state.experts, state.opt_states, state.rng
+    rng, key = jax.random.split(rng)
+    groups, rewards = stage.rollout_fn(stage.batch(step), with_experts(generator, experts), key,
+                                       cfg)
+    _check_rollout(groups, rewards, cfg, step)
+    experts, opt, metrics = updater.update(experts, opt, cfg.module, groups, rewards)
+    metrics.update(getattr(stage.rollout_fn, "metrics", None) or {})  # judge counts
+    skipped += int(metrics["skipped"] != 0)
+    metrics.update(skipped_total=float(skipped), stage=float(index),
+                   learning_rate=cfg.learning_rate)
+    history.append({"stage": index, "module": cfg.module, "step": step + 1, **metrics})
+    return TrainState(step=jnp.int32(int(state.step) + 1), experts=experts, router=None,
+                      opt_states=opt, rng=rng, cursor=jnp.int32(step + 1)), metrics
+
+  return step_fn

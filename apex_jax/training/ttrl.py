@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
@@ -35,13 +34,10 @@ from typing import Any, Callable, Protocol, Sequence
 import jax
 import jax.numpy as jnp
 
-from morse_jax.checkpoint.sidecar import RunCheckpoints
 from morse_jax.checkpoint.steps import fingerprint
-from morse_jax.rl import metrics as metrics_lib
-from morse_jax.rl.loop import run_loop
 from morse_jax.rl.logprobs import scoring_temperature
+from morse_jax.rl.run import Run, record
 from morse_jax.rl.state import TrainState
-from morse_jax.rl.train_step import step_identity
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import Trajectory
@@ -50,7 +46,6 @@ from apex_jax.judges.rule import normalize_answer
 from apex_jax.judges.nogt import Candidate
 from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContext, Skill
 from apex_jax.memory.consolidation import Judged, consolidate
-from apex_jax.training import resume
 from apex_jax.training import rewards as rw
 from apex_jax.training.grpo import ModuleUpdater
 
@@ -269,37 +264,19 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
   failure counts and a snapshot of the memory bank (`checkpoint.sidecar`); a later call resumes
   from the newest good step, with the bank put back as it was after that step, and repeats an
   unbroken run's metrics step for step. Another run's checkpoints (other config, queries or
-  key) are refused unless `continue_other_run` (Checkpoints)."""
+  key) are refused unless `continue_other_run` (`rl.run.Run`)."""
   if not queries:
     raise ValueError("run_ttrl: no queries")
   if distill_fn is None and evolve_fn is None:
     raise ValueError("run_ttrl: give distill_fn or evolve_fn (the Distiller step)")
-  step_config = dataclasses.replace(updater.step, expert_lr=config.learning_rate,
-                                    temperature=scoring_temperature(config.temperature))
-  updater = dataclasses.replace(updater, step=step_config)
-  opt = updater.init_opt_state(experts)
+  updater = dataclasses.replace(updater, step=dataclasses.replace(
+      updater.step, expert_lr=config.learning_rate,
+      temperature=scoring_temperature(config.temperature)))
   judging, history = _Judging(judges), []
-  ckpt = sidecar = None
-  first = 0
-  if checkpoint_dir is not None:
-    meta = {"model": dataclasses.asdict(updater.model.config),
-            "lora": dataclasses.asdict(updater.lora),
-            "step": step_identity(updater.step), "ttrl": dataclasses.asdict(config)}
-    meta = json.loads(json.dumps(meta))
-    # The directory belongs to one run: this config, these queries, from this key.
-    ckpt, sidecar, found = resume.open_run(
-        checkpoint_dir, experts=experts, opt_states=opt, rng=rng, every=checkpoint_every,
-        keep=keep, metadata=meta,
-        identity={"ttrl": meta,
-                  "queries": fingerprint([dataclasses.astuple(q) for q in queries])},
-        continue_other_run=continue_other_run, bank=bank)
-    if found is not None:
-      first, experts, opt, rng, payload = found
-      history = list(payload["history"])
-      judging.failures.update(payload["judge_failures"])
-  writer = metrics_lib.MetricsWriter(None if logdir is None else os.path.join(logdir, "ttrl"),
-                                     total_steps=config.steps, progress=False,
-                                     resume_step=first if ckpt is not None else None)
+  meta, identity = _records(updater, config, queries, rng)
+  template = TrainState(step=jnp.int32(0), experts=experts, router=None,
+                        opt_states=updater.init_opt_state(experts), rng=rng,
+                        cursor=jnp.int32(0))
 
   def step_fn(state: TrainState):  # one batch: episodes, judges, update, consolidation
     step, experts, opt, rng = int(state.step), state.experts, state.opt_states, state.rng
@@ -313,23 +290,9 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
       raise ValueError(f"run_ttrl step {step}: episode_fn returned group sizes "
                        f"{[len(g) for g in groups]} for {len(batch)} queries x "
                        f"{config.group_size}")
-    stats, rewards, judged_episodes = collections.Counter(), [], []
-    for query, ctx, group in zip(batch, contexts, groups):
-      skill = bank.get_skill(ctx.bucket)
-      conf = bank.skill_confidence(ctx.bucket)
-      group_rewards, outcomes = _group_rewards(group, query, skill, conf, config, judging,
-                                               stats, bank.config.skill_evidence_n, ctx.skill)
-      rewards.append(group_rewards)
-      complete = [i for i, c in enumerate(outcomes) if c is not None]
-      stored = _stored(config.store, complete, group_rewards, [ep.answer for ep in group])
-      for i, (ep, correct) in enumerate(zip(group, outcomes)):
-        if correct is None:
-          continue
-        memory = NewMemory(query.question, ep.summary or ep.workflow, correct, *ctx.bucket,
-                           caption=query.caption, data_id=query.data_id)
-        shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
-        judged_episodes.append(Judged(memory, correct, shown, store=i in stored))
-        stats["correct"] += correct
+    stats = collections.Counter()
+    rewards, judged_episodes = _judge_groups(bank, batch, contexts, groups, config, judging,
+                                             stats)
     trajectories = [[ep.trajectory for ep in g] for g in groups]
     experts, opt, metrics = updater.update(experts, opt, "planner", trajectories, rewards)
     buckets = [ctx.bucket for ctx in contexts]
@@ -348,14 +311,45 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
     return TrainState(step=jnp.int32(step + 1), experts=experts, router=None, opt_states=opt,
                       rng=rng, cursor=jnp.int32(step + 1)), metrics
 
-  saver = None if ckpt is None else RunCheckpoints(
-      ckpt, sidecar, lambda: {"history": history, "judge_failures": dict(judging.failures)},
-      bank)
-  state = TrainState(step=jnp.int32(first), experts=experts, router=None, opt_states=opt,
-                     rng=rng, cursor=jnp.int32(first))
-  try:
-    state = run_loop(step_fn, state, steps=config.steps, writer=writer, checkpoints=saver)
-  finally:
-    if ckpt is not None:
-      ckpt.close()
+  with Run(checkpoint_dir, metadata=meta, identity=identity, every=checkpoint_every, keep=keep,
+           continue_other_run=continue_other_run, bank=bank,
+           payload=lambda: {"history": history,
+                            "judge_failures": dict(judging.failures)}) as run:
+    state = run.restore(template)
+    history.extend(run.payload.get("history", []))
+    judging.failures.update(run.payload.get("judge_failures", {}))
+    state = run.loop(step_fn, state, steps=config.steps, progress=False,
+                     logdir=None if logdir is None else os.path.join(logdir, "ttrl"))
   return TtrlResult(state.experts, history, judging.failures)
+
+
+def _records(updater: ModuleUpdater, config: TtrlConfig, queries: Sequence[Query],
+             rng) -> tuple[dict, dict]:
+  """(what every checkpoint step records, the run that owns the folder: this config, these
+  queries, from this key)."""
+  meta = record(model=updater.model.config, lora=updater.lora, step=updater.step, ttrl=config)
+  return meta, record(ttrl=meta, queries=fingerprint([dataclasses.astuple(q) for q in queries]),
+                      rng=rng)
+
+
+def _judge_groups(bank: MemoryBank, batch, contexts, groups, config: TtrlConfig,
+                  judging: _Judging, stats: collections.Counter):
+  """(rewards per group, the Judged episodes to consolidate) of one batch; counts in `stats`."""
+  rewards, judged_episodes = [], []
+  for query, ctx, group in zip(batch, contexts, groups):
+    skill = bank.get_skill(ctx.bucket)
+    conf = bank.skill_confidence(ctx.bucket)
+    group_rewards, outcomes = _group_rewards(group, query, skill, conf, config, judging,
+                                             stats, bank.config.skill_evidence_n, ctx.skill)
+    rewards.append(group_rewards)
+    complete = [i for i, c in enumerate(outcomes) if c is not None]
+    stored = _stored(config.store, complete, group_rewards, [ep.answer for ep in group])
+    for i, (ep, correct) in enumerate(zip(group, outcomes)):
+      if correct is None:
+        continue
+      memory = NewMemory(query.question, ep.summary or ep.workflow, correct, *ctx.bucket,
+                         caption=query.caption, data_id=query.data_id)
+      shown = tuple(dict.fromkeys(ctx.memory_ids + tuple(ep.replan_memory_ids)))
+      judged_episodes.append(Judged(memory, correct, shown, store=i in stored))
+      stats["correct"] += correct
+  return rewards, judged_episodes

@@ -15,15 +15,20 @@ import os
 
 import ml_collections
 
-from apex_jax.experiment import (agents_section, bank_section, lora_section, stage_section,
-                                  step_section, ttrl_section)
+from apex_jax.agents import AgentConfig
+from apex_jax.experiment import LORA_SET_ELSEWHERE, StagePhase, TrainConfig, TtrlPhase
+from apex_jax.memory import MemoryConfig
+from morse_jax.config_sections import section
+from morse_jax.lora.experts import LoraConfig
+from morse_jax.rl.train_step import StepConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _stage(steps, lr, max_new_tokens, batch_size=4, group_size=4):
-  return stage_section(steps=steps, batch_size=batch_size, group_size=group_size,
-                       learning_rate=lr, temperature=1.0, max_new_tokens=max_new_tokens)
+  return section(StagePhase, exclude=("module",), steps=steps, batch_size=batch_size,
+                 group_size=group_size, learning_rate=lr, temperature=1.0,
+                 max_new_tokens=max_new_tokens)
 
 
 def get_config(arg=None):
@@ -52,9 +57,10 @@ def get_config(arg=None):
   # building, TTRL's evolution); sampled at 1, the toy's replies lose a field or the JSON
   c.memory = dict(embedder="backbone_mean", embedder_path="", path="",  # "": a new one in workdir
                   evolve_temperature=0.0,
-                  bank=bank_section(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
-                                    evolve_window=8))
-  c.lora = lora_section(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0)
+                  bank=section(MemoryConfig(k=2, k_replan=1, evolve_every=4, evolve_min_size=2,
+                                            evolve_window=8)))
+  c.lora = section(LoraConfig(targets=("q", "v", "o"), last_n_layers=2, rank=8, alpha=16.0),
+                   exclude=LORA_SET_ELSEWHERE)
   # checkpoint_every: the stages save every n updates (0: at each stage's end), TTRL every n
   # steps with a snapshot of the memory bank; a killed run resumes (experiment.run)
   # step: every StepConfig field the stages do not set; aggregation / advantage_clip /
@@ -63,14 +69,13 @@ def get_config(arg=None):
   # micro_batches: a planner update of 16 rows x 2048 tokens took more than 20 GB in one pass on
   # XLA:CPU (attention products in f32; the procedure demo was killed for memory); in 4 passes
   # the run peaks at 5.5 GB. The gradient is the same (one denominator for the whole batch).
-  c.train = dict(checkpoint_every=1, step=step_section(aggregation="token-mean",
-                                                      advantage_clip=5.0, min_reward_std=5e-4,
-                                                      micro_batches=4))
-  c.agents = agents_section(max_turns=5, max_llm_calls=10, max_tool_tokens=512,
-                            max_context_tokens=2048, topk=2, planner_max_new_tokens=96,
-                            executor_max_new_tokens=80, distiller_max_new_tokens=400,
-                            temperature=1.0, top_p=1.0, prompts="compact",
-                            replan_memories=False)
+  c.train = section(TrainConfig(checkpoint_every=1, step=StepConfig(
+      aggregation="token-mean", advantage_clip=5.0, min_reward_std=5e-4, micro_batches=4)))
+  c.agents = section(AgentConfig(max_turns=5, max_llm_calls=10, max_tool_tokens=512,
+                                 max_context_tokens=2048, topk=2, planner_max_new_tokens=96,
+                                 executor_max_new_tokens=80, distiller_max_new_tokens=400,
+                                 temperature=1.0, top_p=1.0, prompts="compact",
+                                 replan_memories=False))
   # temperature / top_p: memory building's episodes and summaries (None: the agents')
   c.memory_build = dict(questions=12, batch_size=6, force_evolve=True,
                         temperature=ml_collections.config_dict.placeholder(float),
@@ -79,9 +84,9 @@ def get_config(arg=None):
                   planner=_stage(3, 1e-3, 96))
   # store: "all" judged episodes become memories (ours) or "best", each query's best one (our
   # reading of the paper's "selected" episodes; apex_jax.training.ttrl.TtrlConfig)
-  c.ttrl = ttrl_section(steps=2, batch_size=4, group_size=4, learning_rate=1e-4,
-                        temperature=1.0, max_new_tokens=96, summarize=True, checkpoint_every=1,
-                        store="all")
+  c.ttrl = section(TtrlPhase, steps=2, batch_size=4, group_size=4, learning_rate=1e-4,
+                   temperature=1.0, max_new_tokens=96, summarize=True, checkpoint_every=1,
+                   store="all")
   # accuracy / skill_quality / skill_terms "judge" (the paper's: an LLM judge on this backend) or "rule": the
   # toy was taught the TTRL judges' replies but not the correctness or skill grades, so the
   # stages score answers by EM and skills by the rule-based quality (apex_jax.training.judging)

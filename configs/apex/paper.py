@@ -29,8 +29,12 @@ Not the paper's (ours): lora, memory_build.questions, eval, seed, workdir.
 
 import ml_collections
 
-from apex_jax.experiment import (agents_section, bank_section, lora_section, stage_section,
-                                  step_section, ttrl_section)
+from apex_jax.agents import AgentConfig
+from apex_jax.experiment import LORA_SET_ELSEWHERE, StagePhase, TrainConfig, TtrlPhase
+from apex_jax.memory import MemoryConfig
+from morse_jax.config_sections import section
+from morse_jax.lora.experts import LoraConfig
+from morse_jax.rl.train_step import StepConfig
 
 KEYS = ("model", "judge", "embedder", "data", "index")
 TEST_SPLITS = {"hotpotqa": "dev_distractor", "twowiki": "dev"}  # the labelled held-out files
@@ -51,12 +55,16 @@ def parse_arg(arg) -> dict:
   return out
 
 
-def _stage(batch_size, group_size, lr, prompt, response, epochs, **agents):
-  """One GRPO stage: batch x group at lr for `epochs` passes over its data; prompt / response:
+def _phase(batch_size, group_size, lr, prompt, response, epochs, **agents):
+  """One GRPO phase: batch x group at lr for `epochs` passes over its data; prompt / response:
   verl's data.max_prompt_length / data.max_response_length."""
   return dict(steps=0, epochs=epochs, batch_size=batch_size, group_size=group_size,
               learning_rate=lr, temperature=1.0, max_new_tokens=response,
               agents=dict(max_context_tokens=prompt + response, **agents))
+
+
+def _stage(*args, **agents):
+  return section(StagePhase, exclude=("module",), **_phase(*args, **agents))
 
 
 def get_config(arg=None):
@@ -79,42 +87,43 @@ def get_config(arg=None):
   c.search = dict(kind="index", index=paths["index"], topk=3)
   # retrieval / dedup / evolution constants: MemoryConfig's defaults are the reference code's
   c.memory = dict(embedder="sentence", embedder_path=paths["embedder"], path="",
-                  evolve_temperature=None, bank=bank_section())
-  c.lora = lora_section(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0)  # ours
+                  evolve_temperature=None, bank=section(MemoryConfig()))
+  c.lora = section(LoraConfig(targets=("q", "v", "o"), last_n_layers=8, rank=8, alpha=16.0),
+                   exclude=LORA_SET_ELSEWHERE)  # ours
   # kl 0 in every script (algorithm.kl_ctrl.kl_coef=0.0, use_kl_loss=False); the paper's loss
   # (Eq. 5: per-sequence token mean, then 1/G) and advantages (no clip, no near-flat cut; the
   # scripts set no loss_agg_mode: verl's default); ours: "token-mean", 5.0, 5e-4
-  c.train = dict(checkpoint_every=1,  # a killed run resumes
-                 step=step_section(kl_coef=0.0, micro_batches=1,
-                                   aggregation="seq-mean-token-mean", advantage_clip=0.0,
-                                   min_reward_std=0.0))
+  c.train = section(TrainConfig(checkpoint_every=1,  # a killed run resumes
+                                step=StepConfig(kl_coef=0.0, micro_batches=1,
+                                                aggregation="seq-mean-token-mean",
+                                                advantage_clip=0.0, min_reward_std=0.0)))
   # multi_turn.max_assistant_turns 10; MAX_LLM_CALL_PER_RUN 20 (the agent servers); the
   # executor stage's tool outputs 4096 tokens; prompts verbatim; replans see k_replan memories
-  c.agents = agents_section(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,
-                            max_context_tokens=16384 + 16384, topk=3,
-                            planner_max_new_tokens=8192, executor_max_new_tokens=16384,
-                            distiller_max_new_tokens=2048, temperature=1.0, top_p=1.0,
-                            prompts="authors", replan_memories=True)
+  c.agents = section(AgentConfig(max_turns=10, max_llm_calls=20, max_tool_tokens=4096,
+                                 max_context_tokens=16384 + 16384, topk=3,
+                                 planner_max_new_tokens=8192, executor_max_new_tokens=16384,
+                                 distiller_max_new_tokens=2048, temperature=1.0, top_p=1.0,
+                                 prompts="authors", replan_memories=True))
   c.memory_build = dict(questions=512, batch_size=64, force_evolve=False)  # ours
   c.stages = dict(
       # train_batch_size 128, rollout.n 8, lr 1e-6, prompt 16384, response 16384, tool
       # responses 4096, 8 epochs
-      executor=stage_section(**_stage(128, 8, 1e-6, 16384, 16384, 8, max_tool_tokens=4096)),
+      executor=_stage(128, 8, 1e-6, 16384, 16384, 8, max_tool_tokens=4096),
       # train_batch_size 64, rollout.n 8, lr 1e-6, prompt 4096, response 2048 (one turn),
       # 8 epochs
-      distiller=stage_section(**_stage(64, 8, 1e-6, 4096, 2048, 8)),
+      distiller=_stage(64, 8, 1e-6, 4096, 2048, 8),
       # train_batch_size 48, lr 1e-6, prompt 24576, response 8192, tool responses 8192,
       # 5 epochs; group size 4, the paper's Table 6 (the script's rollout.n is 8:
       # --config.stages.planner.group_size=8 runs the script's)
-      planner=stage_section(**_stage(48, 4, 1e-6, 24576, 8192, 5, max_tool_tokens=8192)))
+      planner=_stage(48, 4, 1e-6, 24576, 8192, 5, max_tool_tokens=8192))
   # TTRL: train_batch_size 8 x rollout.n 4 at lr 2e-7, prompt 24576, response 8192, tool
   # responses 8192, one epoch over the test queries; SKILL_LAMBDA 0.1 (TtrlConfig.base_lambda);
   # stored workflows are summarised (Memory-Serve get_trace_prompt)
-  ttrl = _stage(8, 4, 2e-7, 24576, 8192, 1, max_tool_tokens=8192)
+  ttrl = _phase(8, 4, 2e-7, 24576, 8192, 1, max_tool_tokens=8192)
   # store "best": each query's best episode becomes a memory (our reading of the paper's
   # "selected" episodes; the authors' server stores what is posted; "all": every judged one)
-  c.ttrl = ttrl_section(**ttrl, summarize=True, checkpoint_every=1,  # with the bank's snapshot
-                        store="best")
+  c.ttrl = section(TtrlPhase, **ttrl, summarize=True, checkpoint_every=1,  # with the snapshot
+                   store="best")
   # the judges: Qwen3-32B (the authors' vLLM server, served name "qwen"); replies up to 1000
   # tokens (the authors' call_llm; NoGtConfig), panel weights 0.5 / 0.3 / 0.2 (NoGtConfig)
   c.judges = dict(kind="http" if judge_url else "inprocess",

@@ -23,11 +23,9 @@ import ml_collections
 
 from morse_jax.config_sections import section
 from morse_jax.experiments.variants import VARIANTS
+from morse_jax.experiments.experiment import RoutingConfig, TrainConfig
 from morse_jax.llm.sampling import SamplingConfig
 from morse_jax.lora.experts import LoraConfig
-from morse_jax.lora.router import RouterConfig
-from morse_jax.rl.train_step import StepConfig
-from morse_jax.rl.trainer import RolloutConfig
 
 # backbone -> (model name, default folder ("": the user gives --config.model.path), dtype)
 SMOLLM2_PATH = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
@@ -88,37 +86,27 @@ def base() -> ml_collections.ConfigDict:
   # redrawn up to max_resample times until their sets differ; max_resample 0: no redraw, where
   # plain Plackett-Luce is exact). proto_l2 / orthogonality / diversity: ours, added to the
   # router loss; 0 each gives the paper's plain -alpha_pi sum_b A_cross_b log pi(E_b).
-  # embedder: the router's input ("backbone_mean" or "sentence"); the rest: RouterConfig's fields.
-  c.router = section(RouterConfig(dim=128, top_k=2, log_prob="plackett_luce",
-                                  merge_experts="union", max_resample=8, proto_l2=1e-4,
-                                  orthogonality=0.05, diversity=0.02))
-  c.router.embedder = "backbone_mean"
-  # The rollout: every RolloutConfig field, at the top of config.train (B routes_per_node, M
-  # group_size, max_new_tokens, sampling.temperature / top_p / top_k, the mixture kernels while
-  # sampling and in the update); share_prompts: the update runs each route's prompt once, not
-  # once per candidate (same numbers, about M times fewer prompt tokens; with micro_batches > 1
-  # it runs rows as they are). Without a router the one route gets all B x M samples.
-  c.train = section(RolloutConfig(routes_per_node=4, group_size=4, max_new_tokens=1024,
-                                  sampling=SamplingConfig(temperature=1.0), share_prompts=True))
-  # The training loop's own settings (experiment.TRAIN_LOOP_KEYS).
-  c.train.update(dict(
-      steps=200, tasks_per_step=4, checkpoint_every=20, keep=3,
-      # True: no rollout for a node whose parent was blocked; only where such a node cannot
-      # pass (the synthetic family's program calls its parents' functions).
-      skip_blocked=False,
-      # Merge calls (nodes with several parents) sampled per executor row and trained with the
-      # node's reward, as the authors train their aggregate expert; False: greedy, untrained.
-      train_merges=True,
-      max_minutes=0.0,  # > 0: stop after the first batch that ends past this budget
-      # True: train on in a workdir whose checkpoints belong to another run identity (another
-      # seed, task, data or base weights); False refuses it, naming both (morse_jax.checkpoint)
-      continue_other_run=False))
-  # The update: every StepConfig field (the estimator is config.algo; the scoring temperature is
-  # the rollout's). Its defaults are the reference code's: advantages clipped to +-5 (0: no
-  # clip; in neither paper), a node whose reward std is below 5e-4 skipped (0.0: only an exactly
-  # flat one), epochs: PPO epochs per rollout (experts; the router takes one step), remat:
-  # recompute each layer in the backward pass (the accelerator presets turn it on).
-  c.train.step = section(StepConfig(), exclude=("estimator", "temperature"))
+  # embedder: the router's input ("backbone_mean" or "sentence"); the rest: RouterConfig's fields
+  # (experiment.RoutingConfig).
+  c.router = section(RoutingConfig(dim=128, top_k=2, log_prob="plackett_luce",
+                                   merge_experts="union", max_resample=8, proto_l2=1e-4,
+                                   orthogonality=0.05, diversity=0.02, embedder="backbone_mean"))
+  # experiment.TrainConfig: the rollout (B routes_per_node, M group_size, max_new_tokens,
+  # sampling.temperature / top_p / top_k, the mixture kernels while sampling and in the update;
+  # share_prompts: the update runs each route's prompt once, not once per candidate: same
+  # numbers, about M times fewer prompt tokens; with micro_batches > 1 it runs rows as they are;
+  # without a router the one route gets all B x M samples), the training loop, and the update
+  # `train.step`: every StepConfig field but the estimator (config.algo) and the scoring
+  # temperature (the rollout's). The step's defaults are the reference code's: advantages
+  # clipped to +-5 (0: no clip; in neither paper), a node whose reward std is below 5e-4 skipped
+  # (0.0: only an exactly flat one), epochs: PPO epochs per rollout (experts; the router takes
+  # one step), remat: recompute each layer in the backward pass (the accelerator presets turn
+  # it on).
+  c.train = section(TrainConfig(routes_per_node=4, group_size=4, max_new_tokens=1024,
+                                sampling=SamplingConfig(temperature=1.0), share_prompts=True,
+                                steps=200, tasks_per_step=4, checkpoint_every=20, keep=3,
+                                skip_blocked=False, train_merges=True, max_minutes=0.0,
+                                continue_other_run=False))
   # eval.before: a demo.json whose untrained-system numbers the demo reuses ("": measure them);
   # eval.record_prompts: the eval records (eval_<split>.jsonl) also hold each executor prompt
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before="",

@@ -249,8 +249,9 @@ def _saveable(state) -> dict[str, Any]:
   return out
 
 
-def _as_json(value: Any) -> Any:
-  """What `value` reads back as after a JSON round trip (tuples -> lists, keys -> str)."""
+def as_json(value: Any) -> Any:
+  """What `value` reads back as after a JSON round trip (tuples -> lists, keys -> str): the one
+  normalisation of a run's identity and metadata, as checkpoints store and compare them."""
   return json.loads(json.dumps(value))
 
 
@@ -320,8 +321,8 @@ class Checkpoints:
     self.every = every
     self.keep = keep
     # Compared after the same JSON round trip the saved copy had; not JSON-able -> TypeError.
-    self.metadata = _as_json(metadata)
-    self.identity = None if identity is None else _as_json(identity)
+    self.metadata = as_json(metadata)
+    self.identity = None if identity is None else as_json(identity)
     self.skipped: dict[int, str] = {}  # corrupt steps the last fallback restore passed over
     self._owner: dict | None = None  # this run's identity file as `_claim` left it
     self._token = run_token()

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 
 from morse_jax import llm
-from morse_jax.config_sections import ConfigError, settings
+from morse_jax.config_sections import ConfigError, as_base, settings
 from morse_jax.llm import sharding
 from morse_jax.lora import embedders
 from morse_jax.lora import router as router_lib
@@ -59,7 +59,8 @@ def configure_sandbox(config: ml_collections.ConfigDict) -> str:
   return sandbox.chosen_isolation()
 
 
-def check(config: ml_collections.ConfigDict) -> None:
+def check(config: ml_collections.ConfigDict) -> TrainConfig:
+  """Refuses a bad setting, naming it, before the model loads; returns config.train built."""
   configure_sandbox(config)
   _choice(config, "system", SYSTEMS)
   _choice(config, "mixture", MIXTURES)
@@ -76,12 +77,13 @@ def check(config: ml_collections.ConfigDict) -> None:
   if not config.model.path:
     raise ConfigError("config.model.path is empty: give a Hugging Face folder "
                       "(--config.model.path=/ckpt/Qwen3-4B-Instruct-2507)")
-  if config.mixture == "none" and config.train.steps:
+  train = train_config(config)
+  if config.mixture == "none" and train.steps:
     raise ConfigError("config.mixture='none' has nothing to train; set config.train.steps=0")
-  rollout_config(config, routed=True)  # a bad rollout setting is named before the model loads
   for field in ("data", "model"):
     if config.mesh[field] < 1:
       raise ConfigError(f"config.mesh.{field}={config.mesh[field]!r} must be >= 1")
+  return train
 
 
 def load_family(config):
@@ -152,41 +154,74 @@ def lora_config(config) -> LoraConfig | None:
   return lora
 
 
-def router_config(config) -> router_lib.RouterConfig | None:
+@dataclasses.dataclass(frozen=True)
+class RoutingConfig(router_lib.RouterConfig):
+  """config.router: the router (`RouterConfig`) and the embedder that makes its input,
+  "backbone_mean" (the frozen backbone's mean input-token embedding) or "sentence"
+  (sentence-transformers)."""
+  embedder: str = "backbone_mean"
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.embedder not in embedders.EMBEDDERS:
+      raise ValueError(f"RoutingConfig.embedder {self.embedder!r} not in {embedders.EMBEDDERS}")
+
+
+def routing_config(config) -> RoutingConfig | None:
+  """config.router under the routed mixture ("mole"); None for the others."""
   if config.mixture != "mole":
     return None
-  section = {k: v for k, v in config.router.items() if k != "embedder"}
-  return settings(router_lib.RouterConfig, section, "router")
+  return settings(RoutingConfig, config.router, "router")
 
 
-def step_config(config) -> ts.StepConfig:
-  """config.train.step, with config.algo as the estimator."""
-  return settings(ts.StepConfig, config.train.step, "train.step", estimator=config.algo)
+def router_config(config) -> router_lib.RouterConfig | None:
+  routing = routing_config(config)
+  return None if routing is None else as_base(routing, router_lib.RouterConfig)
 
 
-# config.train's keys that are the training loop's (pipeline.train), not RolloutConfig fields.
-TRAIN_LOOP_KEYS = ("steps", "tasks_per_step", "checkpoint_every", "keep", "skip_blocked",
-                   "train_merges", "max_minutes", "continue_other_run", "step")
-_ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(trainer_lib.RolloutConfig))
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(trainer_lib.RolloutConfig):
+  """config.train: the rollout (`RolloutConfig`'s fields: B routes_per_node, M group_size,
+  max_new_tokens, sampling, the mixture kernels, share_prompts), the training loop
+  (`pipeline.train`) and the update (`step`; its estimator is config.algo, its scoring
+  temperature the rollout's)."""
+  steps: int = 200  # updates (one per DAG wave)
+  tasks_per_step: int = 4  # tasks per call of the loop's step (a batch: its waves' updates)
+  checkpoint_every: int = 20  # a save once this many updates passed since the last
+  keep: int = 3  # checkpoints kept
+  # True: no rollout for a node whose parent was blocked; only where such a node cannot pass
+  # (the synthetic family's program calls its parents' functions).
+  skip_blocked: bool = False
+  # Merge calls (nodes with several parents) sampled per executor row and trained with the
+  # node's reward, as the authors train their aggregate expert; False: greedy, untrained.
+  train_merges: bool = True
+  max_minutes: float = 0.0  # > 0: stop after the first batch that ends past this budget
+  # True: train on in a workdir whose checkpoints belong to another run identity (another
+  # seed, task, data or base weights); False refuses it, naming both (morse_jax.checkpoint)
+  continue_other_run: bool = False
+  step: ts.StepConfig = dataclasses.field(default=ts.StepConfig(),
+                                          metadata={"set_elsewhere": ("estimator", "temperature")})
+
+  def __post_init__(self):
+    super().__post_init__()
+    for name in ("tasks_per_step", "keep"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)!r}")
 
 
-def rollout_config(config, routed: bool) -> trainer_lib.RolloutConfig:
-  """The RolloutConfig fields at the top of config.train (a key that is neither one nor the
-  loop's is refused, naming it). Without a router (`routed` False) there is one route; it gets
-  all B x M samples, so that the fixed mixture is compared at the same number of candidates
-  per node."""
-  c = config.train
-  for key in c:
-    if key not in _ROLLOUT_FIELDS and key not in TRAIN_LOOP_KEYS:
-      raise ConfigError(f"config.train.{key}={c[key]!r}: neither a RolloutConfig field "
-                        f"({', '.join(_ROLLOUT_FIELDS)}) nor a training-loop setting "
-                        f"({', '.join(TRAIN_LOOP_KEYS)})")
-  rollout = settings(trainer_lib.RolloutConfig, {k: c[k] for k in _ROLLOUT_FIELDS if k in c},
-                     "train")
+def train_config(config) -> TrainConfig:
+  """config.train, with config.algo as the update's estimator."""
+  return settings(TrainConfig, config.train, "train", step={"estimator": config.algo})
+
+
+def rollout_config(train: TrainConfig, routed: bool) -> trainer_lib.RolloutConfig:
+  """The rollout of `train`. Without a router (`routed` False) there is one route; it gets all
+  B x M samples, so that the fixed mixture is compared at the same number of candidates per
+  node."""
   if routed:
-    return rollout
-  return dataclasses.replace(rollout, routes_per_node=1,
-                             group_size=rollout.routes_per_node * rollout.group_size)
+    return as_base(train, trainer_lib.RolloutConfig)
+  return as_base(train, trainer_lib.RolloutConfig, routes_per_node=1,
+                 group_size=train.routes_per_node * train.group_size)
 
 
 @dataclasses.dataclass
@@ -197,6 +232,7 @@ class Experiment:
   family: Any
   problems: list[Problem]
   mesh: Any
+  train: TrainConfig | None = None  # config.train, built once (`check`)
 
   def graphs(self, problems: list[Problem]) -> list[graph_lib.SubtaskGraph]:
     """single: one node per task; morse: stored plans, else gold graphs, else the planner."""
@@ -219,8 +255,8 @@ class Experiment:
 
   def trainer(self) -> trainer_lib.Trainer:
     return trainer_lib.Trainer(
-        self.model, self.agents.lora, self.agents.router, step_config(self.config),
-        rollout_config(self.config, self.agents.router is not None),
+        self.model, self.agents.lora, self.agents.router, self.train.step,
+        rollout_config(self.train, self.agents.router is not None),
         embed_dim=self.agents.embed.dim if self.agents.embed is not None else 0, mesh=self.mesh)
 
 
@@ -234,7 +270,7 @@ _MADE_LOCALLY = {
 
 
 def build(config: ml_collections.ConfigDict) -> Experiment:
-  check(config)
+  train = check(config)
   dtype = {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[config.model.dtype]
   path = os.path.expanduser(config.model.path)
   if not os.path.exists(path):
@@ -250,13 +286,13 @@ def build(config: ml_collections.ConfigDict) -> Experiment:
   if config.mesh.data * config.mesh.model > 1:
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
     model = dataclasses.replace(model, params=sharding.shard_params(model.params, mesh))
-  router = router_config(config)
-  embed = None
-  if router is not None:
-    embed = (embedders.SentenceEmbedder() if config.router.embedder == "sentence" else
+  routing, router, embed = routing_config(config), None, None
+  if routing is not None:
+    router = as_base(routing, router_lib.RouterConfig)
+    embed = (embedders.SentenceEmbedder() if routing.embedder == "sentence" else
              embedders.BackboneMeanEmbedder(model.params.embed, model.tokenizer))
   agents = Agents(model=model, lora=lora_config(config), router=router, embed=embed,
                   max_new_tokens=config.eval.max_new_tokens, mesh=mesh)
   family, problems = load_family(config)
   return Experiment(config=config, model=model, agents=agents, family=family,
-                    problems=problems, mesh=mesh)
+                    problems=problems, mesh=mesh, train=train)

@@ -222,8 +222,9 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
 
 
 def train(config) -> dict:
-  """Runs until config.train.steps updates (one per wave; a batch of tasks per call of
-  `rl.loop.run_loop`'s step) or config.train.max_minutes; returns the last wave's metrics."""
+  """Runs until config.train.steps updates (one per wave; a batch of tasks per call of the
+  step) or config.train.max_minutes; returns the last wave's metrics. The run's checkpoints and
+  metrics are `rl.run.Run`'s; a run started again resumes from its newest sound step."""
   import dataclasses
 
   import jax
@@ -231,8 +232,8 @@ def train(config) -> dict:
 
   from morse_jax.experiments import experiment
   from morse_jax.mas import runner
-  from morse_jax.rl import distributed, loop, metrics
-  from morse_jax.checkpoint.steps import Checkpoints
+  from morse_jax.rl import distributed
+  from morse_jax.rl.run import Run
 
   use_cpu_threads(config)
   use_compilation_cache(config)
@@ -245,59 +246,50 @@ def train(config) -> dict:
   if not problems:
     raise ValueError(f"no training problems for {config.task.family} (check task.path / split)")
   _check_targets(exp.family, problems)
-  trainer = exp.trainer()
-  state = trainer.init_state(jax.random.key(config.seed))
+  trainer, train = exp.trainer(), exp.train
   workdir = os.path.abspath(config.workdir)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "run_info.json"), "w") as f:  # what the rewards ran under
     json.dump({"sandbox": experiment.configure_sandbox(config), "runtime": runtime()}, f)
-  ckpt = Checkpoints(os.path.join(workdir, "ckpt"), every=1, keep=config.train.keep,
-                     metadata=trainer.metadata(),
-                     identity=run_identity(config, trainer.metadata(), problems),
-                     continue_other_run=bool(config.train.get("continue_other_run", False)))
-  resume = None
-  if ckpt.latest_step() is not None:
-    state = ckpt.restore(state)  # the newest good step; corrupt newer ones skipped and named
-    resume = int(state.step)
-    print(f"resumed from step {resume} (cursor {int(state.cursor)})")
-  print(f"{len(problems)} training problems; {config.train.steps} updates; "
-        f"B={config.train.routes_per_node} M={config.train.group_size} algo={config.algo}")
-  banner("train")
   last = {}
 
   def step_fn(state):  # one batch of tasks: one update per DAG wave, metrics per wave
     nonlocal last
-    cursor, n = int(state.cursor), config.train.tasks_per_step
+    cursor, n = int(state.cursor), train.tasks_per_step
     batch = [problems[(cursor + i) % len(problems)] for i in range(n)]
     state, outcomes, history = runner.train(trainer, state, exp.agents, exp.family, batch,
                                             exp.graphs(batch),
                                             merge_mode=config.router.merge_experts,
                                             seed=config.seed + cursor,
-                                            skip_blocked=config.train.skip_blocked,
-                                            train_merges=config.train.train_merges)
+                                            skip_blocked=train.skip_blocked,
+                                            train_merges=train.train_merges)
     problem_pass = sum(bool(t.score.passed) for t in outcomes) / len(outcomes)
     for m in history:
       m["problem_pass"] = problem_pass
     last = history[-1] if history else last
     return dataclasses.replace(state, cursor=jnp.int32(cursor + n)), history
 
-  writer = metrics.MetricsWriter(workdir, total_steps=config.train.steps, resume_step=resume)
-  start, budget = time.perf_counter(), 60 * config.train.max_minutes
+  start, budget = time.perf_counter(), 60 * train.max_minutes
 
   def out_of_time(state) -> bool:
     if budget and time.perf_counter() - start > budget:
-      print(f"time budget of {config.train.max_minutes} min reached at step {int(state.step)}")
+      print(f"time budget of {train.max_minutes} min reached at step {int(state.step)}")
       return True
     return False
 
   # Saves fall between batches (a resumed run restarts at a batch boundary), once at least
   # checkpoint_every updates passed: a batch's waves can step over a multiple of it.
-  saver = loop.SinceLastSave(ckpt, every=config.train.checkpoint_every, start=int(state.step))
-  try:
-    loop.run_loop(step_fn, state, steps=config.train.steps, writer=writer, checkpoints=saver,
-                  should_stop=out_of_time)
-  finally:
-    ckpt.close()
+  with Run(os.path.join(workdir, "ckpt"), metadata=trainer.metadata(),
+           identity=run_identity(config, trainer.metadata(), problems),
+           every=train.checkpoint_every, keep=train.keep, since_last_save=True,
+           continue_other_run=train.continue_other_run) as run:
+    state = run.restore(trainer.init_state(jax.random.key(config.seed)))
+    if run.restored is not None:  # the newest good step; corrupt newer ones skipped and named
+      print(f"resumed from step {run.restored} (cursor {int(state.cursor)})")
+    print(f"{len(problems)} training problems; {train.steps} updates; "
+          f"B={train.routes_per_node} M={train.group_size} algo={config.algo}")
+    banner("train")
+    run.loop(step_fn, state, steps=train.steps, logdir=workdir, should_stop=out_of_time)
   return last
 
 
@@ -309,15 +301,15 @@ def run_identity(config, metadata: dict, problems) -> dict:
   its files, not their bytes; '' for none). Train length, checkpoint cadence, time budgets and
   evaluation settings are left out: changing them continues the same run."""
   from morse_jax.checkpoint.steps import fingerprint, files_fingerprint
+  from morse_jax.rl.run import record
 
-  data = fingerprint([[p.id, p.statement] for p in problems])
-  return json.loads(json.dumps({
-      "trainer": metadata, "seed": config.seed, "system": config.system,
-      "mixture": config.get("mixture"), "algo": config.get("algo"),
-      "task": config.task.to_dict(), "data": data,
-      "base_weights": {"path": os.path.abspath(os.path.expanduser(config.model.path))
-                                if config.model.path else "",
-                       "files": files_fingerprint(config.model.path)}}))
+  return record(
+      trainer=metadata, seed=config.seed, system=config.system, mixture=config.get("mixture"),
+      algo=config.get("algo"), task=config.task.to_dict(),
+      data=fingerprint([[p.id, p.statement] for p in problems]),
+      base_weights={"path": os.path.abspath(os.path.expanduser(config.model.path))
+                            if config.model.path else "",
+                    "files": files_fingerprint(config.model.path)})
 
 
 def plan(config, out: str, split: str = "test") -> dict:
@@ -339,10 +331,11 @@ def plan(config, out: str, split: str = "test") -> dict:
 def before_identity(config) -> dict:
   """What the untrained system's held-out numbers depend on (as JSON reads it back: tuples
   become lists)."""
-  return json.loads(json.dumps({
-      "model": os.path.abspath(os.path.expanduser(config.model.path)),
-      "task": config.task.to_dict(), "eval_max_new_tokens": config.eval.max_new_tokens,
-      "system": config.system, "router_top_k": config.router.top_k}))
+  from morse_jax.rl.run import record
+
+  return record(model=os.path.abspath(os.path.expanduser(config.model.path)),
+                task=config.task.to_dict(), eval_max_new_tokens=config.eval.max_new_tokens,
+                system=config.system, router_top_k=config.router.top_k)
 
 
 def demo(config) -> dict:

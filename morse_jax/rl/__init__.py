@@ -1,7 +1,7 @@
 """RL core: group advantages (GRPO, HGRPO), losses, the update batch (module `batch`) and its
 log-probs (`logprobs`), B x M rollouts, the update object (module `update`) and its jitted step
 (module `train_step`), the training loop, its state (checkpointed by `morse_jax.checkpoint`),
-metrics, multi-process start-up.
+a run's life around them (module `run`), metrics, multi-process start-up.
 
 The names below are loaded on first use, so that importing one submodule (e.g. `rl.rollout`)
 does not import the others (`rl.train_step`; tests/test_layers.py checks it).
@@ -15,6 +15,7 @@ _EXPORTS = {
     "batch": ("PolicyBatch", "RouterBatch", "Segment", "pack", "update_batch"),
     "loop": ("SinceLastSave", "run_loop"),
     "rollout": ("GroupRollout", "NodeRequest"),
+    "run": ("Run", "record"),
     "state": ("TrainState",),
     "train_step": ("StepConfig",),
     "update": ("Update",),

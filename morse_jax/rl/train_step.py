@@ -230,14 +230,10 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
 
 
 # StepConfig fields that do not change an update's result: remat recomputes the same layers,
-# micro_batches splits the rows under one denominator (test_micro_batches_equal_one_pass).
+# micro_batches splits the rows under one denominator (test_micro_batches_equal_one_pass). A
+# run's identity leaves them out (`rl.run.record`), so a run the OOM killer stopped can resume
+# with layers recomputed or its rows split.
 EXECUTION_ONLY = ("micro_batches", "remat")
-
-
-def step_identity(step: StepConfig) -> dict:
-  """The step config as checkpoints record and compare it: without `EXECUTION_ONLY`, so a run
-  the OOM killer stopped can resume with layers recomputed or its rows split."""
-  return {k: v for k, v in dataclasses.asdict(step).items() if k not in EXECUTION_ONLY}
 
 
 @functools.cache

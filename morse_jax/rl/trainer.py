@@ -27,6 +27,7 @@ from morse_jax.lora.experts import LoraConfig, init_experts, shard_experts
 from morse_jax.rl import loop
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import rollout as rollout_lib
+from morse_jax.rl import run as run_lib
 from morse_jax.rl import train_step as ts
 from morse_jax.rl import update as update_lib
 from morse_jax.rl.logprobs import scoring_temperature
@@ -135,13 +136,10 @@ class Trainer:
                       rng=k_run, cursor=jnp.int32(0))
 
   def metadata(self) -> dict:
-    """The run's identity, stored in checkpoints and compared on restore (after the JSON round
-    trip `Checkpoints` applies); the step config as `train_step.step_identity` gives it."""
-    as_dict = dataclasses.asdict
-    return {"model": as_dict(self.model.config), "lora": as_dict(self.lora),
-            "router": None if self.router is None else as_dict(self.router),
-            "step": ts.step_identity(self.step_config),
-            "rollout": as_dict(self.rollout_config), "embed_dim": self.embed_dim}
+    """What every checkpoint step of this trainer records and is compared on (`run.record`)."""
+    return run_lib.record(model=self.model.config, lora=self.lora, router=self.router,
+                          step=self.step_config, rollout=self.rollout_config,
+                          embed_dim=self.embed_dim)
 
   def requests(self, key, router_params, nodes: Sequence[TrainNode]):
     """NodeRequests with B routes per node (distinct where possible), and the router's

@@ -8,6 +8,7 @@ from apex_jax import experiment, pipeline
 from apex_jax.datasets import World
 from apex_jax.training.stages import STAGE_ORDER
 from configs.apex import demo_cpu, paper
+from morse_jax.config_sections import settings
 from tests import tiny_models
 
 
@@ -34,23 +35,24 @@ def test_paper_numbers_and_overrides():
 def test_the_step_takes_the_papers_loss_and_advantages_or_ours():
   from morse_jax.rl.advantages import MIN_REWARD_STD
 
-  ours, theirs = (experiment.step_config(m.get_config().train) for m in (demo_cpu, paper))
+  step_config = lambda c: experiment.train_config(c).step
+  ours, theirs = (step_config(m.get_config()) for m in (demo_cpu, paper))
   assert (ours.aggregation, ours.advantage_clip, ours.min_reward_std) == (
       "token-mean", 5.0, MIN_REWARD_STD)
   assert (theirs.aggregation, theirs.advantage_clip, theirs.min_reward_std) == (
       "seq-mean-token-mean", 0.0, 0.0)  # advantage_clip 0: no clip
-  old = demo_cpu.get_config().train
+  old = demo_cpu.get_config()
   for key in ("aggregation", "advantage_clip", "min_reward_std"):
-    del old.step[key]  # a config written before the switches: ours
-  assert experiment.step_config(old) == ours
-  bad = demo_cpu.get_config().train
-  bad.step.aggregation = "sum"
+    del old.train.step[key]  # a config written before the switches: ours
+  assert step_config(old) == ours
+  bad = demo_cpu.get_config()
+  bad.train.step.aggregation = "sum"
   with pytest.raises(ValueError, match=r"config.train.step: StepConfig.aggregation 'sum' not in"):
-    experiment.step_config(bad)
-  bad = demo_cpu.get_config().train
-  bad.step.advantage_clip = -1.0
+    step_config(bad)
+  bad = demo_cpu.get_config()
+  bad.train.step.advantage_clip = -1.0
   with pytest.raises(ValueError, match=r"StepConfig.advantage_clip must be >= 0, got -1.0"):
-    experiment.step_config(bad)
+    step_config(bad)
 
 
 @pytest.mark.parametrize("arg, field", [
@@ -71,12 +73,16 @@ def test_missing_judge_folder_refused():
 
 
 def test_epochs_become_steps():
-  c = paper.get_config()
-  assert experiment.phase_steps(c.stages.executor, 1000) == 63  # ceil(8 * 1000 / 128)
-  assert experiment.phase_steps(c.ttrl, 20) == 3  # ceil(20 / 8)
-  assert pipeline.ttrl_config(c.ttrl, 20).learning_rate == 2e-7
+  def phases(c):
+    return (settings(experiment.StagePhase, c.stages.executor, "stages.executor",
+                     module="executor"), settings(experiment.TtrlPhase, c.ttrl, "ttrl"))
+
+  executor, ttrl = phases(paper.get_config())
+  assert executor.steps_over(1000) == 63  # ceil(8 * 1000 / 128)
+  assert ttrl.steps_over(20) == 3  # ceil(20 / 8)
+  assert ttrl.ttrl(20).learning_rate == 2e-7
   demo = demo_cpu.get_config()
-  assert experiment.phase_steps(demo.stages.executor, 1000) == demo.stages.executor.steps
+  assert phases(demo)[0].steps_over(1000) == demo.stages.executor.steps
 
 
 def test_builds_on_a_tiny_model(tmp_path):
@@ -103,7 +109,8 @@ def test_builds_on_a_tiny_model(tmp_path):
   assert [(s.config.module, s.config.steps, s.config.batch_size) for s in built] == [
       ("executor", 1, 128), ("planner", 2, 48)]  # ceil(8 * 12 / 128), ceil(5 * 12 / 48)
   assert [s.rollout_fn.agent_config.max_tool_tokens for s in built] == [4096, 8192]
-  assert experiment.agents_for(exp, c.ttrl).max_context_tokens == 24576 + 8192
+  ttrl = settings(experiment.TtrlPhase, c.ttrl, "ttrl")
+  assert experiment.agents_for(exp, ttrl).max_context_tokens == 24576 + 8192
   exp.bank.close()
 
 
