@@ -26,13 +26,17 @@ from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
 
 from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Executor
-from apex_jax.datasets import World, read_examples
+from apex_jax.datasets import read_examples, sources, World
 from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.memory.schema import CATEGORIES
+from apex_jax.tools import LocalSearch
+from apex_jax.tools.overlap import NgramSearch, WordSearch
+from apex_jax.tools.passages import read_corpus
 from apex_jax.training.grpo import ModuleUpdater
 from apex_jax.training.stages import StageConfig
 from apex_jax.training.ttrl import TtrlConfig
+from morse_jax.lora.embedders import BackboneMeanEmbedder, SentenceEmbedder
 
 # The step's fields APEx sets itself: GRPO always, each stage's learning rate and temperature,
 # and no router.
@@ -191,8 +195,6 @@ def load_data(c) -> tuple[list, list, list]:
   data.test_split; read through `apex_jax.datasets.sources`: array_record, random access,
   built once under data.cache_dir). For the official sets the passages (the word / ngram
   searches' corpus) are the questions' own context paragraphs, first text per title."""
-  from apex_jax.tools.passages import read_corpus
-
   kind = choice(c.data.source, "data.source", SOURCES)
   if kind == "world":
     world = World.generate(c.data.world_seed, c.data.entities, c.data.questions,
@@ -201,8 +203,6 @@ def load_data(c) -> tuple[list, list, list]:
                                  c.data.test_fraction, c.data.world_seed)
     passages = world.passages
   elif kind in ("hotpotqa", "twowiki"):
-    from apex_jax.datasets import sources
-
     cache = c.data.get("cache_dir") or None
     train, test = (sources.source(kind, c.data.folder, c.data.get(f"{s}_split", s),
                                   cache_dir=cache) for s in ("train", "test"))
@@ -228,15 +228,11 @@ def load_data(c) -> tuple[list, list, list]:
 def _searcher(c, passages):
   kind = choice(c.search.kind, "search.kind", SEARCHES)
   if kind in ("word", "ngram"):
-    from apex_jax.tools.overlap import NgramSearch, WordSearch
     return (WordSearch if kind == "word" else NgramSearch)(passages, topk=c.search.topk)
-  from apex_jax.tools import LocalSearch
   return LocalSearch(c.search.index, topk=c.search.topk)
 
 
 def _embedder(c, model):
-  from morse_jax.lora.embedders import BackboneMeanEmbedder, SentenceEmbedder
-
   if choice(c.memory.embedder, "memory.embedder", EMBEDDERS) == "backbone_mean":
     return BackboneMeanEmbedder(model.params.embed, model.tokenizer)
   return SentenceEmbedder(c.memory.embedder_path or None)

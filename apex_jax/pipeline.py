@@ -40,6 +40,10 @@ from apex_jax.training.accuracy import AccuracyItem
 from apex_jax.training.grpo import FrozenUpdater
 from apex_jax.training.stages import STAGE_ORDER, Stage, run_stages
 from apex_jax.training.ttrl import JudgeBackends, Query, run_ttrl
+from morse_jax import runtime
+from morse_jax.checkpoint import phase
+from morse_jax.checkpoint.steps import files_fingerprint
+from morse_jax.lora.export import export_peft
 
 
 def _batches(items, size: int):
@@ -103,8 +107,6 @@ _MEMORY_BUILD_FORMAT = "apex_jax.experiment/memory_build/2"
 
 def memory_build_identity(c) -> dict:
   """What memory building depends on: a snapshot taken under another is not this run's."""
-  from morse_jax.checkpoint.steps import files_fingerprint
-
   parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
   out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
   if "data" in out and not out["data"].get("procedures", True):  # left out when off, so a
@@ -140,8 +142,6 @@ def resumable_memory_build(exp: Experiment, *, rng: jax.Array, directory: str,
   (config.train.continue_other_run: then it is used, with a note).
   snapshot: memory_build's one-pass bank copy (the w/o-iteration ablation), kept from the run's
   first attempt."""
-  from morse_jax.checkpoint import phase
-
   identity = memory_build_identity(exp.config)
   stats = phase.resume(directory, "memory_build", format_=_MEMORY_BUILD_FORMAT,
                        identity=identity, store=exp.bank,
@@ -303,12 +303,10 @@ def run(config) -> dict:
   skips what was finished and repeats the unbroken run's metrics step for step; the
   evaluations are rerun (they only read). A workdir whose checkpoints another config wrote is
   refused (unless train.continue_other_run); remove <workdir>/checkpoints to start afresh."""
+  runtime.use_cpu_threads(config)  # before the backend starts: the bits, whatever the cores
   # seeds run one after the other (or in spawned workers) reuse the sampler and update
   # programs the first compiled: 105 s of a seed's 456 s are compilation (docs/RESULTS.md)
-  from morse_jax.experiments.pipeline import (runtime, use_compilation_cache,  # pylint: disable=import-outside-toplevel
-                                              use_cpu_threads)
-  use_cpu_threads(config)  # before the backend starts: the run's bits, whatever the core count
-  use_compilation_cache(config)
+  runtime.use_compilation_cache(config)
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
@@ -318,7 +316,7 @@ def run(config) -> dict:
   r.results.update(memory_build=resumable_memory_build(exp, rng=k_mem, directory=r.checkpoints,
                                                        continue_other_run=r.other,
                                                        snapshot=one_pass),
-                   seconds=r.seconds, runtime=runtime())
+                   seconds=r.seconds, runtime=runtime.describe())
   r.lap("memory_build")
   untrained = _untrained_row(r, k_eval)
   experts = _after_stages(r, k_stages)
@@ -458,8 +456,6 @@ def _write_results(r: _Run, experts) -> None:
 def export_adapters(exp: Experiment, experts, directory: str) -> dict[str, str]:
   """Each module's role expert as a PEFT LoRA folder `<directory>/<module>`, which
   `launchers.serve --lora_modules=<module>=<folder>` (or vLLM, or peft) serves."""
-  from morse_jax.lora.export import export_peft
-
   lora, out = exp.updater.lora, {}
   for role in lora.roles:
     out[role] = os.path.join(directory, role)

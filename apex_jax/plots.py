@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from morse_jax.experiments import plots as mas_plots
 from morse_jax.rl.metrics import JSONL_NAME, read_jsonl
 
 
@@ -30,8 +31,6 @@ def reward_curves(logdir: str, path: str, key: str = "reward_mean", weight: floa
   held_out: {"label": ..., "before": value, "after": value} (e.g. held-out F1 of the untrained
   and the full system), drawn on the last panel at update 0 and at its last update."""
   from matplotlib.ticker import MaxNLocator
-
-  from morse_jax.experiments import plots as mas_plots
 
   plt = mas_plots._pyplot()
   logs = [(n, [r for r in read_jsonl(p) if r.get(key) is not None]) for n, p in stage_logs(logdir)]

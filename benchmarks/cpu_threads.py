@@ -3,7 +3,7 @@ each in a process of its own (XLA sizes the pool when JAX's CPU backend starts).
 
   python -m benchmarks.cpu_threads [--threads=0,1,2] [--repeats 3] [--out FILE]
 
-0 is XLA's default, a thread per schedulable core (morse_jax.experiments.pipeline.use_cpu_threads).
+0 is XLA's default, a thread per schedulable core (morse_jax.runtime.use_cpu_threads).
 update: `benchmarks.demo_update`'s "shared_prompts" batch, what the MoRSE demo's trainer runs
 (4 nodes x 2 routes x 4 candidates, MoLE + HGRPO, the committed toy_qwen3). sample: the APEx
 demo's executor call on the committed toy_apex, its role expert, 16 prompts of 600 tokens, 80
@@ -87,9 +87,9 @@ def sample_case() -> tuple[float, str]:
 
 
 def child() -> None:
-  from morse_jax.experiments import pipeline
+  from morse_jax import runtime
 
-  result = {"threads": pipeline.cpu_threads()}
+  result = {"threads": runtime.cpu_threads()}
   for name, case in (("update", update_case), ("sample", sample_case)):
     result[f"{name}_s"], result[f"{name}_digest"] = case()
   print(json.dumps(result), flush=True)

@@ -4,7 +4,8 @@ Two checks: importing a module in a fresh interpreter loads no module of a highe
 from the source (every `import`, deferred ones inside functions included), no package imports a
 higher one and no chain of imports leads from a module back to itself. The packages never import
 the programs and settings around them (`configs`, `launchers`, `benchmarks`); apex_jax's own
-packages import only lower layers of `APEX`.
+packages import only lower layers of `APEX`. Our own modules are imported at the top of a file,
+never inside a function.
 """
 
 import ast
@@ -175,6 +176,39 @@ def test_the_graph_sees_the_new_packages(graph):
   assert "morse_jax.serving.http" in graph["apex_jax.tools.server"]
   assert "morse_jax.experiments.pipeline" in graph["launchers.train"]
   assert {"morse_jax.execution.sandbox"} <= graph["morse_jax.execution.verifier"]
+
+
+def deferred_own_imports(repo: str, roots=("morse_jax", "apex_jax")) -> list[str]:
+  """`module:line` of every import of our own packages inside a function: they belong at the
+  top of the file, where a reader (and the layer check above) sees what a module depends on."""
+  out = []
+  for name, path in sorted(modules(repo, roots).items()):
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for fn in ast.walk(tree):
+      if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      for node in ast.walk(fn):
+        if isinstance(node, ast.ImportFrom):
+          mods = [("." if node.level else "") + (node.module or "")]
+        elif isinstance(node, ast.Import):
+          mods = [a.name for a in node.names]
+        else:
+          continue
+        if any(m.startswith(".") or m.split(".")[0] in roots for m in mods):
+          out.append(f"{name}:{node.lineno}")
+  return sorted(set(out))
+
+
+def test_our_own_modules_are_imported_at_the_top_of_files():
+  assert deferred_own_imports(REPO) == []
+
+
+def test_a_deferred_own_import_is_named(tmp_path):
+  repo = _write(tmp_path, {
+      "morse_jax/__init__.py": "", "morse_jax/a.py": "import json\nfrom morse_jax import b\n",
+      "morse_jax/b.py": "def f():\n  import json\n  from morse_jax import a\n  return a\n"})
+  assert deferred_own_imports(repo) == ["morse_jax.b:3"]
 
 
 def _write(root, files: dict[str, str]) -> str:

@@ -12,7 +12,7 @@ import sys
 import ml_collections
 import pytest
 
-from morse_jax.experiments import pipeline
+from morse_jax import runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPUS = sorted(os.sched_getaffinity(0))
@@ -94,9 +94,9 @@ def test_passages_with_the_same_idfs_tie_and_keep_corpus_order():
 GRADIENT = """
 import hashlib, sys
 import ml_collections
-from morse_jax.experiments import pipeline
+from morse_jax import runtime
 
-pipeline.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": int(sys.argv[1])}))
+runtime.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": int(sys.argv[1])}))
 import jax, jax.numpy as jnp, numpy as np
 
 rng = np.random.default_rng(0)
@@ -104,7 +104,7 @@ x = jnp.asarray(rng.standard_normal((2, 1024, 192)), jnp.float32)
 w = jnp.asarray(rng.standard_normal((192, 8)), jnp.float32)
 # a LoRA factor's gradient: a contraction over batch x tokens, split over the intra-op threads
 grad = jax.jit(jax.grad(lambda w, x: jnp.tanh(x @ w).sum()))(w, x)
-print(pipeline.cpu_threads(), hashlib.sha256(np.asarray(grad).tobytes()).hexdigest())
+print(runtime.cpu_threads(), hashlib.sha256(np.asarray(grad).tobytes()).hexdigest())
 """
 
 
@@ -119,9 +119,9 @@ def test_cpu_threads_is_checked_and_left_alone_at_zero(monkeypatch):
   for bad in (-1, 1.5, True, "2"):
     with pytest.raises(ValueError, match=rf"config.cpu_threads must be an integer >= 0, got "
                                          rf"{bad!r}"):
-      pipeline.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": bad}))
-  pipeline.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": 0}))
-  pipeline.use_cpu_threads(ml_collections.ConfigDict({}))
+      runtime.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": bad}))
+  runtime.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": 0}))
+  runtime.use_cpu_threads(ml_collections.ConfigDict({}))
   assert "PJRT_NPROC" not in os.environ
 
 
@@ -132,7 +132,7 @@ def test_cpu_threads_once_the_backend_runs_only_warn(monkeypatch, caplog):
 
   jax.devices()
   monkeypatch.delenv("PJRT_NPROC", raising=False)
-  pipeline.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": 3}))
+  runtime.use_cpu_threads(ml_collections.ConfigDict({"cpu_threads": 3}))
   assert "PJRT_NPROC" not in os.environ
   assert "config.cpu_threads=3 not applied" in caplog.text
 

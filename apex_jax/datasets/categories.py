@@ -24,6 +24,7 @@ import re
 from typing import Callable
 
 from apex_jax.datasets.records import DatasetError
+from apex_jax.memory.buckets import CentroidClassifier
 from apex_jax.memory.schema import CATEGORIES
 
 Classifier = Callable[[str], str]
@@ -74,8 +75,6 @@ def classifier(embedder=None) -> Classifier:
   """`keyword_category`, or a `CentroidClassifier` over `embedder` (texts -> [n, d]) if given."""
   if embedder is None:
     return keyword_category
-  from apex_jax.memory.buckets import CentroidClassifier
-
   return CentroidClassifier(embedder)
 
 

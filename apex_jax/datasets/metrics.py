@@ -13,6 +13,7 @@ import collections
 from typing import Mapping, Sequence
 
 from apex_jax.datasets.records import DatasetError, QAExample
+from apex_jax.judges import rule
 
 
 def _summary(scores: Sequence[tuple[float, float]]) -> dict:
@@ -25,10 +26,6 @@ def evaluate(predictions: Mapping[str, str], examples: Sequence[QAExample]) -> d
   """{"em", "f1", "n", "missing", "extra", "per_category": {c: {em, f1, n}},
   "per_hops": {h: {em, f1, n}}, "f1_per_question": {id: f1}} over `examples`, which must all be
   labelled (the per-question F1 pairs two systems' runs on the same questions: apex_jax.seeds)."""
-  # Imported here: apex_jax.judges' package also holds the in-process LLM judge (jax), which a
-  # data-only user (launchers.make_world, the loaders) should not pay for.
-  from apex_jax.judges import rule
-
   for qid, prediction in predictions.items():
     if not isinstance(prediction, str):
       raise DatasetError(f"prediction for id {qid!r} must be a string, got "

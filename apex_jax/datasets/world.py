@@ -29,8 +29,11 @@ import os
 import random
 from typing import Any, Mapping, Sequence
 
+from apex_jax.datasets import world_checks, world_questions, world_records
 from apex_jax.datasets.corpus import write_examples, write_passages
 from apex_jax.datasets.records import DatasetError, Hop, QAExample
+from apex_jax.datasets.world_questions import split
+from apex_jax.datasets.world_records import listing_id, RECORDS
 from apex_jax.datasets.world_words import EVENT_TYPES, KINDS, METHODS, OCCUPATIONS, USES, Names
 from apex_jax.tools.passages import Passage
 
@@ -165,8 +168,6 @@ class World:
   def __post_init__(self):
     self._passage_of = {p.id: p for p in self.passages}
     self._entity_of = {p.id: p.id for p in self.passages if p.id in self.entities}
-    from apex_jax.datasets.world_records import listing_id
-
     for i, records in self.records.items():
       self._entity_of.update({listing_id(i): i, **{r.passage_id: i for r in records}})
     self._of_kind: dict[str, list[str]] = {}
@@ -180,8 +181,6 @@ class World:
     procedures: the career and property facts sit in record passages, the right record fixed per
     category (world_records); the entities, names and questions are those of the world without,
     the record passages follow the entities' passages."""
-    from apex_jax.datasets import world_questions
-
     if not isinstance(procedures, bool):
       raise DatasetError(f"procedures must be True or False; got {procedures!r}")
     rng = random.Random(seed)
@@ -191,8 +190,6 @@ class World:
     titles = dict(name)
     book = None
     if procedures:
-      from apex_jax.datasets import world_records
-
       book = world_records.draw(seed, entities, text)
       text = {**text, **book.sentences}
       titles.update(book.titles)
@@ -227,8 +224,6 @@ class World:
 
   def check(self) -> None:
     """Raises DatasetError listing every problem `world_checks.problems` finds."""
-    from apex_jax.datasets import world_checks
-
     found = world_checks.problems(self)
     if found:
       raise DatasetError(f"world (seed {self.seed}) fails {len(found)} checks: " +
@@ -237,8 +232,6 @@ class World:
   def write(self, folder: str, test_fraction: float = 0.2,
             holdout_categories: Sequence[str] = ()) -> dict:
     """corpus.jsonl, train.jsonl, test.jsonl and meta.json into `folder`; returns meta."""
-    from apex_jax.datasets.world_questions import split
-
     train, test = split(self.examples, test_fraction, self.seed, holdout_categories)
     os.makedirs(folder, exist_ok=True)
     write_passages(self.passages, os.path.join(folder, "corpus.jsonl"))
@@ -249,8 +242,6 @@ class World:
             "train": len(train), "test": len(test), "test_fraction": test_fraction,
             "holdout_categories": list(holdout_categories)}
     if self.records:  # the words are in the passages; which one is right is not written
-      from apex_jax.datasets.world_records import RECORDS
-
       meta.update(procedures=True, procedure_categories=sorted(self.record_words),
                   records_per_fact=RECORDS)
     with open(os.path.join(folder, "meta.json"), "w") as f:

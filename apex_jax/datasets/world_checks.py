@@ -22,7 +22,8 @@ from __future__ import annotations
 import collections
 import re
 
-from apex_jax.datasets.world_words import EVENT_TYPES
+from apex_jax.datasets import world_records as R
+from apex_jax.datasets.world_words import ENGLISH_LIKE, EVENT_TYPES
 from apex_jax.tools.overlap import NgramSearch, WordSearch
 
 MAX_QUESTION_WORDS, MAX_PASSAGE_WORDS, MAX_HOPS = 30, 60, 3
@@ -71,9 +72,6 @@ def problems(world) -> list[str]:
 
 
 def _record_problems(world, name_words: set[str]) -> list[str]:
-  from apex_jax.datasets import world_records as R
-  from apex_jax.datasets.world_words import ENGLISH_LIKE
-
   out = []
   words = [w for ws in world.record_words.values() for w in ws]
   record_ids = {r.passage_id for rs in world.records.values() for r in rs}

@@ -16,8 +16,10 @@ from __future__ import annotations
 import random
 from typing import Callable, Sequence
 
+from apex_jax.datasets import world_records as R
 from apex_jax.datasets.records import DatasetError, Hop, QAExample, SupportingFact
 from apex_jax.datasets.world_checks import NAMED_ANSWER_FORBIDDEN, contains
+from apex_jax.datasets.world_records import PROCEDURES
 from apex_jax.memory.schema import CATEGORIES
 
 # relation -> (query format, fact key); the fact is stated in the current entity's passage.
@@ -119,16 +121,12 @@ def walk(world, start: str, relations: Sequence[str]) -> tuple[list[Hop], str] |
 
 
 def _recorded(world, entity_id: str, relation: str) -> bool:
-  from apex_jax.datasets.world_records import PROCEDURES
-
   return PROCEDURES.get(world.entities[entity_id].kind, (None,))[0] == relation
 
 
 def _record_hops(world, entity_id: str, relation: str) -> list[Hop]:
   """A recorded fact's two hops: the entity's record listing (the answer: the listed words), then
   the record of its category's procedure word (the answer: the fact)."""
-  from apex_jax.datasets import world_records as R
-
   name, records = world.name(entity_id), world.records[entity_id]
   word = world.procedure_words[R.PROCEDURES[world.entities[entity_id].kind][1]]
   record = next(r for r in records if r.word == word)

@@ -20,6 +20,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from apex_jax.tools.passages import CorpusError, Passage, read_corpus, validate_corpus
+from morse_jax.lora.embedders import SentenceEmbedder
 
 META, INDEX, PASSAGES, OFFSETS = "meta.json", "index.faiss", "passages.jsonl", "offsets.npy"
 INDEX_TYPES = ("flat", "hnsw")
@@ -47,8 +48,6 @@ class SentenceEncoder:
   fast tokenizer is not safe to call from several threads at once."""
 
   def __init__(self, path: str | None = None, batch_size: int = 64):
-    from morse_jax.lora.embedders import SentenceEmbedder
-
     self.path = os.path.abspath(path) if path else default_model_path()
     self.model = SentenceEmbedder(self.path).model
     dim = getattr(self.model, "get_embedding_dimension", None)  # renamed in s-t 5.x

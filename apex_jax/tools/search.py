@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from morse_jax.serving.http import RemoteError, backoff_delay, with_retries
 
+from apex_jax.tools.index import Retriever
 from apex_jax.tools.passages import Passage, format_passages, format_results  # noqa: F401
 
 __all__ = ["Passage", "format_passages", "format_results", "Searcher", "SearchClient",
@@ -197,8 +198,6 @@ class LocalSearch:
   """The same `search` as SearchClient, in process: a Retriever over an index folder."""
 
   def __init__(self, index, topk: int = 3, encoder=None):
-    from apex_jax.tools.index import Retriever
-
     self.retriever = index if isinstance(index, Retriever) else Retriever(index, encoder)
     self.topk = topk
 

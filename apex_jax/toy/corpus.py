@@ -39,11 +39,13 @@ import re
 from typing import Sequence
 
 from apex_jax.agents import prompts
-from apex_jax.agents.prompts import numbered
 from apex_jax.agents.config import AgentConfig
+from apex_jax.agents.prompts import numbered
 from apex_jax.datasets.records import QAExample
 from apex_jax.memory import skills as skills_lib
 from apex_jax.memory.records import Memory
+from apex_jax.memory.schema import Bucket
+from apex_jax.memory.store import MemoryBank
 from apex_jax.tools import format_results, render_tool_call
 
 # judge: apex_jax.toy.judging, read: apex_jax.toy.reading (both opt-in)
@@ -407,9 +409,6 @@ def distiller_conversations(category: str, batches: Sequence[Sequence[Memory]],
   """Synthesis on the first batch, refinement on each later one. Each reply is applied to a
   scratch in-memory MemoryBank (a reply it rejects is a bug here: raised), and the current
   skill the next prompt shows is the bank's, rendered as the Distiller renders it."""
-  from apex_jax.memory.schema import Bucket
-  from apex_jax.memory.store import MemoryBank
-
   bucket, out = Bucket(category, MODALITY), []
   with MemoryBank(":memory:", embedder=lambda texts: None) as bank:
     for batch, seen in zip(batches, pitfalls):

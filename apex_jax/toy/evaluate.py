@@ -31,7 +31,21 @@ import collections
 import json
 import time
 
+import jax
 from absl import app, flags
+
+from apex_jax.agents import AgentConfig, Executor, Planner, SeparateGenerator
+from apex_jax.datasets import metrics
+from apex_jax.datasets.world import World
+from apex_jax.memory import skills
+from apex_jax.memory.schema import Bucket
+from apex_jax.tools import Answer, FormatError, parse_turn, ToolCall
+from apex_jax.tools.overlap import NgramSearch, WordSearch
+from apex_jax.toy import build, reading
+from apex_jax.toy.judge_eval import judge_metrics
+from morse_jax import llm
+from morse_jax.tasks import synthetic
+from morse_jax.toy import corpus
 
 _MODEL = flags.DEFINE_string("model", "", "Hugging Face folder of the toy backbone.")
 _WORLD_SEED = flags.DEFINE_integer("world_seed", 12345, "Seed of the held-out world.")
@@ -60,9 +74,6 @@ _DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The disti
 
 
 def executor_metrics(trajectories, examples) -> dict:
-  from apex_jax.datasets import metrics
-  from apex_jax.tools import FormatError, parse_turn
-
   turns = [t["text"] for tr in trajectories for t in tr.info["turns"]]
   valid = sum(not isinstance(parse_turn(t), FormatError) for t in turns)
   searched = [tr.stats.get("tool_calls", 0) > 0 for tr in trajectories]
@@ -79,12 +90,6 @@ def executor_metrics(trajectories, examples) -> dict:
 
 def apex_metrics(model, world_seed: int, questions: int, topk: int, search: str = "word",
                  prompts: str = "compact") -> dict:
-  import jax
-
-  from apex_jax.agents import AgentConfig, Executor, Planner, SeparateGenerator
-  from apex_jax.datasets.world import World
-  from apex_jax.tools.overlap import NgramSearch, WordSearch
-
   world = World.generate(world_seed, 120, questions)
   examples = world.examples[:questions]
   config = AgentConfig(prompts=prompts, temperature=0.0, topk=topk, max_turns=5,
@@ -117,16 +122,6 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
   the gold hop's (it names the fact just read); answer_em: the final <answer> is right
   (datasets.metrics EM) over the gold runs, by hop count; answer_em_any: over every question
   (a question whose search misses its gold passage counts as wrong)."""
-  import jax
-
-  from apex_jax.agents import AgentConfig
-  from apex_jax.datasets import metrics
-  from apex_jax.datasets.world import World
-  from apex_jax.tools import Answer, ToolCall, parse_turn
-  from apex_jax.tools.overlap import WordSearch
-  from apex_jax.toy import reading
-  from morse_jax import llm
-
   world = World.generate(world_seed, 120, questions)
   examples = world.examples[:questions]
   rows = reading.reading_prompts(examples, WordSearch(world.passages, topk),
@@ -160,15 +155,6 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
 
 def distiller_metrics(model, world_seed: int, questions: int, topk: int,
                       max_new_tokens: int = 400, prompts: str = "compact") -> dict:
-  import jax
-
-  from apex_jax.agents import AgentConfig
-  from apex_jax.datasets.world import World
-  from apex_jax.memory import skills
-  from apex_jax.memory.schema import Bucket
-  from apex_jax.toy import build
-  from morse_jax import llm
-
   config = AgentConfig(prompts=prompts, topk=topk)
   turns, _ = build.world_turns(World.generate(world_seed, 120, questions), config)
   turns = [t for t in turns if t["role"] == "apex_distill" and "memory_ids" in t]
@@ -203,12 +189,6 @@ def distiller_metrics(model, world_seed: int, questions: int, topk: int,
 
 
 def morse_metrics(model, problems: int) -> dict:
-  import jax
-
-  from morse_jax import llm
-  from morse_jax.tasks import synthetic
-  from morse_jax.toy import corpus
-
   family = synthetic.Synthetic()
   probs = synthetic.generate(problems, 12345, synthetic.train_categories())
   turns = [t for t in corpus.turns(probs) if t["role"] == "execute"]
@@ -230,8 +210,6 @@ def morse_metrics(model, problems: int) -> dict:
 
 def main(argv):
   del argv
-  from morse_jax import llm
-
   start = time.time()
   model = llm.load(_MODEL.value)
   result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value, "search": _SEARCH.value,
@@ -253,8 +231,6 @@ def main(argv):
     print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}),
           flush=True)
   if _JUDGE_RUNS.value:
-    from apex_jax.toy.judge_eval import judge_metrics
-
     result["judges"] = judge_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
                                      _TOPK.value, _JUDGE_RUNS.value)
     print(json.dumps(result["judges"]), flush=True)

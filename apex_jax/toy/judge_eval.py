@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import collections
 
+from apex_jax.agents import AgentConfig
+from apex_jax.datasets.world import World
+from apex_jax.judges import InProcessChat
+from apex_jax.toy import build, corpus as C
+from apex_jax.training.judging import judge_panel
+
 
 def judge_metrics(model, world_seed: int, questions: int, topk: int, runs: int,
                   max_tokens: int = 32) -> dict:
@@ -12,13 +18,6 @@ def judge_metrics(model, world_seed: int, questions: int, topk: int, runs: int,
   `max_tokens` replies) on the first `runs` judged runs and plans of a world's corpus: failure
   counts, the arbiter's verdicts against each run's kind and its accuracy, the mean evaluator
   score per kind, and the share of alignment scores equal to the corpus's label."""
-  from apex_jax.agents import AgentConfig
-  from apex_jax.datasets.world import World
-  from apex_jax.judges import InProcessChat
-  from apex_jax.toy import build
-  from apex_jax.toy import corpus as C
-  from apex_jax.training.judging import judge_panel
-
   world = World.generate(world_seed, 120, questions)
   turns, _ = build.world_turns(world, AgentConfig(prompts="compact", topk=topk),
                                C.CorpusConfig(judge_share=1.0, align_share=1.0))

@@ -25,6 +25,7 @@ from apex_jax.agents import prompts
 from apex_jax.agents.config import AgentConfig
 from apex_jax.datasets.records import Hop, QAExample
 from apex_jax.toy import corpus as C
+from apex_jax.toy.encode import encode_rounds
 
 
 def world_hops(examples: Sequence[QAExample]) -> list[Hop]:
@@ -77,8 +78,6 @@ def reading_prompts(examples, searcher, config, tok, spaced: bool = False,
   gold run (executor_rounds, no plan; spaced: its copies after a space): the conversation's
   tokens teacher-forced up to that reply, which is the next hop's search (gold: its query) or
   the answer (gold: the answer)."""
-  from apex_jax.toy.encode import encode_rounds
-
   rows = []
   for ex in examples:
     gold = C.executor_rounds(ex, searcher, config, spaced=spaced)

@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from apex_jax.judges import AlignConfig, AlignJudge, ChatClient, NoGtConfig, NoGtJudge
+from apex_jax.judges import InProcessChat
+from apex_jax.judges import LlmJudge, LlmJudgeConfig
+from apex_jax.judges import SkillJudge, SkillJudgeConfig
 from apex_jax.training.accuracy import RULES, JudgedAccuracy, RuleAccuracy
+from apex_jax.training.ttrl import JudgeBackends
+from morse_jax import llm
 
 KINDS = ("inprocess", "http")
 CHOICES = ("judge", "rule")
@@ -43,16 +49,11 @@ def judge_chat(exp) -> Any:
     return chat
   c = exp.config.judges
   if _choice(c, "kind", "inprocess", KINDS) == "inprocess":
-    from morse_jax import llm
-    from apex_jax.judges import InProcessChat
-
     model = exp.model  # judges.path: a separate judge model (the paper's); else the backbone
     if c.get("path"):
       model = llm.load(c.path, dtype=c.get("dtype") or exp.config.model.dtype)
     chat = InProcessChat(model, seed=exp.config.seed)
   else:
-    from apex_jax.judges import ChatClient
-
     chat = ChatClient(c.url, c.model)
   exp._judge_chat = chat
   return chat
@@ -65,8 +66,6 @@ def accuracy_choice(c) -> tuple[str, str]:
 
 def reward_accuracy(exp):
   """R_acc's scorer for the executor and planner stages (see the module docstring)."""
-  from apex_jax.judges import LlmJudge, LlmJudgeConfig
-
   c = exp.config.judges
   accuracy, rule = accuracy_choice(c)
   if accuracy == "rule":
@@ -77,8 +76,6 @@ def reward_accuracy(exp):
 
 def skill_judge(exp):
   """The distiller stage's quality judge, or None for the rule-based quality."""
-  from apex_jax.judges import SkillJudge, SkillJudgeConfig
-
   c = exp.config.judges
   if _choice(c, "skill_quality", "judge", CHOICES) == "rule":
     return None
@@ -87,8 +84,6 @@ def skill_judge(exp):
 
 def skill_term_judges(exp) -> dict:
   """The distiller stage's judges of its format and evolution terms ({}: the rules)."""
-  from apex_jax.judges import SkillJudge, SkillJudgeConfig
-
   c = exp.config.judges
   if _choice(c, "skill_terms", "judge", CHOICES) == "rule":
     return {}
@@ -99,9 +94,6 @@ def skill_term_judges(exp) -> dict:
 def judge_panel(chat, max_tokens: int):
   """The no-GT panel and the alignment judge on one chat backend, replies capped at
   `max_tokens` (alignment: at most 16, the authors' cap)."""
-  from apex_jax.judges import AlignConfig, AlignJudge, NoGtConfig, NoGtJudge
-  from apex_jax.training.ttrl import JudgeBackends
-
   nogt = NoGtJudge(chat, NoGtConfig(evaluator_max_tokens=max_tokens,
                                     arbiter_max_tokens=max_tokens))
   return JudgeBackends(nogt, AlignJudge(chat, AlignConfig(max_tokens=min(max_tokens, 16))))

@@ -42,6 +42,7 @@ from apex_jax.agents.episode import Episode, run_episode
 from apex_jax.agents.executor import Executor
 from apex_jax.agents.planner import Planner
 from apex_jax.agents.trajectory import Trajectory
+from apex_jax.judges.skill_judge import SkillItem
 from apex_jax.memory import format_batch
 from apex_jax.memory.schema import as_bucket
 from apex_jax.training import rewards as rw
@@ -146,8 +147,6 @@ class DistillerRollout:
   def _grades(self, judge, name: str, texts, inputs) -> list:
     """`judge`'s grade per reply with JSON (None: no grade, the rule's), counted in metrics as
     <name>_calls / <name>_fallbacks."""
-    from apex_jax.judges.skill_judge import SkillItem
-
     parsed = [rw.parse_skill_reply(t) for t in texts]
     ask = [i for i, p in enumerate(parsed) if p is not None]
     grades = judge.grade_many([

@@ -49,7 +49,7 @@ def base() -> ml_collections.ConfigDict:
   c.demo = False  # launchers.train: evaluate before and after training, and plot
   # JAX's persistent compilation cache: a second run skips most compiles ("" turns it off).
   c.compilation_cache = "~/.cache/morse_jax/xla"
-  # XLA:CPU's intra-op threads (morse_jax.experiments.pipeline.use_cpu_threads); 0: one per core.
+  # XLA:CPU's intra-op threads (morse_jax.runtime.use_cpu_threads); 0: one per core.
   # A run's last bits follow the count (docs/RESULTS.md, "Reproducible runs")
   c.cpu_threads = 0
   c.system, c.mixture, c.algo = "morse", "mole", "hgrpo"

@@ -9,8 +9,8 @@ docs/RESULTS.md, "Toy backbone"; every command and loss curve: assets/toy_apex_p
 
 from configs.toy import common
 
-# run -> (toy settings, corpus settings). Runs 2-4 continue from the one before: the model's
-# shape (hidden, layers, vocabulary) comes from that folder, their toy shape fields are unused.
+# run -> (toy settings, corpus settings); what each run adds and how it did: docs/RESULTS.md. A
+# run that continues another takes the model's shape (hidden, layers, vocabulary) from its folder.
 RUNS = {
     1: (dict(steps=450, lr=2e-3, warmup=20, buckets=(256, 384, 512, 640)), {}),
     2: (dict(steps=400, lr=1.5e-3, warmup=10, buckets=(256, 384, 512, 640), seed=1), {}),
@@ -18,36 +18,27 @@ RUNS = {
         dict(judge_share=0.2, align_share=0.15, distill_batches=3)),
     4: (dict(steps=140, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=3),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8)),
-    # reading: drills of 3 hops and the copies after a space (apex_jax.toy.reading)
     5: (dict(steps=300, lr=1e-3, warmup=10, buckets=(384, 640, 1024, 1536), seed=5),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
-    # procedure worlds (datasets.world_records), with run 5's reading drills and spaced copies
     6: (dict(steps=150, lr=7e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=6),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
-    # run 6's corpus settings on 30 worlds, longer
     7: (dict(steps=400, lr=7e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=7),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
-    # run 7's corpus settings at a lower rate
     8: (dict(steps=300, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=8),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True)),
-    # memories whose record word is dropped or garbled, more plan prompts with memories, more
-    # summaries
     9: (dict(steps=300, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=9),
         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
              spaced_copies=True, context_share=0.8, summary_share=0.5, memory_noise=0.3)),
-    # a run without the record word in its plan reads the first listed record
     10: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=10),
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, record_guess="first")),
-    # most plan prompts with memories show record words drawn anew
     11: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=11),
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, fresh_record_words=0.75)),
-    # plan prompts show up to two incorrect memories, wrong-record runs first
     12: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=12),
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, context_share=0.7, context_negatives=2, decoy_negatives=True)),

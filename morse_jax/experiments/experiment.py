@@ -20,15 +20,14 @@ import ml_collections
 
 from morse_jax import llm
 from morse_jax.config_sections import ConfigError, as_base, settings
+from morse_jax.execution import sandbox
 from morse_jax.llm import sharding
-from morse_jax.lora import embedders
-from morse_jax.lora import router as router_lib
+from morse_jax.lora import embedders, router as router_lib
 from morse_jax.lora.experts import LoraConfig
-from morse_jax.mas import graph as graph_lib
-from morse_jax.mas import planner
+from morse_jax.mas import graph as graph_lib, planner
 from morse_jax.mas.agents import Agents
-from morse_jax.rl import train_step as ts
-from morse_jax.rl import trainer as trainer_lib
+from morse_jax.rl import train_step as ts, trainer as trainer_lib
+from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 from morse_jax.tasks.base import Problem
 
 SYSTEMS, MIXTURES, ALGOS = ("morse", "single"), ("mole", "fixed", "none"), ("hgrpo", "grpo")
@@ -49,8 +48,6 @@ def configure_sandbox(config: ml_collections.ConfigDict) -> str:
   """Applies config.verifier.isolation to the code sandbox; returns the isolation in force, for
   the run's summary. "reduced" here, or MORSE_SANDBOX=reduced in the environment, accepts
   rlimits-only isolation where bubblewrap is missing; otherwise bubblewrap is required."""
-  from morse_jax.execution import sandbox  # pylint: disable=import-outside-toplevel
-
   isolation = config.get("verifier", {}).get("isolation", "bubblewrap")
   if isolation not in sandbox.ISOLATIONS:
     raise ConfigError(f"config.verifier.isolation={isolation!r} is not one of "
@@ -90,18 +87,14 @@ def load_family(config):
   """(family object, all problems)."""
   name, path = config.task.family, config.task.path
   if name == "synthetic":  # generated, deterministic by seed; no file
-    from morse_jax.tasks import synthetic
     return synthetic.Synthetic(), synthetic.generate(config.task.num_problems, config.task.seed,
                                                      steps=config.task.get("steps", 0))
   if name == "humaneval":
-    from morse_jax.tasks import humaneval
     return (humaneval.HumanEval(prefill=config.task.get("reply_prefix", False)),
             humaneval.load(path or None))
   if name == "scicode":
-    from morse_jax.tasks import scicode
     return (scicode.SciCode(targets_h5=config.task.targets_h5 or None),
             scicode.load(path or None))
-  from morse_jax.tasks import srdd
   return srdd.SRDD(), srdd.load(path)
 
 
@@ -115,17 +108,14 @@ def split(config, problems: list[Problem], which: str) -> list[Problem]:
   if which == "all":
     pass
   elif name == "synthetic":
-    from morse_jax.tasks import synthetic
     held = tuple(config.task.holdout_categories)
     if config.task.split == "instance":
       problems = synthetic.instance_split(problems, which, held, config.task.test_problems)
     else:
       problems = synthetic.split(problems, which, holdout=held)
   elif name == "scicode":
-    from morse_jax.tasks import scicode
     problems = scicode.split(problems, which, config.task.get("scicode_split", "ood"))
   elif name == "srdd":
-    from morse_jax.tasks import srdd
     problems = srdd.split(problems, which, seed=config.seed, holdout=config.task.holdout)
   return chunk(config, problems)
 

@@ -2,81 +2,27 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import json
 import os
 import time
 
+import jax
+import jax.numpy as jnp
+
+from morse_jax import runtime
+from morse_jax.checkpoint.steps import Checkpoints, files_fingerprint, fingerprint
+from morse_jax.experiments import evaluation, experiment, plots, records
+from morse_jax.lora import embedders
+from morse_jax.mas import planner, runner
+from morse_jax.rl import distributed, metrics
+from morse_jax.rl.run import record, Run
+from morse_jax.tasks import humaneval, scicode
+
 
 def banner(text: str) -> None:
   print(f"\n==== {text} " + "=" * max(0, 60 - len(text)), flush=True)
-
-
-def use_compilation_cache(config) -> None:
-  """Points JAX's persistent cache at config.compilation_cache (before the first compile)."""
-  import jax
-
-  path = config.get("compilation_cache", "")
-  if path:
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
-
-
-# XLA:CPU splits a large reduction (a loss; a weight's gradient over batch x tokens) over its
-# intra-op thread pool, a partial sum per thread, so the same program on another number of cores
-# ends in other last bits, and sampled training turns those into other tokens (docs/RESULTS.md,
-# "Reproducible runs"). XLA sizes the pool by PJRT_NPROC when set, else by the schedulable cores.
-_POOL_ENV = "PJRT_NPROC"
-
-
-def use_cpu_threads(config) -> None:
-  """Sizes XLA:CPU's intra-op thread pool to config.cpu_threads (0 or absent: XLA's default, a
-  thread per schedulable core) before JAX starts its CPU backend, so that the run's numbers are
-  the same on a machine with another number of cores. A backend already started keeps its pool
-  (a warning says so): call this before anything touches a device."""
-  n = config.get("cpu_threads", 0)
-  if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-    raise ValueError(f"config.cpu_threads must be an integer >= 0, got {n!r}")
-  if not n or os.environ.get(_POOL_ENV) == str(n):
-    return
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-
-  if xla_bridge.backends_are_initialized():
-    from absl import logging  # pylint: disable=import-outside-toplevel
-
-    logging.warning("config.cpu_threads=%d not applied: JAX's CPU backend already runs with %d "
-                    "intra-op threads", n, cpu_threads())
-    return
-  os.environ[_POOL_ENV] = str(n)
-
-
-def cpu_threads() -> int:
-  """The intra-op threads XLA:CPU sizes its pool to in this process (as xla/pjrt/cpu reads them:
-  PJRT_NPROC, else NPROC, else the schedulable cores)."""
-  for name in (_POOL_ENV, "NPROC"):
-    value = os.environ.get(name, "")
-    if value.strip().lstrip("-").isdigit():
-      return max(0, int(value))
-  return len(os.sched_getaffinity(0))
-
-
-# The instruction sets XLA:CPU and its kernel libraries choose code by (of /proc/cpuinfo's flags)
-_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-              "avx512_fp16", "avx_vnni", "amx_tile")
-
-
-def runtime() -> dict:
-  """What a run's last bits depend on beyond its config: JAX's version, XLA:CPU's thread count,
-  the CPU and the instruction sets its kernels were chosen by."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  info = {}
-  if os.path.exists("/proc/cpuinfo"):
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-  flags = set(info.get("flags", "").split())
-  return {"jax": jax.__version__, "cpu_threads": cpu_threads(), "cpu": info.get("model name", ""),
-          "isa": [f for f in _ISA_FLAGS if f in flags]}
 
 
 def canonical(config) -> dict:
@@ -84,8 +30,6 @@ def canonical(config) -> dict:
   problem's canonical solution. SciCode: the gold code of every step of the problems that ship
   it (the 15 dev problems), each step scored with the gold code of the steps before it as its
   upstream and its targets computed from the gold code (or read from task.targets_h5)."""
-  from morse_jax.experiments import experiment
-
   isolation = experiment.configure_sandbox(config)
   family = config.task.family
   if family == "humaneval":
@@ -97,9 +41,6 @@ def canonical(config) -> dict:
 
 
 def _canonical_humaneval(config) -> dict:
-  from morse_jax.experiments import experiment
-  from morse_jax.tasks import humaneval
-
   family = humaneval.HumanEval()
   problems = experiment.chunk(config, humaneval.load(config.task.path or None))
   start, passed = time.perf_counter(), 0
@@ -112,8 +53,6 @@ def _canonical_humaneval(config) -> dict:
 
 def canonical_scicode_problem(family, problem) -> list[tuple[str, object]]:
   """(step number, NodeScore) of each gold step of one SciCode problem, gold code upstream."""
-  from morse_jax.tasks import scicode
-
   upstream, scores = {}, []
   for node in problem.gold_graph:
     artifact = scicode.gold_artifact(problem, node["id"])
@@ -123,11 +62,6 @@ def canonical_scicode_problem(family, problem) -> list[tuple[str, object]]:
 
 
 def _canonical_scicode(config) -> dict:
-  import concurrent.futures
-
-  from morse_jax.experiments import experiment
-  from morse_jax.tasks import scicode
-
   family = scicode.SciCode(targets_h5=config.task.targets_h5 or None)
   problems = experiment.chunk(config, [p for p in scicode.load(config.task.path or None)
                                        if scicode.has_gold(p)])
@@ -166,15 +100,8 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   """Runs the system on a split; returns the summary and writes the per-node and per-problem
   records to <workdir>/<name>.jsonl (default name eval_<split>, beside launchers.evaluate's
   eval_<split>.json); config.eval.record_prompts adds each executor prompt's text."""
-  import jax
-
-  from morse_jax.lora import embedders
-  from morse_jax.experiments import evaluation, experiment, records
-  from morse_jax.mas import runner
-  from morse_jax.checkpoint.steps import Checkpoints
-
-  use_cpu_threads(config)
-  use_compilation_cache(config)
+  runtime.use_cpu_threads(config)
+  runtime.use_compilation_cache(config)
   banner("build")
   exp = experiment.build(config)
   problems = experiment.split(config, exp.problems, split)
@@ -225,18 +152,9 @@ def train(config) -> dict:
   """Runs until config.train.steps updates (one per wave; a batch of tasks per call of the
   step) or config.train.max_minutes; returns the last wave's metrics. The run's checkpoints and
   metrics are `rl.run.Run`'s; a run started again resumes from its newest sound step."""
-  import dataclasses
 
-  import jax
-  import jax.numpy as jnp
-
-  from morse_jax.experiments import experiment
-  from morse_jax.mas import runner
-  from morse_jax.rl import distributed
-  from morse_jax.rl.run import Run
-
-  use_cpu_threads(config)
-  use_compilation_cache(config)
+  runtime.use_cpu_threads(config)
+  runtime.use_compilation_cache(config)
   d = config.distributed
   distributed.initialize(d.coordinator or None, d.num_processes or None,
                          None if d.process_id < 0 else d.process_id, auto=d.auto)
@@ -250,7 +168,7 @@ def train(config) -> dict:
   workdir = os.path.abspath(config.workdir)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "run_info.json"), "w") as f:  # what the rewards ran under
-    json.dump({"sandbox": experiment.configure_sandbox(config), "runtime": runtime()}, f)
+    json.dump({"sandbox": experiment.configure_sandbox(config), "runtime": runtime.describe()}, f)
   last = {}
 
   def step_fn(state):  # one batch of tasks: one update per DAG wave, metrics per wave
@@ -300,9 +218,6 @@ def run_identity(config, metadata: dict, problems) -> dict:
   order) and of the base weights (`files_fingerprint` of model.path: names, sizes and mtimes of
   its files, not their bytes; '' for none). Train length, checkpoint cadence, time budgets and
   evaluation settings are left out: changing them continues the same run."""
-  from morse_jax.checkpoint.steps import fingerprint, files_fingerprint
-  from morse_jax.rl.run import record
-
   return record(
       trainer=metadata, seed=config.seed, system=config.system, mixture=config.get("mixture"),
       algo=config.get("algo"), task=config.task.to_dict(),
@@ -315,9 +230,6 @@ def run_identity(config, metadata: dict, problems) -> dict:
 def plan(config, out: str, split: str = "test") -> dict:
   """Makes one graph per problem of a split with the planner and stores them as JSONL, so later
   runs read them with --config.task.plans (as the authors precompute theirs)."""
-  from morse_jax.experiments import experiment
-  from morse_jax.mas import planner
-
   banner("build")
   exp = experiment.build(config)
   problems = experiment.split(config, exp.problems, split)
@@ -331,8 +243,6 @@ def plan(config, out: str, split: str = "test") -> dict:
 def before_identity(config) -> dict:
   """What the untrained system's held-out numbers depend on (as JSON reads it back: tuples
   become lists)."""
-  from morse_jax.rl.run import record
-
   return record(model=os.path.abspath(os.path.expanduser(config.model.path)),
                 task=config.task.to_dict(), eval_max_new_tokens=config.eval.max_new_tokens,
                 system=config.system, router_top_k=config.router.top_k)
@@ -342,9 +252,6 @@ def demo(config) -> dict:
   """The first run a new user sees: evaluate the untrained system on held-out tasks, train,
   evaluate again, and print a before/after table; metrics, TensorBoard logs and PNG plots go to
   the workdir."""
-  from morse_jax.experiments import plots
-  from morse_jax.rl import metrics
-
   workdir = os.path.abspath(config.workdir)
   banner("before training (held-out tasks)")
   identity = before_identity(config)

@@ -28,7 +28,10 @@ from typing import Sequence
 
 import numpy as np
 
+from morse_jax import atomic
+from morse_jax.experiments import pipeline, plots
 from morse_jax.experiments.variants import VARIANTS
+from morse_jax.rl import metrics
 
 UNTRAINED = ("single", "morse_base")
 TRAINED = ("fixed_grpo", "mole_grpo", "mole_hgrpo")
@@ -119,9 +122,6 @@ def _variant_config(config, variant: str, seed: int, workdir: str):
 
 
 def _one_run(config, variant: str, seed: int | None, root: str) -> dict:
-  from morse_jax.experiments import pipeline
-  from morse_jax.rl import metrics
-
   workdir = os.path.join(root, variant) if seed is None else os.path.join(root, variant,
                                                                             f"seed{seed}")
   done = os.path.join(workdir, DONE)
@@ -143,8 +143,6 @@ def _one_run(config, variant: str, seed: int | None, root: str) -> dict:
 def finish(variant: str, seed: int | None, updates: int, workdir: str, records_path: str) -> dict:
   """The run's row from its evaluation records, also written to `<workdir>/table2_run.json`
   (atomically) so that a later invocation reuses it instead of running it again."""
-  from morse_jax import atomic
-
   run = {"variant": variant, "seed": seed, "updates": updates, "workdir": workdir,
          "summary": summary_from_records(records_path), **passes(records_path)}
   atomic.write_text(os.path.join(workdir, DONE), json.dumps(run))
@@ -226,8 +224,6 @@ def plot(result: dict, path: str) -> str:
   """The trained variants' reward curves, one panel per variant with one curve per seed (raw
   and EMA), and each variant's held-out step pass as points: the untrained `morse_base` at
   update 0 (when measured) and the variant's mean over seeds after its updates."""
-  from morse_jax.experiments import plots
-
   runs, held_out = {}, {}
   base = result["rows"].get("morse_base")
   for variant, row in result["rows"].items():

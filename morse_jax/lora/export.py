@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Sequence
 
 import jax
@@ -18,7 +19,7 @@ from safetensors.numpy import save_file
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.params import Params
-from morse_jax.lora.experts import PEFT_MODULES, TARGETS, LoraConfig, target_dims
+from morse_jax.lora.experts import ExpertWeights, LoraConfig, PEFT_MODULES, target_dims, TARGETS
 
 
 def route_as_lora(experts, lora: LoraConfig, route: Sequence[int]):
@@ -85,11 +86,8 @@ def import_peft(path: str, model: LlmConfig) -> tuple[dict, LoraConfig]:
   adapter_model.safetensors, as peft's save_pretrained or `export_peft` write it): one expert
   (role "adapter", id 0) whose route [0] computes what peft computes. The adapted layers are
   read from the tensor names."""
-  import re
 
   from safetensors.numpy import load_file
-
-  from morse_jax.lora.experts import ExpertWeights
 
   cfg_path = os.path.join(path, "adapter_config.json")
   try:

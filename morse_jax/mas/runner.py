@@ -47,6 +47,7 @@ from morse_jax.lora import router as router_lib
 from morse_jax.mas import prompts
 from morse_jax.mas.agents import Agents
 from morse_jax.mas.graph import Subtask, SubtaskGraph
+from morse_jax.rl.trainer import MergeCall, TrainNode
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore, TaskFamily
 
 
@@ -239,8 +240,6 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
   skip_blocked: a node with a blocked parent gets no rollout and scores 0 (a wave left empty
   makes no update). Only for families where such a node cannot pass: its rewards would all be
   0, a group with no signal that costs a rollout."""
-  from morse_jax.rl.trainer import MergeCall, TrainNode
-
   tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
   pick = np.random.default_rng(seed)
   history = []

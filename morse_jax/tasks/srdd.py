@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from morse_jax.execution import sandbox, verifier
+from morse_jax.lora.embedders import SentenceEmbedder
 from morse_jax.tasks.base import NodeScore, Problem, ProblemScore
 
 FAMILY = "srdd"
@@ -274,8 +275,6 @@ class SRDD:
 
   def embed(self, texts: Sequence[str]) -> np.ndarray:
     if self.embedder is None:
-      from morse_jax.lora.embedders import SentenceEmbedder  # deferred: loads a model
-
       self.embedder = SentenceEmbedder()
     return np.asarray(self.embedder(list(texts)), np.float64)
 

@@ -608,7 +608,7 @@ def test_memory_build_temperature_sets_only_memory_buildings_agents():
 def test_run_uses_the_configs_compilation_cache_before_it_builds(monkeypatch):
   """pipeline.run points JAX's persistent cache at config.compilation_cache first, so that seeds
   run one after the other reuse the programs the first compiled."""
-  from morse_jax.experiments import pipeline as morse_pipeline  # pylint: disable=import-outside-toplevel
+  from morse_jax import runtime  # pylint: disable=import-outside-toplevel
 
   calls = []
 
@@ -619,7 +619,7 @@ def test_run_uses_the_configs_compilation_cache_before_it_builds(monkeypatch):
     calls.append("build")
     raise Built
 
-  monkeypatch.setattr(morse_pipeline, "use_compilation_cache",
+  monkeypatch.setattr(runtime, "use_compilation_cache",
                       lambda config: calls.append(config.compilation_cache))
   monkeypatch.setattr(pipeline, "build", build)
   config = demo_cpu.get_config()
