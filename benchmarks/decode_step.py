@@ -106,13 +106,14 @@ def profile(model, prompts, new: int, full_ms: float) -> dict:
   from morse_jax.llm import sampling as sampling_lib
 
   c, rows = model.config, len(prompts)
-  real_attention = model_lib._decode_attention
-  model_lib._decode_attention = lambda q, k, v, mask, config: q.reshape(q.shape[0], 1, -1)
+  real_attention = model_lib._attention
+  model_lib._attention = lambda q, k, v, vis, config: (  # decode steps only: not the prefill
+      q.reshape(q.shape[0], 1, -1) if q.shape[1] == 1 else real_attention(q, k, v, vis, config))
   jax.clear_caches()  # retrace without the cache reads
   try:
     without_attention = step_ms(model, prompts, new)["step_ms"]
   finally:
-    model_lib._decode_attention = real_attention
+    model_lib._attention = real_attention
     jax.clear_caches()
   args = {"layers": fused_decode.decode_layers(model.params.layers),  # arguments, not constants
           "head": model.params.embed if model.params.lm_head is None else model.params.lm_head,

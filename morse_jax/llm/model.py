@@ -16,11 +16,9 @@ import numpy as np
 
 from typing import Any, Callable, NamedTuple, Protocol
 
+from morse_jax.llm import attention
 from morse_jax.llm.config import LlmConfig, RopeConfig
 from morse_jax.llm.params import LayerParams, Params
-
-_NEG = -1e30  # finite, so fully masked (padding) query rows give zeros, not NaN
-
 
 class Adapter(Protocol):
   """What `forward` needs from per-row adapters (morse_jax.lora.Adapter is the one we ship);
@@ -114,44 +112,12 @@ def _linear(x, w, b=None):
   return y.astype(x.dtype)
 
 
-def _attention(q, k, v, mask, config: LlmConfig):
-  """q [b,t,h,x], k/v [b,k,s,x], mask [b,t,s] -> [b,t,h*x]. GQA without repeating k/v."""
+def _attention(q, k, v, vis: attention.Visibility, config: LlmConfig):
+  """q [b,t,h,x], k/v [b,k,s,x] -> [b,t,h*x]: `attention.attend` (blocked online softmax, or the
+  platform's kernel), which never holds more than one block of scores. GQA without repeating
+  k/v; one-token queries (decode) read only the filled slots' blocks."""
   b, t = q.shape[:2]
-  groups = config.num_heads // config.num_kv_heads
-  if t == 1:
-    return _decode_attention(q, k, v, mask, config)
-  out_dtype = v.dtype
-
-  def attend(q, k, v):
-    q = q.reshape(b, t, config.num_kv_heads, groups, config.head_dim)
-    scores = jnp.einsum("btkgx,bksx->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (config.head_dim ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksx->btkgx", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, config.q_size).astype(out_dtype)
-
-  if q.dtype == jnp.float32:
-    return attend(q, k, v)
-  # XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk"), so
-  # on CPU the 16-bit operands go up to f32 first. Chosen when lowering, for the platform lowered
-  # for (a TPU export made on this CPU gets the 16-bit dots), not by the host's default backend.
-  upcast = lambda q, k, v: attend(*(a.astype(jnp.float32) for a in (q, k, v)))
-  return jax.lax.platform_dependent(q, k, v, cpu=upcast, default=attend)
-
-
-def _decode_attention(q, k, v, mask, config: LlmConfig):
-  """One query token per row: products and sums that read k and v once. As two batched dots
-  (b * k batches of [g, x] x [x, s]) XLA:CPU ran a SmolLM2 decode step's attention 2.5x slower
-  (measured at 8 rows, 640 slots)."""
-  b = q.shape[0]
-  q = q.reshape(b, config.num_kv_heads, config.num_heads // config.num_kv_heads, 1,
-                config.head_dim).astype(jnp.float32)
-  scores = jnp.sum(q * k[:, :, None].astype(jnp.float32), axis=-1) * (config.head_dim ** -0.5)
-  scores = jnp.where(mask[:, None, None, 0, :], scores, _NEG)  # [b, k, g, s]
-  probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=-2)  # [b, k, g, x]
-  return out.reshape(b, 1, config.q_size).astype(v.dtype)
+  return attention.attend(q, k, v, vis).reshape(b, t, config.q_size)
 
 
 class Projections(Protocol):
@@ -204,7 +170,7 @@ class LayerContext(NamedTuple):
 
   cos: jax.Array  # [b, t, 1, x] RoPE tables
   sin: jax.Array
-  mask: jax.Array  # [b, t, s] bool: query t sees slot s
+  visible: attention.Visibility  # which slots each query sees: positions, validity, segments
   config: LlmConfig
   adapter: Adapter | None
   project: Projections
@@ -229,7 +195,7 @@ def layer(x, lp, lora, ctx: LayerContext, kv):
   kv: None (no cache) or (k_buf, v_buf, lead, start): the layer's new k and v are written at slot
     `start` of k_buf / v_buf at leading indices `lead` (`write_cache`); returned as (k_buf, v_buf).
   """
-  cos, sin, mask, config, adapter, project = ctx
+  cos, sin, visible, config, adapter, project = ctx
   b, t, _ = x.shape
   h = rms_norm(x, lp.attn_norm, config.rms_norm_eps)
   q, k, v = project.qkv(h, lp, lora, adapter, config)
@@ -246,7 +212,7 @@ def layer(x, lp, lora, ctx: LayerContext, kv):
     k_buf, k = write_cache(k_buf, k, lead, start)
     v_buf, v = write_cache(v_buf, v, lead, start)
     kv = (k_buf, v_buf)
-  x = x + project.o(_attention(q, k, v, mask, config), lp, lora, adapter)
+  x = x + project.o(_attention(q, k, v, visible, config), lp, lora, adapter)
   h = rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
   gate, up = project.gate_up(h, lp, lora, adapter)
   x = x + project.down(jax.nn.silu(gate) * up, lp, lora, adapter)
@@ -350,6 +316,8 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     positions: [b, t] RoPE positions; by default derived from `attention_mask` (and the cache).
     attention_mask: [b, t], 1 for real tokens, 0 for padding (left padding); default all ones.
     cache: a KVCache; the t tokens are written at slots [cache.length, cache.length + t).
+      Refused (ValueError) where t exceeds the cache's slots, or, without a cache, the model's
+      max_position_embeddings.
     last_only: return logits for the last slot only ([b, 1, v]), as prefill needs.
     adapter: per-row adapters (`Adapter`, e.g. morse_jax.lora's experts and routes); None for the
       bare backbone.
@@ -357,8 +325,9 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
       (the prefix) is seen by every later token; a token of segment k >= 1 sees only segment 0
       and earlier tokens of segment k (rl.shared_prefix). None: one sequence per row.
     remat: without a cache, keep only each layer's input for the backward pass and recompute
-      the rest (`jax.checkpoint` per layer): a gradient then holds one layer's attention
-      scores at a time instead of every layer's, for one more forward pass.
+      the rest (`jax.checkpoint` per layer): a gradient then holds one layer's activations at a
+      time instead of every layer's, for one more forward pass (attention itself keeps only
+      q, k, v, its output and log-sum-exp: `attention.py`).
     run_layers: what runs `params.layers` over x and the cache; None: `lax.scan` over the stored
       stacked `LayerParams`. `fused_decode.run_layers` (the CPU decode loop) takes its own
       per-layer layout in params.layers and a per-layer cache (`fused_decode.decode_layout`).
@@ -378,22 +347,23 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
   else:
     x = jnp.take(params.embed, tokens, axis=0)
   if cache is None:
-    slots = jnp.arange(t)
-    attn_mask = mask[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
-    if segments is not None:
-      attn_mask &= (segments[:, None, :] == 0) | (segments[:, :, None] == segments[:, None, :])
-    start = 0
+    if t > config.max_position_embeddings:
+      raise ValueError(f"forward: {t} tokens are more than the model's max_position_embeddings "
+                       f"({config.max_position_embeddings})")
+    start = 0  # a Python int: the kernels see a cache-free causal pass
+    valid = mask
   else:
     if segments is not None:
       raise ValueError("forward: segments are for cache-free passes (the update), not decoding")
+    if t > cache.max_len:
+      raise ValueError(f"forward: {t} tokens do not fit the cache's {cache.max_len} slots")
     start = cache.length
     valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start))
-    q_slots = start + jnp.arange(t)
-    k_slots = jnp.arange(cache.max_len)
-    attn_mask = valid[:, None, :] & (q_slots[None, :, None] >= k_slots[None, None, :])
+  # Causal by slot: a chunk or a decode step reads only the slots up to its own end.
+  visible = attention.Visibility(start, valid, segments)
 
   kv = None if cache is None else (cache.k, cache.v)
-  ctx = LayerContext(cos, sin, attn_mask, config, adapter, STORED)
+  ctx = LayerContext(cos, sin, visible, config, adapter, STORED)
   if run_layers is not None:
     x, kv = run_layers(x, params.layers, ctx, kv, start)
   else:

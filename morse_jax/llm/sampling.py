@@ -351,6 +351,11 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
     raise ValueError(f"sample: token id {too_big[0]} is outside the vocabulary "
                      f"[0, {config.vocab_size})")
   _check_runs(prompts, adapter, settings.prompt_repeats)
+  longest = max(len(p) for p in prompts) + settings.max_new_tokens
+  if longest > config.max_position_embeddings:
+    raise ValueError(f"sample: a prompt of {max(len(p) for p in prompts)} tokens plus "
+                     f"max_new_tokens {settings.max_new_tokens} is {longest} positions, more than "
+                     f"the model's max_position_embeddings ({config.max_position_embeddings})")
   rows = bucket(len(prompts), minimum=1)
   rules = rules or sharding_lib.ShardingRules()
   multiple = settings.prompt_repeats
