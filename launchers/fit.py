@@ -5,7 +5,8 @@ accelerators.
   python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
   python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,tpu_v5e8 \
       --config.train.step.micro_batches=2 --config.train.step.remat=False   # another layout
-  python -m launchers.fit --config=configs/apex/paper.py --stage=planner --mesh=8x1
+  python -m launchers.fit --config=configs/apex/paper.py --stage=planner   # or executor,
+      distiller, ttrl; the paper config's mesh (4x2) and the stage's micro-batches
 
 Shapes (morse_jax.rl.aot.RunShapes): one update of `--nodes` nodes (default: the tasks of a
 batch, one node each) x B routes x M candidates, prompts of `--prompt_tokens`, the config's
@@ -20,6 +21,7 @@ copies where CPU has no bf16 dot), so the compiled bytes are an estimate; the an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -34,8 +36,9 @@ _PROMPT = flags.DEFINE_integer("prompt_tokens", 2048, "tokens of a node's (or qu
 _NODES = flags.DEFINE_integer("nodes", 0, "nodes per update (0: config.train.tasks_per_step)")
 _MODEL = flags.DEFINE_string("model", "", "architecture name in llm.presets.ARCHITECTURES "
                              "(default: config.model.name; APEx: Qwen3-8B)")
-_STAGE = flags.DEFINE_string("stage", "planner", "APEx: the stage whose batch is measured")
-_MESH = flags.DEFINE_string("mesh", "", "DATAxMODEL (default: config.mesh; APEx: 8x1)")
+_STAGE = flags.DEFINE_string("stage", "planner", "APEx: the stage whose batch is measured: a key "
+                             "of config.stages, or ttrl (config.ttrl)")
+_MESH = flags.DEFINE_string("mesh", "", "DATAxMODEL (default: config.mesh; else 8x1)")
 _COMPILE = flags.DEFINE_bool("compile", True, "False: the analytical bytes only")
 _OUT = flags.DEFINE_string("out", "", "a JSON file to add this run's entry to")
 _NAME = flags.DEFINE_string("name", "", "the entry's name in --out (default: from the config)")
@@ -93,6 +96,16 @@ def _morse(config):
   return name, model, lora, router, step, shapes, (data, model_axis)
 
 
+def _apex_stage(config, name: str):
+  """config.stages[name], or config.ttrl for "ttrl" (its batch, group and lengths)."""
+  if name == "ttrl":
+    return config.ttrl
+  if name not in config.stages:
+    raise app.UsageError(f"--stage={name!r}: not in config.stages {sorted(config.stages)} "
+                         "nor 'ttrl'")
+  return config.stages[name]
+
+
 def _apex(config):
   """The same for one APEx stage: batch x group rows of its prompt and response lengths, each
   module a role expert (no router)."""
@@ -100,15 +113,18 @@ def _apex(config):
   from morse_jax.rl import aot
 
   name, model = _architecture(config, "Qwen3-8B")
-  stage = config.stages[_STAGE.value]
+  stage = _apex_stage(config, _STAGE.value)
   response = stage.max_new_tokens
   prompt = stage.agents.max_context_tokens - response
   lora = experiment.lora_config(config)
   step = experiment.train_config(config).step
-  data, model_axis = _mesh_shape((8, 1))
+  mesh = config.get("mesh") or {"data": 8, "model": 1}
+  data, model_axis = _mesh_shape((mesh["data"], mesh["model"]))
+  micro_batches = stage.get("micro_batches", 0) or step.micro_batches  # the stage's, as it runs
+  step = dataclasses.replace(step, micro_batches=micro_batches)
   shapes = aot.RunShapes(nodes=stage.batch_size, routes_per_node=1, group_size=stage.group_size,
                          prompt_tokens=prompt, max_new_tokens=response,
-                         micro_batches=step.micro_batches, route_width=1,
+                         micro_batches=micro_batches, route_width=1,
                          embed_dim=model.hidden_size, data=data)
   return name, model, lora, None, step, shapes, (data, model_axis)
 
@@ -159,7 +175,7 @@ def main(argv):
                   aot.sample_estimate(model, shapes, amesh, sample_args))}
   result = {"model": name, "params_b": model.num_params() / 1e9, "mesh": [data, model_axis],
             "micro_batches": shapes.micro_batches, "remat": remat,
-            "prompt_tokens": _PROMPT.value, "max_new_tokens": shapes.max_new_tokens,
+            "prompt_tokens": shapes.prompt_tokens, "max_new_tokens": shapes.max_new_tokens,
             "update_rows": shapes.rows, "sample_rows": shapes.sample_rows,
             "shared_prompts": shapes.shared, "devices": jax.device_count(),
             "backend": jax.default_backend(), "programs": {}}
@@ -177,6 +193,14 @@ def main(argv):
       entry["fits"] = fits(nearer)
       print(_row("compiled (XLA:CPU)", compiled))
       print(f"  {'':<19} peak - cpu_f32_copies {nearer / GIB:.2f}: {_fits_text(nearer)}")
+    if program == "sampler":
+      entry["rows_at_full_length"] = {
+          label: aot.rows_at_full_length(estimate, gib * GIB, shapes.group_size)
+          for label, gib in ACCELERATORS}
+      print(f"  {'':<19} rows per device at full length ({shapes.prompt_len + shapes.gen_len} "
+            f"slots, {estimate['cache_per_row'] / GIB:.2f} GiB of cache each; "
+            f"{-(-shapes.sample_rows // data)} in this call): "
+            + "  ".join(f"{k} {v}" for k, v in entry["rows_at_full_length"].items()))
     result["programs"][program] = entry
   print("compiled: XLA:CPU's buffer assignment on fake devices, not the TPU / GPU one (other "
         "fusions and schedules; f32 copies of bf16 weights, counted in cpu_f32_copies, where "

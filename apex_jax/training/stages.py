@@ -47,6 +47,10 @@ class StageConfig:
   learning_rate: float
   temperature: float = 1.0  # the rollout's sampling temperature (the update scores at it)
   max_new_tokens: int = 256  # per generated turn, for the rollout function
+  # the update's micro-batches in this stage (0: the updater's StepConfig.micro_batches): the
+  # stages' rows and lengths differ (configs/apex/paper.py: 32 to 1024 rows of up to 32768
+  # tokens), and each is set so that one micro-batch fits a device (launchers.fit)
+  micro_batches: int = 0
 
   def __post_init__(self):
     if self.module not in MODULES:
@@ -55,6 +59,10 @@ class StageConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"StageConfig.{name} must be an int >= 1, got {value!r}")
+    if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) \
+        or self.micro_batches < 0:
+      raise ValueError(f"StageConfig.micro_batches must be an int >= 0 (0: the StepConfig's), "
+                       f"got {self.micro_batches!r}")
     if self.group_size < 2:
       raise ValueError(f"StageConfig.group_size must be >= 2 (GRPO compares a group's "
                        f"samples), got {self.group_size!r}")
@@ -136,7 +144,8 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
       if done < end:
         stage_updater = dataclasses.replace(updater, step=dataclasses.replace(
             updater.step, expert_lr=stage.config.learning_rate,
-            temperature=scoring_temperature(stage.config.temperature)))
+            temperature=scoring_temperature(stage.config.temperature),
+            micro_batches=stage.config.micro_batches or updater.step.micro_batches))
         # the moments are the stage's own: fresh at its start, restored inside it
         opt = (state.opt_states if done > start else
                stage_updater.init_opt_state(state.experts))
