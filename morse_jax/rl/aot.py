@@ -468,7 +468,9 @@ def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: 
   - layers: without remat every layer's `layer_saved_bytes`; with remat each layer's input
     (d per token) plus one layer's saved set, recomputed during its backward pass;
   - attention: one layer's `attention_bytes` (blocks of scores, never t x t);
-  - logits: the logits, log-softmax and their gradient (f32, vocab split over `model`).
+  - logits: four f32 [rows, tokens, vocab / model] arrays: the logits, their log-softmax (kept
+    for the backward pass), its gradient and the logits' gradient (a compiled update holds all
+    four: a 2-layer model with a 32768-word vocabulary, 2 rows of 2048 tokens, 2 GiB).
   Activations are in the backbone's dtype (bf16 on the presets)."""
   rules = sharding_lib.ShardingRules()
   rows, tokens = ((shapes.packed_rows, shapes.packed_width) if shapes.shared
@@ -480,7 +482,7 @@ def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: 
   per_token = (itemsize * w.d * config.num_layers + saved) if remat else saved * config.num_layers
   layers = rows * tokens * per_token
   attention = attention_bytes(w, rows, tokens, tokens)
-  logits = 3 * 4 * rows * tokens * _split(config.vocab_size, mesh, rules.vocab)
+  logits = 4 * 4 * rows * tokens * _split(config.vocab_size, mesh, rules.vocab)
   activations = layers + attention + logits
   arguments = shard_bytes(args)
   return {"arguments": arguments, "layers": layers, "attention": attention, "logits": logits,
