@@ -12,7 +12,8 @@ Per length t (one row):
 Each row gives `temp_mib` (`compile().memory_analysis().temp_size_in_bytes`: the compiled
 program's temporaries, its peak beyond arguments and outputs) and the median seconds of
 --repeats runs after one compile run. `dense` rows run the same programs with the textbook
-formula (f32 scores [b, kv, g, t, s] and a [b, t, s] mask: the attention before issue 54); it is
+formula (f32 scores [b, kv, g, t, s] and a [b, t, s] mask: the attention before issue 54); `ours`
+is `attention.attend` (the blocked path on CPU, the platform's kernel where it covers the case); it is
 skipped above --dense_max, where its scores alone would not fit (32k: 16 GiB per score tensor).
 """
 
@@ -128,7 +129,7 @@ def main(argv):
 
   rows = []
   for t in (int(n) for n in _LENGTHS.value):
-    for path in ("blocked", "dense"):
+    for path in ("ours", "dense"):
       if path == "dense" and t > _DENSE_MAX.value:
         rows.append({"length": t, "path": path, "skipped": f"the dense scores do not fit: "
                      f"{4 * 4 * t * t / 2**30:.0f} GiB per [4, t, t] float32 tensor"})
@@ -136,7 +137,7 @@ def main(argv):
         continue
       for part in _PARTS.value:
         if part == "op":
-          programs = op_programs(t, attention.attend if path == "blocked" else dense_attention)
+          programs = op_programs(t, attention.attend if path == "ours" else dense_attention)
           scope = contextlib.nullcontext()
         else:
           programs = model_programs(t)

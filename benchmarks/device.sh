@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator benchmarks in one prepared script: under 8 minutes on one GPU, JSON out.
+# The accelerator benchmarks in one prepared script: under 10 minutes on one GPU, JSON out.
 #
 #   benchmarks/device.sh [OUT_DIR]     (default $OUT, else benchmarks/results/device)
 #
@@ -7,7 +7,10 @@
 # 2. sampler tokens/s against transformers' generate: SmolLM2-135M-Instruct (when its folder
 #    is there: `make real-model` writes it; copy it along, the device has no internet) and a
 #    random ~1.2B Llama shape (benchmarks.rollout --models=smollm2,llama_1b);
-# 3. the update's MFU in bf16 at ~1.2B parameters (benchmarks.train_step --large).
+# 3. the update's MFU in bf16 at ~1.2B parameters (benchmarks.train_step --large);
+# 4. attention without a score matrix (issue 54, benchmarks.attention): the kernel chosen for
+#    the platform (Pallas flash on CUDA) against the dense formula, op and 2-layer model forward /
+#    gradient at 2k, 8k and 32k tokens, with compiled temporaries (under 3 minutes on an H100).
 # Each step has its own time limit, so one slow step cannot take the others' time; a step that
 # fails or runs out of time is reported and the script goes on (exit status: failed steps).
 set -u
@@ -35,5 +38,7 @@ step rollout 210 "$py" -m benchmarks.rollout --models="$models" --repeats=2 \
   --out="$out/rollout.json"
 step train_step_bf16 120 "$py" -m benchmarks.train_step --large --dtype=bfloat16 --repeats=3 \
   --out="$out/train_step_bf16.json"
+step attention 180 "$py" -m benchmarks.attention --lengths=2048,8192,32768 --dense_max=8192 \
+  --repeats=3 --out="$out/attention.json"
 echo "failed steps: $failed; results in $out"
 exit "$failed"

@@ -8,6 +8,7 @@ import jax
 import pytest
 
 from configs.morse import common
+from morse_jax.llm import attention
 from morse_jax.llm import sharding
 from morse_jax.llm import model as model_lib
 from morse_jax.llm.config import LlmConfig
@@ -288,9 +289,10 @@ def test_platform_choices_follow_the_platform_lowered_for():
   bf16, f32 = jax.numpy.bfloat16, jax.numpy.float32
   q = jax.ShapeDtypeStruct((2, 16, SMALL.num_heads, SMALL.head_dim), bf16)
   kv = jax.ShapeDtypeStruct((2, SMALL.num_kv_heads, 16, SMALL.head_dim), bf16)
-  mask = jax.ShapeDtypeStruct((2, 16, 16), jax.numpy.bool_)
-  attend = jax.jit(lambda q, k, v, m: model_lib._attention(q, k, v, m, SMALL))  # pylint: disable=protected-access
-  types = {p: _dot_operand_types(aot.export(attend, (q, kv, kv, mask), platform=p).mlir_module())
+  valid = jax.ShapeDtypeStruct((2, 16), jax.numpy.bool_)
+  attend = jax.jit(lambda q, k, v, valid: model_lib._attention(  # pylint: disable=protected-access
+      q, k, v, attention.Visibility(0, valid), SMALL))
+  types = {p: _dot_operand_types(aot.export(attend, (q, kv, kv, valid), platform=p).mlir_module())
            for p in ("cpu", "tpu", "cuda")}
   assert types == {"cpu": {"f32"}, "tpu": {"bf16"}, "cuda": {"bf16"}}, types
   # 16 experts, routes of 3, 256 tokens a row: the grouped kernel on accelerators only

@@ -160,36 +160,37 @@ def _finish(m, l, acc):
   return out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
 
 
+def decode_prefixes(s: int, block: int) -> tuple[int, ...]:
+  """The key prefixes a one-token query reads: block * 2^i slots, then all s."""
+  sizes = [block]
+  while sizes[-1] < s:
+    sizes.append(min(2 * sizes[-1], s))
+  return tuple(sizes)
+
+
 def _decode_rows(sizes, qg, k, v, q_start, k_valid):
-  """One query per row (decode): products and sums that read k and v once per key block. As
-  two batched dots (b * kv batches of [g, x] x [x, s]) XLA:CPU ran a SmolLM2 decode step's
-  attention 2.5x slower (measured at 8 rows, 640 slots). The loop stops at the block holding
-  the query's own slot: the slots after it are not filled yet."""
-  b, kvh, g, _, x = qg.shape
+  """One query per row (decode): reads the smallest prefix of `decode_prefixes` holding the
+  query's own slot (the slots after it are not filled yet), chosen by `lax.switch`, with products
+  and sums that read k and v once. Both choices are for XLA:CPU: as two batched dots (b * kv
+  batches of [g, x] x [x, s]) it ran a SmolLM2 decode step's attention 2.5x slower (measured at
+  8 rows, 640 slots), and a loop over key blocks pays its per-iteration overhead in every layer
+  of every step."""
+  x = qg.shape[-1]
   q1 = qg[:, :, :, 0].astype(jnp.float32) * (x ** -0.5)  # [b, kv, g, x]
-  bk = sizes.decode_bk
 
-  def body(j, carry):
-    m, l, acc = carry
-    kb, k_first = _key_block(k, j, bk, 2)
-    vb, _ = _key_block(v, j, bk, 2)
-    slot = k_first + jnp.arange(bk)
-    ok = jax.lax.dynamic_slice_in_dim(k_valid, k_first, bk, axis=1)
-    ok = ok & (slot <= q_start) & (slot >= j * bk)
-    ok = ok[:, None, None, :]  # [b, 1, 1, bk]
-    sc = jnp.sum(q1[:, :, :, None, :] * kb[:, :, None].astype(jnp.float32), axis=-1)
-    sc = jnp.where(ok, sc, _NEG)
-    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-    p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
-    scale = jnp.exp(m - m_new)
-    pv = jnp.sum(p[..., None] * vb[:, :, None].astype(jnp.float32), axis=-2)  # [b, kv, g, x]
-    return m_new, l * scale + jnp.sum(p, axis=-1), acc * scale[..., None] + pv
+  def prefix(n):
+    def attend(q1, k, v, k_valid, q_start):
+      ok = (k_valid[:, :n] & (jnp.arange(n) <= q_start))[:, None, None, :]  # [b, 1, 1, n]
+      sc = jnp.sum(q1[:, :, :, None, :] * k[:, :, None, :n].astype(jnp.float32), axis=-1)
+      m = jnp.max(jnp.where(ok, sc, _NEG), axis=-1)
+      p = jnp.where(ok, jnp.exp(sc - m[..., None]), 0.0)
+      acc = jnp.sum(p[..., None] * v[:, :, None, :n].astype(jnp.float32), axis=-2)
+      return _finish(m, jnp.sum(p, axis=-1), acc)
+    return attend
 
-  init = (jnp.full((b, kvh, g), _NEG, jnp.float32), jnp.zeros((b, kvh, g), jnp.float32),
-          jnp.zeros((b, kvh, g, x), jnp.float32))
-  n = jnp.minimum(q_start // bk + 1, -(-k.shape[2] // bk))
-  m, l, acc = jax.lax.fori_loop(0, n, body, init)
-  out, lse = _finish(m, l, acc)
+  lengths = decode_prefixes(k.shape[2], sizes.decode_bk)
+  which = jnp.sum(jnp.asarray(lengths[:-1]) <= q_start)  # the first prefix past q_start
+  out, lse = jax.lax.switch(which, [prefix(n) for n in lengths], q1, k, v, k_valid, q_start)
   return out[:, :, :, None], lse[:, :, :, None]
 
 
