@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.run import Run, record
 from morse_jax.rl.state import TrainState
+from morse_jax.rl.train_step import EXECUTION_ONLY
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import MODULES, Trajectory
@@ -105,11 +106,19 @@ def _check_rollout(groups, rewards, config: StageConfig, step: int) -> None:
                        f"{config.group_size}")
 
 
+def phase_record(config) -> dict:
+  """A StageConfig's or TtrlConfig's fields as checkpoints record them: without those that
+  change how an update is computed, not its result (`train_step.EXECUTION_ONLY`: a stage
+  stopped by the OOM killer resumes with more micro-batches; earlier runs' records, which
+  have no micro_batches, still match)."""
+  return {k: v for k, v in dataclasses.asdict(config).items() if k not in EXECUTION_ONLY}
+
+
 def _records(updater: ModuleUpdater, stages: Sequence[Stage], rng) -> tuple[dict, dict]:
   """(what every checkpoint step records, the run that owns the folder: these stages from this
   key)."""
   meta = record(model=updater.model.config, lora=updater.lora, step=updater.step,
-                stages=[s.config for s in stages])
+                stages=[phase_record(s.config) for s in stages])
   return meta, record(stages=meta, rng=rng)
 
 

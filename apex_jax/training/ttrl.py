@@ -48,6 +48,7 @@ from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContex
 from apex_jax.memory.consolidation import Judged, consolidate
 from apex_jax.training import rewards as rw
 from apex_jax.training.grpo import ModuleUpdater
+from apex_jax.training.stages import phase_record
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +334,8 @@ def _records(updater: ModuleUpdater, config: TtrlConfig, queries: Sequence[Query
              rng) -> tuple[dict, dict]:
   """(what every checkpoint step records, the run that owns the folder: this config, these
   queries, from this key)."""
-  meta = record(model=updater.model.config, lora=updater.lora, step=updater.step, ttrl=config)
+  meta = record(model=updater.model.config, lora=updater.lora, step=updater.step,
+                ttrl=phase_record(config))
   return meta, record(ttrl=meta, queries=fingerprint([dataclasses.astuple(q) for q in queries]),
                       rng=rng)
 
