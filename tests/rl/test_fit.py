@@ -112,3 +112,8 @@ def test_apex_paper_stages_fit_an_h100(stage):
   update, sampler = _estimates(p)
   assert update["total"] <= H100, (stage, update["total"] / GIB)
   assert aot.rows_at_full_length(sampler, H100, p.shapes.group_size) >= 8, stage
+
+
+def test_an_unknown_apex_stage_is_refused_by_name():
+  with pytest.raises(Exception, match=r"--stage='critic': not in config.stages .* nor 'ttrl'"):
+    fit.plan(paper.get_config("model=/m,judge=/j"), stage="critic")
