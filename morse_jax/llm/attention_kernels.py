@@ -19,6 +19,9 @@ Not covered (the blocked path of `attention.py` runs there on every platform):
 - shared-prefix segments: segment 0 is seen by every segment, which is not segment-id equality;
 - lengths that are not a multiple of 128 (the kernels' smallest blocks);
 - head dims other than 64 or 128 on TPU (splash lays the head dim on 128 lanes; 64 is padded).
+- programs partitioned over a mesh of several devices (the `gpu8` / `tpu_v5e8` updates): XLA
+  cannot partition a Mosaic kernel and would gather a Triton call's operands; wrapping the
+  kernels in a `shard_map` over rows and kv heads is what would cover them (not done).
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ def covered(q, k, vis: Visibility) -> bool:
   """Whether the kernels cover this call (see the module docstring)."""
   t, s, x = q.shape[1], k.shape[2], q.shape[-1]
   return (isinstance(vis.q_start, int) and vis.q_start == 0 and vis.segments is None
-          and s == t and t % KERNEL_BLOCK == 0 and x in (64, 128))
+          and s == t and t % KERNEL_BLOCK == 0 and x in (64, 128) and not _partitioned(q))
+
+
+def _partitioned(q) -> bool:
+  """Whether q lives on a mesh of several devices (the program is partitioned by GSPMD): XLA
+  cannot partition a Mosaic call ("Mosaic kernels cannot be automatically partitioned") and
+  would replicate a Triton call's operands, so those programs keep the blocked path."""
+  mesh = getattr(jax.typeof(q).sharding, "mesh", None)
+  return mesh is not None and mesh.size > 1
 
 
 def for_platforms(q, k, v, vis: Visibility) -> dict:
