@@ -5,7 +5,8 @@ accelerators.
   python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
   python -m launchers.fit --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,tpu_v5e8 \
       --config.train.step.micro_batches=2 --config.train.step.remat=False   # another layout
-  python -m launchers.fit --config=configs/apex/paper.py --stage=planner --mesh=8x1
+  python -m launchers.fit --config=configs/apex/paper.py --stage=planner   # or executor,
+      distiller, ttrl; the paper config's mesh (4x2) and the stage's micro-batches
 
 Shapes (morse_jax.rl.aot.RunShapes): one update of `--nodes` nodes (default: the tasks of a
 batch, one node each) x B routes x M candidates, prompts of `--prompt_tokens`, the config's
@@ -20,8 +21,10 @@ copies where CPU has no bf16 dot), so the compiled bytes are an estimate; the an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from typing import Any, NamedTuple
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -34,8 +37,9 @@ _PROMPT = flags.DEFINE_integer("prompt_tokens", 2048, "tokens of a node's (or qu
 _NODES = flags.DEFINE_integer("nodes", 0, "nodes per update (0: config.train.tasks_per_step)")
 _MODEL = flags.DEFINE_string("model", "", "architecture name in llm.presets.ARCHITECTURES "
                              "(default: config.model.name; APEx: Qwen3-8B)")
-_STAGE = flags.DEFINE_string("stage", "planner", "APEx: the stage whose batch is measured")
-_MESH = flags.DEFINE_string("mesh", "", "DATAxMODEL (default: config.mesh; APEx: 8x1)")
+_STAGE = flags.DEFINE_string("stage", "planner", "APEx: the stage whose batch is measured: a key "
+                             "of config.stages, or ttrl (config.ttrl)")
+_MESH = flags.DEFINE_string("mesh", "", "DATAxMODEL (default: config.mesh; else 8x1)")
 _COMPILE = flags.DEFINE_bool("compile", True, "False: the analytical bytes only")
 _OUT = flags.DEFINE_string("out", "", "a JSON file to add this run's entry to")
 _NAME = flags.DEFINE_string("name", "", "the entry's name in --out (default: from the config)")
@@ -46,7 +50,28 @@ GIB = 2 ** 30
 ACCELERATORS = (("TPU v5e", 16), ("A100-40GB", 40), ("H100-80GB", 79.6), ("H200-141GB", 139))
 
 
-def _architecture(config, default_name: str):
+class Plan(NamedTuple):
+  """What one run's check measures: the backbone, adapters, update settings and shapes."""
+
+  name: str  # the architecture's name or folder
+  model: Any  # LlmConfig
+  lora: Any  # LoraConfig
+  router: Any  # RouterConfig | None
+  step: Any  # StepConfig, with the micro-batches the run's update uses
+  shapes: Any  # aot.RunShapes
+  mesh: tuple[int, int]  # (data, model)
+
+
+def plan(config, *, stage: str = "planner", prompt_tokens: int = 2048, nodes: int = 0,
+         model: str = "", mesh: str = "") -> Plan:
+  """The `Plan` of a MoRSE config or of one APEx stage (`stage`; config.system "apex"); the
+  other arguments are the flags of the same names (see there)."""
+  if config.get("system") == "apex":
+    return _apex(config, stage, model, mesh)
+  return _morse(config, prompt_tokens, nodes, model, mesh)
+
+
+def _architecture(config, default_name: str, model_name: str = ""):
   from morse_jax.llm.config import LlmConfig
   from morse_jax.llm.presets import ARCHITECTURES
 
@@ -54,7 +79,7 @@ def _architecture(config, default_name: str):
   if path and os.path.exists(os.path.join(path, "config.json")):
     with open(os.path.join(path, "config.json")) as f:
       return path, LlmConfig.from_hf_dict(json.load(f), os.path.join(path, "config.json"))
-  name = _MODEL.value or config.model.get("name", "") or default_name
+  name = model_name or config.model.get("name", "") or default_name
   if name not in ARCHITECTURES:
     raise app.UsageError(f"--model / config.model.name {name!r} is not in "
                          f"llm.presets.ARCHITECTURES {sorted(ARCHITECTURES)}; give "
@@ -62,55 +87,67 @@ def _architecture(config, default_name: str):
   return name, ARCHITECTURES[name]
 
 
-def _mesh_shape(default):
-  if not _MESH.value:
+def _mesh_shape(text: str, default):
+  if not text:
     return default
   try:
-    data, model = (int(x) for x in _MESH.value.lower().split("x"))
+    data, model = (int(x) for x in text.lower().split("x"))
   except ValueError:
-    raise app.UsageError(f"--mesh={_MESH.value!r}: expected DATAxMODEL, e.g. 4x2") from None
+    raise app.UsageError(f"--mesh={text!r}: expected DATAxMODEL, e.g. 4x2") from None
   return data, model
 
 
-def _morse(config):
-  """(name, LlmConfig, LoraConfig, RouterConfig | None, StepConfig, RunShapes, (data, model))."""
+def _morse(config, prompt_tokens, nodes, model_name, mesh):
   from morse_jax.experiments import experiment
   from morse_jax.rl import aot
 
-  name, model = _architecture(config, "")
+  name, model = _architecture(config, "", model_name)
   lora, router = experiment.lora_config(config), experiment.router_config(config)
   train = experiment.train_config(config)
   step = train.step
-  data, model_axis = _mesh_shape((config.mesh.data, config.mesh.model))
+  data, model_axis = _mesh_shape(mesh, (config.mesh.data, config.mesh.model))
   rollout = experiment.rollout_config(train, router is not None)
   shapes = aot.RunShapes(
-      nodes=_NODES.value or train.tasks_per_step,
+      nodes=nodes or train.tasks_per_step,
       routes_per_node=rollout.routes_per_node, group_size=rollout.group_size,
-      prompt_tokens=_PROMPT.value, max_new_tokens=rollout.max_new_tokens,
+      prompt_tokens=prompt_tokens, max_new_tokens=rollout.max_new_tokens,
       micro_batches=step.micro_batches, share_prompts=rollout.share_prompts,
       route_width=1 + (config.router.top_k if router is not None else 0),
       embed_dim=model.hidden_size, data=data)
-  return name, model, lora, router, step, shapes, (data, model_axis)
+  return Plan(name, model, lora, router, step, shapes, (data, model_axis))
 
 
-def _apex(config):
-  """The same for one APEx stage: batch x group rows of its prompt and response lengths, each
-  module a role expert (no router)."""
+def _apex_stage(config, name: str):
+  """config.stages[name], or config.ttrl for "ttrl" (its batch, group and lengths)."""
+  if name == "ttrl":
+    return config.ttrl
+  if name not in config.stages:
+    raise app.UsageError(f"--stage={name!r}: not in config.stages {sorted(config.stages)} "
+                         "nor 'ttrl'")
+  return config.stages[name]
+
+
+def _apex(config, stage_name, model_name, mesh_text):
+  """One APEx stage: batch x group rows of its prompt and response lengths, each module a role
+  expert (no router), on config.mesh (else 8 x 1) with the stage's micro-batches."""
   from apex_jax import experiment
   from morse_jax.rl import aot
 
-  name, model = _architecture(config, "Qwen3-8B")
-  stage = config.stages[_STAGE.value]
+  name, model = _architecture(config, "Qwen3-8B", model_name)
+  stage = _apex_stage(config, stage_name)
   response = stage.max_new_tokens
   prompt = stage.agents.max_context_tokens - response
   lora = experiment.lora_config(config)
   step = experiment.train_config(config).step
-  data, model_axis = _mesh_shape((8, 1))
+  mesh = config.get("mesh") or {"data": 8, "model": 1}
+  data, model_axis = _mesh_shape(mesh_text, (mesh["data"], mesh["model"]))
+  micro_batches = stage.get("micro_batches", 0) or step.micro_batches  # the stage's, as it runs
+  step = dataclasses.replace(step, micro_batches=micro_batches)
   shapes = aot.RunShapes(nodes=stage.batch_size, routes_per_node=1, group_size=stage.group_size,
                          prompt_tokens=prompt, max_new_tokens=response,
-                         micro_batches=step.micro_batches, route_width=1,
+                         micro_batches=micro_batches, route_width=1,
                          embed_dim=model.hidden_size, data=data)
-  return name, model, lora, None, step, shapes, (data, model_axis)
+  return Plan(name, model, lora, None, step, shapes, (data, model_axis))
 
 
 def fits(total_bytes: float) -> dict[str, bool]:
@@ -136,7 +173,9 @@ def main(argv):
 
   config = _CONFIG.value
   apex = config.get("system") == "apex"
-  name, model, lora, router, step, shapes, (data, model_axis) = (_apex if apex else _morse)(config)
+  name, model, lora, router, step, shapes, (data, model_axis) = plan(
+      config, stage=_STAGE.value, prompt_tokens=_PROMPT.value, nodes=_NODES.value,
+      model=_MODEL.value, mesh=_MESH.value)
   if data * model_axis != 8:
     raise app.UsageError(f"mesh {data}x{model_axis}: this check runs on 8 fake devices")
   remat = getattr(step, "remat", False)
@@ -159,7 +198,7 @@ def main(argv):
                   aot.sample_estimate(model, shapes, amesh, sample_args))}
   result = {"model": name, "params_b": model.num_params() / 1e9, "mesh": [data, model_axis],
             "micro_batches": shapes.micro_batches, "remat": remat,
-            "prompt_tokens": _PROMPT.value, "max_new_tokens": shapes.max_new_tokens,
+            "prompt_tokens": shapes.prompt_tokens, "max_new_tokens": shapes.max_new_tokens,
             "update_rows": shapes.rows, "sample_rows": shapes.sample_rows,
             "shared_prompts": shapes.shared, "devices": jax.device_count(),
             "backend": jax.default_backend(), "programs": {}}
@@ -177,6 +216,14 @@ def main(argv):
       entry["fits"] = fits(nearer)
       print(_row("compiled (XLA:CPU)", compiled))
       print(f"  {'':<19} peak - cpu_f32_copies {nearer / GIB:.2f}: {_fits_text(nearer)}")
+    if program == "sampler":
+      entry["rows_at_full_length"] = {
+          label: aot.rows_at_full_length(estimate, gib * GIB, shapes.group_size)
+          for label, gib in ACCELERATORS}
+      print(f"  {'':<19} rows per device at full length ({shapes.prompt_len + shapes.gen_len} "
+            f"slots, {estimate['cache_per_row'] / GIB:.2f} GiB of cache each; "
+            f"{-(-shapes.sample_rows // data)} in this call): "
+            + "  ".join(f"{k} {v}" for k, v in entry["rows_at_full_length"].items()))
     result["programs"][program] = entry
   print("compiled: XLA:CPU's buffer assignment on fake devices, not the TPU / GPU one (other "
         "fusions and schedules; f32 copies of bf16 weights, counted in cpu_f32_copies, where "

@@ -138,20 +138,23 @@ SMOLLM2_AGENTS = dataclasses.replace(DEMO_AGENTS, max_context_tokens=4096,
                                      executor_max_new_tokens=96)
 
 
-def paper_phase(module, epochs, batch, group, response, context, **agents):
-  return (StageConfig(module, steps(epochs, batch), batch, group, 1e-6, 1.0, response),
+def paper_phase(module, epochs, batch, group, response, context, micro_batches, **agents):
+  return (StageConfig(module, steps(epochs, batch), batch, group, 1e-6, 1.0, response,
+                      micro_batches),
           dataclasses.replace(PAPER_AGENTS, max_context_tokens=context, **agents))
 
 
 PAPER = dict(
     lora=dataclasses.replace(APEX_LORA, last_n_layers=8),
-    step=StepConfig(estimator="grpo", kl_coef=0.0, micro_batches=1,
+    step=StepConfig(estimator="grpo", kl_coef=0.0, micro_batches=1, remat=True,
                     aggregation="seq-mean-token-mean", advantage_clip=0.0, min_reward_std=0.0),
     agents=PAPER_AGENTS, bank=MemoryConfig(),
-    stages={"executor": paper_phase("executor", 8, 128, 8, 16384, 32768, max_tool_tokens=4096),
-            "distiller": paper_phase("distiller", 8, 64, 8, 2048, 6144),
-            "planner": paper_phase("planner", 5, 48, 4, 8192, 32768, max_tool_tokens=8192)},
-    ttrl=(TtrlConfig(steps(1, 8), 8, 4, 2e-7, 1.0, 8192, store="best"),
+    # micro-batches: one 32768-token row per data shard of the 4 x 2 mesh (four of 6144 tokens)
+    stages={"executor": paper_phase("executor", 8, 128, 8, 16384, 32768, 256,
+                                    max_tool_tokens=4096),
+            "distiller": paper_phase("distiller", 8, 64, 8, 2048, 6144, 32),
+            "planner": paper_phase("planner", 5, 48, 4, 8192, 32768, 64, max_tool_tokens=8192)},
+    ttrl=(TtrlConfig(steps(1, 8), 8, 4, 2e-7, 1.0, 8192, micro_batches=8, store="best"),
           dataclasses.replace(PAPER_AGENTS, max_context_tokens=32768, max_tool_tokens=8192)))
 APEX = {
     ("demo_cpu", None): DEMO_APEX,

@@ -267,8 +267,10 @@ def test_fit_launcher_reports_the_presets_shapes_and_bytes(tmp_path):
   norms = c.num_layers * (2 * c.hidden_size + 2 * c.head_dim) + c.hidden_size
   backbone = 2 * ((c.num_params() - norms) // 2 + norms)
   sampler = entry["programs"]["sampler"]["analytical"]
-  # 64 rows / 4 over data, 8 kv heads / 2, 2048 + 1024 slots, k and v in bf16
-  assert sampler["cache"] == 2 * 2 * 36 * 16 * 4 * 3072 * 128
+  # 64 rows / 4 over data, 8 kv heads / 2, 2048 + 1024 slots, k and v in bf16; while the 4
+  # prompts' prefilled cache is repeated M = 4 times, both
+  assert sampler["cache_per_row"] == 2 * 2 * 36 * 4 * 3072 * 128
+  assert sampler["cache"] == (16 + 4) * sampler["cache_per_row"]
   assert backbone < sampler["arguments"] < backbone + 2 ** 27  # + experts, prompts, routes
   update = entry["programs"]["update"]["analytical"]
   assert update["arguments"] > backbone and "compiled_cpu" not in entry["programs"]["update"]

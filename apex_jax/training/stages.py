@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from morse_jax.rl.logprobs import scoring_temperature
 from morse_jax.rl.run import Run, record
 from morse_jax.rl.state import TrainState
+from morse_jax.rl.train_step import EXECUTION_ONLY
 
 from apex_jax.agents.generator import with_experts
 from apex_jax.agents.trajectory import MODULES, Trajectory
@@ -47,6 +48,10 @@ class StageConfig:
   learning_rate: float
   temperature: float = 1.0  # the rollout's sampling temperature (the update scores at it)
   max_new_tokens: int = 256  # per generated turn, for the rollout function
+  # the update's micro-batches in this stage (0: the updater's StepConfig.micro_batches): the
+  # stages' rows and lengths differ (configs/apex/paper.py: 32 to 1024 rows of up to 32768
+  # tokens), and each is set so that one micro-batch fits a device (launchers.fit)
+  micro_batches: int = 0
 
   def __post_init__(self):
     if self.module not in MODULES:
@@ -55,6 +60,10 @@ class StageConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"StageConfig.{name} must be an int >= 1, got {value!r}")
+    if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) \
+        or self.micro_batches < 0:
+      raise ValueError(f"StageConfig.micro_batches must be an int >= 0 (0: the StepConfig's), "
+                       f"got {self.micro_batches!r}")
     if self.group_size < 2:
       raise ValueError(f"StageConfig.group_size must be >= 2 (GRPO compares a group's "
                        f"samples), got {self.group_size!r}")
@@ -97,11 +106,19 @@ def _check_rollout(groups, rewards, config: StageConfig, step: int) -> None:
                        f"{config.group_size}")
 
 
+def phase_record(config) -> dict:
+  """A StageConfig's or TtrlConfig's fields as checkpoints record them: without those that
+  change how an update is computed, not its result (`train_step.EXECUTION_ONLY`: a stage
+  stopped by the OOM killer resumes with more micro-batches; earlier runs' records, which
+  have no micro_batches, still match)."""
+  return {k: v for k, v in dataclasses.asdict(config).items() if k not in EXECUTION_ONLY}
+
+
 def _records(updater: ModuleUpdater, stages: Sequence[Stage], rng) -> tuple[dict, dict]:
   """(what every checkpoint step records, the run that owns the folder: these stages from this
   key)."""
   meta = record(model=updater.model.config, lora=updater.lora, step=updater.step,
-                stages=[s.config for s in stages])
+                stages=[phase_record(s.config) for s in stages])
   return meta, record(stages=meta, rng=rng)
 
 
@@ -136,7 +153,8 @@ def run_stages(updater: ModuleUpdater, experts, stages: Sequence[Stage], generat
       if done < end:
         stage_updater = dataclasses.replace(updater, step=dataclasses.replace(
             updater.step, expert_lr=stage.config.learning_rate,
-            temperature=scoring_temperature(stage.config.temperature)))
+            temperature=scoring_temperature(stage.config.temperature),
+            micro_batches=stage.config.micro_batches or updater.step.micro_batches))
         # the moments are the stage's own: fresh at its start, restored inside it
         opt = (state.opt_states if done > start else
                stage_updater.init_opt_state(state.experts))

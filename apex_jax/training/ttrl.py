@@ -48,6 +48,7 @@ from apex_jax.memory import Bucket, Memory, MemoryBank, NewMemory, PlannerContex
 from apex_jax.memory.consolidation import Judged, consolidate
 from apex_jax.training import rewards as rw
 from apex_jax.training.grpo import ModuleUpdater
+from apex_jax.training.stages import phase_record
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class TtrlConfig:
   learning_rate: float = 1e-6
   temperature: float = 1.0
   max_new_tokens: int = 256
+  micro_batches: int = 0  # the update's (0: the updater's StepConfig.micro_batches; see StageConfig)
   base_lambda: float = 0.1  # l_s = base_lambda * skill confidence
   hard_gate: bool = False
   gate_threshold: float = 0.98
@@ -85,6 +87,10 @@ class TtrlConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"TtrlConfig.{name} must be an int >= 1, got {value!r}")
+    if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) \
+        or self.micro_batches < 0:
+      raise ValueError(f"TtrlConfig.micro_batches must be an int >= 0 (0: the StepConfig's), "
+                       f"got {self.micro_batches!r}")
     if self.group_size < 2:
       raise ValueError(f"TtrlConfig.group_size must be >= 2, got {self.group_size!r}")
     if not self.learning_rate > 0 or not self.temperature >= 0:
@@ -271,7 +277,8 @@ def run_ttrl(updater: ModuleUpdater, experts, queries: Sequence[Query], bank: Me
     raise ValueError("run_ttrl: give distill_fn or evolve_fn (the Distiller step)")
   updater = dataclasses.replace(updater, step=dataclasses.replace(
       updater.step, expert_lr=config.learning_rate,
-      temperature=scoring_temperature(config.temperature)))
+      temperature=scoring_temperature(config.temperature),
+      micro_batches=config.micro_batches or updater.step.micro_batches))
   judging, history = _Judging(judges), []
   meta, identity = _records(updater, config, queries, rng)
   template = TrainState(step=jnp.int32(0), experts=experts, router=None,
@@ -327,7 +334,8 @@ def _records(updater: ModuleUpdater, config: TtrlConfig, queries: Sequence[Query
              rng) -> tuple[dict, dict]:
   """(what every checkpoint step records, the run that owns the folder: this config, these
   queries, from this key)."""
-  meta = record(model=updater.model.config, lora=updater.lora, step=updater.step, ttrl=config)
+  meta = record(model=updater.model.config, lora=updater.lora, step=updater.step,
+                ttrl=phase_record(config))
   return meta, record(ttrl=meta, queries=fingerprint([dataclasses.astuple(q) for q in queries]),
                       rng=rng)
 

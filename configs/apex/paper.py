@@ -37,6 +37,13 @@ from morse_jax.lora.experts import LoraConfig
 from morse_jax.rl.train_step import StepConfig
 
 KEYS = ("model", "judge", "embedder", "data", "index")
+# The device layout `launchers.fit` measures the stages on (data x model over 8 GPUs): the model
+# axis splits the vocabulary, so a 32768-token row's f32 logits (3 x 27.8 GiB at 8 x 1) and the
+# weights halve. apex_jax places no arrays on a mesh yet (one device); there a 32768-token stage
+# needs an H200 (README's fit table). Each stage's micro-batches give one row per data shard
+# at 32768 tokens (executor 1024 rows / 256, planner 256 / 64, TTRL 32 / 8) and four at 6144
+# (distiller 512 / 32), with every layer recomputed in the backward pass (train.step.remat).
+MESH = dict(data=4, model=2)
 TEST_SPLITS = {"hotpotqa": "dev_distractor", "twowiki": "dev"}  # the labelled held-out files
 
 
@@ -55,11 +62,13 @@ def parse_arg(arg) -> dict:
   return out
 
 
-def _phase(batch_size, group_size, lr, prompt, response, epochs, **agents):
+def _phase(batch_size, group_size, lr, prompt, response, epochs, micro_batches, **agents):
   """One GRPO phase: batch x group at lr for `epochs` passes over its data; prompt / response:
-  verl's data.max_prompt_length / data.max_response_length."""
+  verl's data.max_prompt_length / data.max_response_length; micro_batches: the update's (ours,
+  see MESH)."""
   return dict(steps=0, epochs=epochs, batch_size=batch_size, group_size=group_size,
               learning_rate=lr, temperature=1.0, max_new_tokens=response,
+              micro_batches=micro_batches,
               agents=dict(max_context_tokens=prompt + response, **agents))
 
 
@@ -77,6 +86,7 @@ def get_config(arg=None):
   # the paths apex_jax.experiment.build refuses when empty (besides data / index / judge url)
   c.required = ("model.path", "judges.url" if judge_url else "judges.path")
   c.model = dict(path=paths["model"], dtype="bfloat16")
+  c.mesh = dict(MESH)  # read by launchers.fit only (see MESH)
   kind, sep, folder = paths["data"].partition(":")
   kind, folder = (kind, folder) if sep and kind in TEST_SPLITS else ("folder", paths["data"])
   c.data = dict(source=kind, folder=folder, train_split="train",
@@ -94,7 +104,7 @@ def get_config(arg=None):
   # (Eq. 5: per-sequence token mean, then 1/G) and advantages (no clip, no near-flat cut; the
   # scripts set no loss_agg_mode: verl's default); ours: "token-mean", 5.0, 5e-4
   c.train = section(TrainConfig(checkpoint_every=1,  # a killed run resumes
-                                step=StepConfig(kl_coef=0.0, micro_batches=1,
+                                step=StepConfig(kl_coef=0.0, micro_batches=1, remat=True,
                                                 aggregation="seq-mean-token-mean",
                                                 advantage_clip=0.0, min_reward_std=0.0)))
   # multi_turn.max_assistant_turns 10; MAX_LLM_CALL_PER_RUN 20 (the agent servers); the
@@ -108,18 +118,18 @@ def get_config(arg=None):
   c.stages = dict(
       # train_batch_size 128, rollout.n 8, lr 1e-6, prompt 16384, response 16384, tool
       # responses 4096, 8 epochs
-      executor=_stage(128, 8, 1e-6, 16384, 16384, 8, max_tool_tokens=4096),
+      executor=_stage(128, 8, 1e-6, 16384, 16384, 8, 256, max_tool_tokens=4096),
       # train_batch_size 64, rollout.n 8, lr 1e-6, prompt 4096, response 2048 (one turn),
       # 8 epochs
-      distiller=_stage(64, 8, 1e-6, 4096, 2048, 8),
+      distiller=_stage(64, 8, 1e-6, 4096, 2048, 8, 32),
       # train_batch_size 48, lr 1e-6, prompt 24576, response 8192, tool responses 8192,
       # 5 epochs; group size 4, the paper's Table 6 (the script's rollout.n is 8:
       # --config.stages.planner.group_size=8 runs the script's)
-      planner=_stage(48, 4, 1e-6, 24576, 8192, 5, max_tool_tokens=8192))
+      planner=_stage(48, 4, 1e-6, 24576, 8192, 5, 64, max_tool_tokens=8192))
   # TTRL: train_batch_size 8 x rollout.n 4 at lr 2e-7, prompt 24576, response 8192, tool
   # responses 8192, one epoch over the test queries; SKILL_LAMBDA 0.1 (TtrlConfig.base_lambda);
   # stored workflows are summarised (Memory-Serve get_trace_prompt)
-  ttrl = _phase(8, 4, 2e-7, 24576, 8192, 1, max_tool_tokens=8192)
+  ttrl = _phase(8, 4, 2e-7, 24576, 8192, 1, 8, max_tool_tokens=8192)
   # store "best": each query's best episode becomes a memory (our reading of the paper's
   # "selected" episodes; the authors' server stores what is posted; "all": every judged one)
   c.ttrl = section(TtrlPhase, **ttrl, summarize=True, checkpoint_every=1,  # with the snapshot

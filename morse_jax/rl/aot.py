@@ -28,12 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
+from morse_jax.llm import attention as attention_lib
 from morse_jax.llm import sharding as sharding_lib
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.model import forward, init_cache
 from morse_jax.llm.params import abstract_params
-from morse_jax.llm.sampling import (GenerationSettings, SamplingConfig, bucket, generate_padded,
-                                    length_bucket, prefill)
+from morse_jax.llm.sampling import (PREFILL_CHUNK, PREFILL_TOKENS, GenerationSettings,
+                                    SamplingConfig, bucket, generate_padded, length_bucket,
+                                    prefill)
 from morse_jax.lora import router as router_lib
 from morse_jax.lora.experts import (LoraConfig, adapter_of, expert_axes, init_experts, target_dims,
                                     target_weight)
@@ -416,42 +418,123 @@ def _split(size: int, mesh, axis: str | None) -> int:
   return size // n if size % n == 0 else size
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerWidths:
+  """One device's share of a layer's widths (elements per token): the residual stream d (not
+  split), query heads and q = heads x head_dim, kv = kv heads x head_dim, the MLP's f."""
+
+  d: int
+  heads: int
+  q: int
+  kv: int
+  f: int
+
+  @classmethod
+  def of(cls, config: LlmConfig, mesh) -> "LayerWidths":
+    rules = sharding_lib.ShardingRules()
+    heads = _split(config.num_heads, mesh, rules.heads)
+    kv = _split(config.num_kv_heads, mesh, rules.kv_heads)
+    return cls(d=config.hidden_size, heads=heads, q=heads * config.head_dim,
+               kv=kv * config.head_dim, f=_split(config.intermediate_size, mesh, rules.mlp))
+
+
+def score_block(queries: int, keys: int) -> int:
+  """Query rows x key slots of one block of scores (`llm.attention`'s BLOCK_Q x BLOCK_K, less
+  where the pass is shorter)."""
+  return min(attention_lib.BLOCK_Q, queries) * min(attention_lib.BLOCK_K, keys)
+
+
+def layer_saved_bytes(w: LayerWidths, itemsize: int) -> int:
+  """Bytes per token one layer keeps for its backward pass (no remat): input, two norms, the
+  residual after attention (4 d), q, k, v and the attention output (the custom VJP's
+  residuals: 2 q + 2 kv), gate, up and their product (3 f), in the activations' dtype, and the
+  attention's log-sum-exp (f32 per head)."""
+  return itemsize * (4 * w.d + 2 * w.q + 2 * w.kv + 3 * w.f) + 4 * w.heads
+
+
+def attention_bytes(w: LayerWidths, rows: int, queries: int, keys: int) -> int:
+  """The attention's working set in one layer's backward pass (`llm.attention._flash_bwd`),
+  f32: dq and the upcast output gradient (2 q per query), dk and dv (2 kv per key), and one
+  block of scores with its probability and score gradients (3 blocks). Never [t, s]: this
+  replaced the dense attention's 2 x 4 x rows x heads x t x s of scores and probabilities."""
+  per_rows = 4 * (queries * 2 * w.q + keys * 2 * w.kv)
+  blocks = 3 * 4 * w.heads * score_block(queries, keys)
+  return rows * (per_rows + blocks)
+
+
 def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: bool) -> dict:
   """Per-device bytes of one update, by hand: the arguments (exact shard sizes: backbone,
-  experts, router, optimiser state, batch) and an activation estimate for one micro-batch:
-  per layer the saved residual stream (bf16; all of a layer's intermediates without remat),
-  one layer's attention scores and probabilities (f32) during its backward pass, and the
-  logits, log-softmax and their gradient (f32, vocab split over `model`)."""
+  experts, router, optimiser state, batch) and the activations of one micro-batch:
+  - layers: without remat every layer's `layer_saved_bytes`; with remat each layer's input
+    (d per token) plus one layer's saved set, recomputed during its backward pass;
+  - attention: one layer's `attention_bytes` (blocks of scores, never t x t);
+  - logits: four f32 [rows, tokens, vocab / model] arrays: the logits, their log-softmax (kept
+    for the backward pass), its gradient and the logits' gradient (a compiled update holds all
+    four: a 2-layer model with a 32768-word vocabulary, 2 rows of 2048 tokens, 2 GiB).
+  Activations are in the backbone's dtype (bf16 on the presets)."""
   rules = sharding_lib.ShardingRules()
   rows, tokens = ((shapes.packed_rows, shapes.packed_width) if shapes.shared
                   else (shapes.rows // shapes.micro_batches, shapes.width))
   rows = max(1, rows // mesh.shape[rules.batch])
-  heads = _split(config.num_heads, mesh, rules.heads)
-  d, f = config.hidden_size, _split(config.intermediate_size, mesh, rules.mlp)
-  q, kv = heads * config.head_dim, _split(config.num_kv_heads, mesh, rules.kv_heads) * config.head_dim
-  per_token_layer = 2 * d if remat else 2 * (4 * d + 2 * q + 2 * kv + 3 * f)
-  scores = 2 * 4 * rows * heads * tokens * tokens  # scores and probabilities, f32
-  if not remat:
-    scores *= config.num_layers
-  logits = 3 * 4 * rows * tokens * _split(config.vocab_size, mesh, rules.vocab)
-  activations = rows * tokens * per_token_layer * config.num_layers + scores + logits
+  w = LayerWidths.of(config, mesh)
+  itemsize = np.dtype(args[0].embed.dtype).itemsize
+  saved = layer_saved_bytes(w, itemsize)
+  per_token = (itemsize * w.d * config.num_layers + saved) if remat else saved * config.num_layers
+  layers = rows * tokens * per_token
+  attention = attention_bytes(w, rows, tokens, tokens)
+  logits = 4 * 4 * rows * tokens * _split(config.vocab_size, mesh, rules.vocab)
+  activations = layers + attention + logits
   arguments = shard_bytes(args)
-  return {"arguments": arguments, "activations": activations, "total": arguments + activations}
+  return {"arguments": arguments, "layers": layers, "attention": attention, "logits": logits,
+          "activations": activations, "total": arguments + activations}
+
+
+def cache_row_bytes(config: LlmConfig, slots: int, mesh, itemsize: int = 2) -> int:
+  """Bytes of one sampler row's KV cache at `slots` slots on one device (k and v of every
+  layer, kv heads over `model`)."""
+  kv = _split(config.num_kv_heads, mesh, sharding_lib.ShardingRules().kv_heads)
+  return 2 * itemsize * config.num_layers * kv * slots * config.head_dim
+
+
+def prefill_chunk(rows: int, prompt_slots: int) -> int:
+  """The chunk `llm.sampling.prefill` runs a prompt in (its rule, for `rows` prompt rows)."""
+  chunk = max(1, min(PREFILL_CHUNK, PREFILL_TOKENS // rows))
+  c = 1 << (max(1, min(chunk, prompt_slots)).bit_length() - 1)
+  while prompt_slots % c:
+    c //= 2
+  return c
 
 
 def sample_estimate(config: LlmConfig, shapes: RunShapes, mesh, args) -> dict:
   """Per-device bytes of one sampler call, by hand: the arguments (backbone, experts, prompts),
-  the KV cache of all rows (bf16, rows over `data`, kv heads over `model`), and the prefill's
-  largest transients: one chunk's attention scores (f32) and the last-slot logits (f32)."""
+  the KV cache of all rows at full length (`cache_row_bytes`; rows over `data`) and, while the
+  prefilled cache of one row per prompt is repeated M times, that cache too; and the prefill's
+  transients: one chunk's layer activations and attention working set (one block of scores,
+  `attention_bytes`) and the last-slot logits (f32).
+  `rows_per_device`: at full length, how many rows fit one device of each chip beside the
+  arguments and transients (the rest of a call's rows would wait for a free slot)."""
   rules = sharding_lib.ShardingRules()
   b = max(1, shapes.sample_rows // mesh.shape[rules.batch])
   slots = shapes.prompt_len + shapes.gen_len
-  kv = _split(config.num_kv_heads, mesh, rules.kv_heads)
-  cache_bytes = 2 * 2 * config.num_layers * b * kv * slots * config.head_dim
-  chunk = min(512, shapes.prompt_len)
-  heads = _split(config.num_heads, mesh, rules.heads)
-  prefill_rows = max(1, b // shapes.group_size)
-  transients = 2 * 4 * prefill_rows * heads * chunk * slots + 4 * b * config.vocab_size
+  itemsize = np.dtype(args[0].embed.dtype).itemsize
+  per_row = cache_row_bytes(config, slots, mesh, itemsize)
+  prompts = max(1, b // shapes.group_size)
+  repeat = shapes.group_size > 1
+  cache_bytes = per_row * (b + (prompts if repeat else 0))
+  w = LayerWidths.of(config, mesh)
+  chunk = prefill_chunk(prompts, shapes.prompt_len)
+  prefill = (prompts * chunk * layer_saved_bytes(w, itemsize)
+             + attention_bytes(w, prompts, chunk, slots))
+  logits = 4 * b * _split(config.vocab_size, mesh, rules.vocab)
+  transients = prefill + logits
   arguments = shard_bytes(args)
   return {"arguments": arguments, "cache": cache_bytes, "activations": transients,
-          "total": arguments + cache_bytes + transients}
+          "total": arguments + cache_bytes + transients, "cache_per_row": per_row}
+
+
+def rows_at_full_length(estimate: dict, chip_bytes: float, group_size: int = 1) -> int:
+  """Sampler rows per device whose full-length cache fits `chip_bytes` beside the arguments and
+  transients of `sample_estimate` (with M > 1, the prefilled rows' cache counts 1/M more)."""
+  room = chip_bytes - estimate["arguments"] - estimate["activations"]
+  per_row = estimate["cache_per_row"] * (1 + (1 / group_size if group_size > 1 else 0))
+  return max(0, int(room // per_row))

@@ -64,18 +64,23 @@ def old_rng(rng):
   return fingerprint(np.asarray(raw).tolist())
 
 
+def old_phase(config):
+  """A StageConfig or TtrlConfig as runs wrote it before it had micro_batches (issue 54)."""
+  return {k: v for k, v in dataclasses.asdict(config).items() if k != "micro_batches"}
+
+
 def old_stages_records(updater, stages, rng):
   meta = json.loads(json.dumps({
       "model": dataclasses.asdict(updater.model.config), "lora": dataclasses.asdict(updater.lora),
       "step": old_step_identity(updater.step),
-      "stages": [dataclasses.asdict(s.config) for s in stages]}))
+      "stages": [old_phase(s.config) for s in stages]}))
   return meta, {"stages": meta, "rng": old_rng(rng)}
 
 
 def old_ttrl_records(updater, config, queries, rng):
   meta = json.loads(json.dumps({
       "model": dataclasses.asdict(updater.model.config), "lora": dataclasses.asdict(updater.lora),
-      "step": old_step_identity(updater.step), "ttrl": dataclasses.asdict(config)}))
+      "step": old_step_identity(updater.step), "ttrl": old_phase(config)}))
   return meta, {"ttrl": meta, "queries": fingerprint([dataclasses.astuple(q) for q in queries]),
                 "rng": old_rng(rng)}
 

@@ -80,6 +80,7 @@ def test_rollout_shape_is_checked(tiny):
     (dict(group_size=1), "StageConfig.group_size must be >= 2"),
     (dict(learning_rate=0.0), "StageConfig.learning_rate must be > 0, got 0.0"),
     (dict(batch_size=2.0), "StageConfig.batch_size must be an int >= 1, got 2.0"),
+    (dict(micro_batches=-1), "StageConfig.micro_batches must be an int >= 0"),
 ])
 def test_stage_config_validation(kwargs, message):
   base = dict(module="executor", steps=1, batch_size=1, group_size=2, learning_rate=1e-5)
@@ -139,3 +140,27 @@ def test_stage_checkpoints_ignore_how_an_update_is_computed(tiny):
   assert "micro_batches" not in metadata(split)["step"]
   other = tiny.updater(step=dataclasses.replace(STEP, expert_lr=1e-3))
   assert metadata(other) != metadata(tiny.updater())
+
+
+def test_a_stage_sets_its_updates_micro_batches(tiny, monkeypatch):
+  """StageConfig.micro_batches replaces the updater's for that stage's updates (0: kept), and
+  the checkpoints' records leave it out, as they leave out the step's."""
+  seen, original = [], st._step_fn
+
+  def spy(stage, index, updater, *args):
+    seen.append((stage.config.module, updater.step.micro_batches))
+    return original(stage, index, updater, *args)
+
+  monkeypatch.setattr(st, "_step_fn", spy)
+  groups = {m: tiny.groups(m) for m in st.STAGE_ORDER}
+  flat = lambda batch, generator, rng, config: (groups[config.module], [[1.0, 1.0]] * 2)
+  stages = [st.Stage(st.StageConfig(m, steps=1, batch_size=2, group_size=2, learning_rate=1e-3,
+                                    micro_batches=n), data=["q"], rollout_fn=flat)
+            for m, n in zip(st.STAGE_ORDER, (2, 0, 4))]
+  st.run_stages(tiny.updater(), tiny.experts, stages, FakeGenerator(), rng=jax.random.key(0))
+  assert seen == [("executor", 2), ("distiller", STEP.micro_batches), ("planner", 4)]
+  plain = [st.Stage(dataclasses.replace(s.config, micro_batches=0), s.data, s.rollout_fn)
+           for s in stages]
+  records = lambda stages: st._records(tiny.updater(), stages, jax.random.key(0))[0]
+  assert records(stages) == records(plain)
+  assert "micro_batches" not in records(stages)["stages"][0]

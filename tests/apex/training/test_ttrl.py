@@ -1,5 +1,6 @@
 """Skill-guided TTRL with fake judges and episodes: rewards, memories, evolution, the gate."""
 
+import dataclasses
 import json
 import os
 
@@ -187,10 +188,19 @@ def test_hard_skill_gate_skips_the_update(tiny, tmp_path):
     (dict(group_size=1), "TtrlConfig.group_size must be >= 2"),
     (dict(base_lambda=2.0), "TtrlConfig.base_lambda must be in"),
     (dict(steps=0), "TtrlConfig.steps must be an int >= 1"),
+    (dict(micro_batches=1.5), "TtrlConfig.micro_batches must be an int >= 0"),
 ])
 def test_config_validation(kwargs, message):
   with pytest.raises(ValueError, match=message):
     ttrl.TtrlConfig(**{"steps": 1, "batch_size": 1, "group_size": 2, **kwargs})
+
+
+def test_ttrl_records_leave_its_micro_batches_out(tiny):
+  # how TTRL's updates are split is no part of its checkpoints' identity (train_step's
+  # EXECUTION_ONLY): a run resumes with more micro-batches
+  cfg = ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, learning_rate=LR)
+  meta = lambda c: ttrl._records(tiny.updater(), c, [], jax.random.key(0))[0]
+  assert meta(dataclasses.replace(cfg, micro_batches=8)) == meta(cfg)
 
 
 def test_judge_backends_over_the_judges_package():
