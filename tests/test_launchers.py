@@ -42,7 +42,8 @@ def test_train_resume_and_evaluate(tmp_path):
 def test_evaluate_launcher_writes_records(tmp_path):
   """launchers.evaluate (a process of its own: absl flags) on two HumanEval problems with a tiny
   random model: the summary, and per node and per problem a record that says why it failed."""
-  folder = test_configs.tiny_models.save_hf_model("qwen3", str(tmp_path / "model"))[0]
+  folder = test_configs.tiny_models.save_hf_model(
+      "qwen3", str(tmp_path / "model"), max_position_embeddings=1024)[0]  # prompts of 282 tokens
   workdir = tmp_path / "run"
   args = ["--config=configs/morse/humaneval.py:single,qwen3_4b,cpu",
           f"--config.model.path={folder}", "--config.model.dtype=float32",
