@@ -7,8 +7,10 @@ Per length t (one row):
 - `op`: attention alone, q [1, t, 4, 64], k / v [1, 4, t, 64], causal; forward, and forward +
   backward (d/d q, k, v of sum(out^2)).
 - `model`: the 2-layer model of `SMALL` (4 heads of 64, hidden 256, vocabulary 1024):
-  `llm.forward`'s logits, and the gradient of a next-token loss with respect to the embedding
-  and layers with `remat=True` (each layer recomputed in the backward pass).
+  `llm.forward`'s logits, and the gradient of the update's next-token log-probs
+  (`rl.logprobs.token_logprobs`) with respect to the embedding and layers with `remat=True`
+  (each layer recomputed in the backward pass); ours computes the logits `LOGIT_CHUNK` tokens at
+  a time, dense all at once (as before issue 54).
 Each row gives `temp_mib` (`compile().memory_analysis().temp_size_in_bytes`: the compiled
 program's temporaries, its peak beyond arguments and outputs) and the median seconds of
 --repeats runs after one untimed run (one timed run above 8192 tokens). `dense` rows run the same programs with the textbook
@@ -103,23 +105,28 @@ def op_programs(t: int, attend):
   return {"forward": (fwd, (q, k, v)), "grad": (grad, (q, k, v))}
 
 
-def model_programs(t: int):
+def model_programs(t: int, path: str):
+  """The model's forward pass, and the gradient of the update's own next-token log-probs
+  (`rl.logprobs.token_logprobs`, remat): ours with the logits a chunk of tokens at a time, the
+  dense path (before) with all of them at once."""
   import jax
   import jax.numpy as jnp
 
   from morse_jax import llm
+  from morse_jax.rl import logprobs
 
   config = llm.LlmConfig(**SMALL, max_position_embeddings=max(t, 8192))
   params = llm.init_random(config, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (1, t), 0, config.vocab_size)
+  chunk = logprobs.LOGIT_CHUNK if path == "ours" else t
 
   def forward(params, tokens):
     return llm.forward(params, config, tokens)[0]
 
   def loss(params, tokens):
-    logits = llm.forward(params, config, tokens, remat=True)[0][:, :-1]
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+    logp, _ = logprobs.token_logprobs(params, config, None, tokens, None, remat=True,
+                                      chunk=chunk)
+    return -jnp.mean(logp[:, 1:])
 
   return {"forward": (forward, (params, tokens)),
           "grad": (jax.grad(loss), (params, tokens))}
@@ -142,7 +149,7 @@ def main(argv):
           programs = op_programs(t, attention.attend if path == "ours" else dense_attention)
           scope = contextlib.nullcontext()
         else:
-          programs = model_programs(t)
+          programs = model_programs(t, path)
           scope = dense_model_attention() if path == "dense" else contextlib.nullcontext()
         with scope:
           for name, (fn, args) in programs.items():

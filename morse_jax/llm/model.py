@@ -282,7 +282,12 @@ def _run_layers(x, layers: LayerParams, ctx: LayerContext, kv, start, remat=Fals
   return x, (k_all, v_all)
 
 
-def _head_logits(x, head):
+def head_of(params: Params) -> jax.Array:
+  """The output head [v, d]: lm_head, or the embedding where the two are tied."""
+  return params.embed if params.lm_head is None else params.lm_head
+
+
+def head_logits(x, head):
   """x [b, t, d] times head [v, d]: [b, t, v] float32. One token per row (decoding, `last_only`)
   computes head @ x^T and transposes the small result: with the head as the right operand
   XLA:CPU kept a transposed copy of the whole head for its matmul (0.47 GB for Qwen2.5's
@@ -304,11 +309,13 @@ def default_positions(attention_mask, cache: KVCache | None):
 LayerRunner = Callable[..., tuple]  # (x, layers, ctx, kv, start) -> (x, kv)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "last_only", "remat", "run_layers"))
+@functools.partial(jax.jit, static_argnames=("config", "last_only", "remat", "run_layers",
+                                             "hidden_only"))
 def forward(params: Params, config: LlmConfig, tokens, positions=None, attention_mask=None,
             cache: KVCache | None = None, *, last_only: bool = False,
             adapter: Adapter | None = None, segments=None, remat: bool = False,
-            run_layers: LayerRunner | None = None, bits: WeightBits | None = None):
+            run_layers: LayerRunner | None = None, bits: WeightBits | None = None,
+            hidden_only: bool = False):
   """Runs the decoder.
 
   Args:
@@ -333,9 +340,12 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
       per-layer layout in params.layers and a per-layer cache (`fused_decode.decode_layout`).
     bits: `bits_view(params)`, with a cache: the embedding is gathered and the layers are scanned
       as their uint16 bits (no float32 copy of the weights on XLA:CPU).
+    hidden_only: return the final-normed hidden states [b, t, d] instead of the logits, for a
+      caller that multiplies by the head a chunk of tokens at a time (`head_of`,
+      `rl.logprobs`: an update's [b, t, v] logits would be its largest activation).
 
   Returns:
-    (logits [b, t, v] float32, updated cache or None).
+    (logits [b, t, v] float32 (or hidden states), updated cache or None).
   """
   b, t = tokens.shape
   mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
@@ -372,8 +382,7 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
   if last_only:
     x = x[:, -1:]
   x = rms_norm(x, params.final_norm, config.rms_norm_eps)
-  head = params.embed if params.lm_head is None else params.lm_head
-  logits = _head_logits(x, head)
+  logits = x if hidden_only else head_logits(x, head_of(params))
   if cache is not None:
     last_real = jnp.max(jnp.where(mask, positions, -1), axis=1)
     cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + t,

@@ -40,6 +40,7 @@ from morse_jax.lora import router as router_lib
 from morse_jax.lora.experts import (LoraConfig, adapter_of, expert_axes, init_experts, target_dims,
                                     target_weight)
 from morse_jax.lora.mixture import Routes, adapted_linear
+from morse_jax.rl import logprobs
 from morse_jax.rl import train_step as ts
 from morse_jax.rl import update as update_lib
 from morse_jax.rl.batch import PolicyBatch, RouterBatch, padded_rows
@@ -468,9 +469,10 @@ def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: 
   - layers: without remat every layer's `layer_saved_bytes`; with remat each layer's input
     (d per token) plus one layer's saved set, recomputed during its backward pass;
   - attention: one layer's `attention_bytes` (blocks of scores, never t x t);
-  - logits: four f32 [rows, tokens, vocab / model] arrays: the logits, their log-softmax (kept
-    for the backward pass), its gradient and the logits' gradient (a compiled update holds all
-    four: a 2-layer model with a 32768-word vocabulary, 2 rows of 2048 tokens, 2 GiB).
+  - logits: `rl.logprobs` multiplies the head a chunk of c = LOGIT_CHUNK tokens at a time, so
+    four f32 [rows, c, vocab / model] arrays (the chunk's logits, log-softmax and their
+    gradients: with the whole [rows, tokens, vocab] at once a compiled update held all four),
+    plus the final hidden states and their f32 gradient ([rows, tokens, d]).
   Activations are in the backbone's dtype (bf16 on the presets)."""
   rules = sharding_lib.ShardingRules()
   rows, tokens = ((shapes.packed_rows, shapes.packed_width) if shapes.shared
@@ -482,7 +484,9 @@ def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: 
   per_token = (itemsize * w.d * config.num_layers + saved) if remat else saved * config.num_layers
   layers = rows * tokens * per_token
   attention = attention_bytes(w, rows, tokens, tokens)
-  logits = 4 * 4 * rows * tokens * _split(config.vocab_size, mesh, rules.vocab)
+  chunk = min(logprobs.LOGIT_CHUNK, tokens)
+  logits = (4 * 4 * rows * chunk * _split(config.vocab_size, mesh, rules.vocab)
+            + (4 + itemsize) * rows * tokens * config.hidden_size)
   activations = layers + attention + logits
   arguments = shard_bytes(args)
   return {"arguments": arguments, "layers": layers, "attention": attention, "logits": logits,
