@@ -30,6 +30,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from morse_jax.llm import attention as attention_lib
 from morse_jax.llm import sharding as sharding_lib
+from morse_jax.llm import model as model_lib
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.model import forward, init_cache
 from morse_jax.llm.params import abstract_params
@@ -467,7 +468,8 @@ def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: 
   """Per-device bytes of one update, by hand: the arguments (exact shard sizes: backbone,
   experts, router, optimiser state, batch) and the activations of one micro-batch:
   - layers: without remat every layer's `layer_saved_bytes`; with remat each layer's input
-    (d per token) plus one layer's saved set, recomputed during its backward pass;
+    (d per token) plus one layer's saved set, recomputed during its backward pass; a pass the
+    MLP runs in `model.MLP_CHUNK`-token chunks holds one chunk's gate, up and product (3 f);
   - attention: one layer's `attention_bytes` (blocks of scores, never t x t);
   - logits: `rl.logprobs` multiplies the head a chunk of c = LOGIT_CHUNK tokens at a time, so
     four f32 [rows, c, vocab / model] arrays (the chunk's logits, log-softmax and their
@@ -481,8 +483,16 @@ def update_estimate(config: LlmConfig, shapes: RunShapes, mesh, args, *, remat: 
   w = LayerWidths.of(config, mesh)
   itemsize = np.dtype(args[0].embed.dtype).itemsize
   saved = layer_saved_bytes(w, itemsize)
-  per_token = (itemsize * w.d * config.num_layers + saved) if remat else saved * config.num_layers
-  layers = rows * tokens * per_token
+  mlp = itemsize * 3 * w.f  # gate, up and their product per token
+  # A pass longer than model.MLP_CHUNK (and a multiple of it) holds one chunk's MLP at a time.
+  mlp_tokens = (model_lib.MLP_CHUNK if tokens > model_lib.MLP_CHUNK
+                and tokens % model_lib.MLP_CHUNK == 0 else tokens)
+  if remat:
+    layers = rows * (tokens * (itemsize * w.d * config.num_layers + saved - mlp)
+                     + mlp_tokens * mlp)
+  else:
+    layers = rows * (tokens * (saved - mlp) * config.num_layers
+                     + mlp_tokens * mlp * (1 if mlp_tokens < tokens else config.num_layers))
   attention = attention_bytes(w, rows, tokens, tokens)
   chunk = min(logprobs.LOGIT_CHUNK, tokens)
   logits = (4 * 4 * rows * chunk * _split(config.vocab_size, mesh, rules.vocab)

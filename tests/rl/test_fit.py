@@ -49,9 +49,10 @@ def test_attention_term_by_hand():
   twice = aot.update_estimate(TINY, shapes16, aot.abstract_mesh(1, 1), args16, remat=True)
   blocks = 2 * 3 * 4 * 4 * 512 * 512
   assert twice["attention"] - blocks == 2 * (estimate["attention"] - blocks)
-  # layers with remat: each layer's input (64 f32 per token) and one layer's saved set
-  saved = 4 * (4 * 64 + 2 * 64 + 2 * 32 + 3 * 128) + 4 * 4
-  assert estimate["layers"] == 2 * 8192 * (2 * 4 * 64 + saved)
+  # layers with remat: each layer's input (64 f32 per token) and one layer's saved set, whose
+  # MLP (gate, up, product: 3 x 128) runs 4096 tokens at a time (model.MLP_CHUNK)
+  saved = 4 * (4 * 64 + 2 * 64 + 2 * 32) + 4 * 4
+  assert estimate["layers"] == 2 * (8192 * (2 * 4 * 64 + saved) + 4096 * 4 * 3 * 128)
   # logits 512 tokens at a time (four f32 chunks), the final hidden states and their gradient
   assert estimate["logits"] == 4 * 4 * 2 * 512 * 128 + (4 + 4) * 2 * 8192 * 64
 
