@@ -11,7 +11,7 @@ Per length t (one row):
   and layers with `remat=True` (each layer recomputed in the backward pass).
 Each row gives `temp_mib` (`compile().memory_analysis().temp_size_in_bytes`: the compiled
 program's temporaries, its peak beyond arguments and outputs) and the median seconds of
---repeats runs after one compile run. `dense` rows run the same programs with the textbook
+--repeats runs after one untimed run (one timed run above 8192 tokens). `dense` rows run the same programs with the textbook
 formula (f32 scores [b, kv, g, t, s] and a [b, t, s] mask: the attention before issue 54); `ours`
 is `attention.attend` (the blocked path on CPU, the platform's kernel where it covers the case); it is
 skipped above --dense_max, where its scores alone would not fit (32k: 16 GiB per score tensor).
@@ -76,13 +76,15 @@ def dense_model_attention():
 
 
 def measure(fn, args, repeats: int) -> dict:
-  """temp MiB of the compiled fn and median seconds of its runs (one untimed run first)."""
+  """temp MiB of the compiled fn and median seconds of its runs (one untimed run first, unless
+  repeats is 1: the long rows time their one run, compiled beforehand)."""
   import jax
 
   compiled = jax.jit(fn).lower(*args).compile()
   temp = compiled.memory_analysis().temp_size_in_bytes
   run = lambda: jax.block_until_ready(compiled(*args))
-  run()
+  if repeats > 1:
+    run()
   return {"temp_mib": round(temp / MIB, 1), "seconds": round(median_seconds(run, repeats), 3)}
 
 
