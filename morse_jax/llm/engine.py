@@ -459,7 +459,9 @@ class Engine:
     cfg = self.config
     r = bucket(len(rows), minimum=1)
     chunks = [min(cfg.prefill_chunk, len(row.prompt) - row.prefilled) for row in rows]
-    t = min(cfg.prefill_chunk, bucket(max(chunks), minimum=16))
+    # Two chunk lengths only (a prompt's tail, the rest): each is one more compiled program.
+    short = max(1, cfg.prefill_chunk // 4)
+    t = short if max(chunks) <= short else cfg.prefill_chunk
     tokens = np.zeros((r, t), np.int32)
     start, count, last = (np.zeros((r,), np.int32) for _ in range(3))
     last = last.astype(bool)
