@@ -352,7 +352,7 @@ class Engine:
     rows = [r for r in self.slots if r is not None]
     shared = sum(int(c) - 1 for c in self.pages.refcount if c > 1)
     tokens = sum(r.length for r in rows) - shared * self.config.page_size
-    per_page = paged.page_bytes(self.model.config, self.config.page_size, self.pool.k.dtype)
+    per_page = paged.page_bytes(self.model.config, self.config.page_size, self.pool.k[0].dtype)
     return {"rows": len(rows), "pages_held": self.pages.used,
             "slots_held": self.pages.used * self.config.page_size, "tokens_live": tokens,
             "bytes_held": self.pages.used * per_page, "bytes_live": tokens * per_page

@@ -102,9 +102,8 @@ def fork(pool: PagePool, pending, src_pages, dst_pages, src_slots, dst_slots):
   """A group member's start: copies of its leader's partly filled last prompt page (the full
   ones are shared) and its leader's pending logits. Padding entries point past the pool / the
   slots and are dropped."""
-  copy = lambda a: a.at[:, dst_pages].set(a[:, jnp.minimum(src_pages, a.shape[1] - 1)],
-                                          mode="drop")
-  pool = PagePool(k=copy(pool.k), v=copy(pool.v))
+  copy = lambda a: a.at[dst_pages].set(a[jnp.minimum(src_pages, a.shape[0] - 1)], mode="drop")
+  pool = PagePool(k=tuple(map(copy, pool.k)), v=tuple(map(copy, pool.v)))
   pending = pending.at[dst_slots].set(pending[jnp.minimum(src_slots, pending.shape[0] - 1)],
                                       mode="drop")
   return pool, pending

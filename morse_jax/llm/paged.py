@@ -35,21 +35,26 @@ _NEG = -1e30  # finite, as in attention.py: a block a row sees nothing of never 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class PagePool:
-  k: jax.Array  # [l, pages, kv, P, x]
-  v: jax.Array  # [l, pages, kv, P, x]
+  # Per layer [pages, kv, P, x] (the [layers, pages, kv, P, x] pool split by layer): each layer
+  # writes its own buffer in place, where a scatter into one stacked array inside the decode
+  # loop may copy the whole pool on XLA:CPU (as `fused_decode.unstack_cache` found for caches).
+  k: tuple
+  v: tuple
 
   @property
   def page_size(self) -> int:
-    return self.k.shape[3]
+    return self.k[0].shape[2]
 
   @property
   def nbytes(self) -> int:
-    return self.k.nbytes + self.v.nbytes
+    return sum(a.nbytes for a in self.k + self.v)
 
 
 def init_pool(config: LlmConfig, num_pages: int, page_size: int, dtype=jnp.float32) -> PagePool:
-  shape = (config.num_layers, num_pages, config.num_kv_heads, page_size, config.head_dim)
-  return PagePool(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+  shape = (num_pages, config.num_kv_heads, page_size, config.head_dim)
+  layers = range(config.num_layers)
+  return PagePool(k=tuple(jnp.zeros(shape, dtype) for _ in layers),
+                  v=tuple(jnp.zeros(shape, dtype) for _ in layers))
 
 
 def page_bytes(config: LlmConfig, page_size: int, dtype) -> int:
@@ -72,15 +77,15 @@ class PagedRows(NamedTuple):
   count: jax.Array
 
 
-def paged_attention(q, pool_k, pool_v, layer: int, pages, q_pos, kv_len, block_pages: int):
+def paged_attention(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int):
   """q [b, t, h, x] at positions q_pos [b, t] over the keys at positions < kv_len [b] (and <=
-  the query's own) of layer `layer`'s pages: [b, t, h, x] float32.
+  the query's own) in one layer's pages pool_k / pool_v [pages, kv, P, x]: [b, t, h, x] f32.
 
   A loop over blocks of `block_pages` pages of the page table, up to the longest row, with the
   running max / sum / output of an online softmax; each block is gathered through the table
   ([b, block_pages, kv, P, x]) and read once. A row that sees no key (idle) gets zeros."""
   b, t, h, x = q.shape
-  kvh, psize = pool_k.shape[2], pool_k.shape[3]
+  kvh, psize = pool_k.shape[1], pool_k.shape[2]
   g = h // kvh
   n_pages = pages.shape[1]
   bp = min(block_pages, n_pages)
@@ -93,8 +98,8 @@ def paged_attention(q, pool_k, pool_v, layer: int, pages, q_pos, kv_len, block_p
   def body(j, carry):
     m, l, acc = carry
     blk = jax.lax.dynamic_slice_in_dim(pages, j * bp, bp, axis=1)  # [b, bp]
-    kb = pool_k[layer, blk].astype(jnp.float32)  # [b, bp, kv, P, x]
-    vb = pool_v[layer, blk].astype(jnp.float32)
+    kb = pool_k[blk].astype(jnp.float32)  # [b, bp, kv, P, x]
+    vb = pool_v[blk].astype(jnp.float32)
     k_pos = j * slots + jnp.arange(slots).reshape(bp, psize)  # [bp, P]
     filled = k_pos[None] < kv_len[:, None, None]  # [b, bp, P]
     # A page's unfilled slots hold whatever its last row left (or the trash page's writes):
@@ -132,11 +137,12 @@ def _layer(x, lp, lora, adapter, project, config: LlmConfig, cos, sin, pool: Pag
     k = model.rms_norm(k, lp.k_norm, config.rms_norm_eps)
   q, k = model._apply_rope(q, cos, sin), model._apply_rope(k, cos, sin)
   page, offset = where
-  # Advanced indices (layer, page [b, t], offset [b, t]) around the kv-head slice: [b, t, kv, x].
-  pool = PagePool(k=pool.k.at[i, page, :, offset].set(k.astype(pool.k.dtype)),
-                  v=pool.v.at[i, page, :, offset].set(v.astype(pool.v.dtype)))
-  a = paged_attention(q, pool.k, pool.v, i, rows.pages, q_pos, rows.start + rows.count,
-                      block_pages)
+  # Advanced indices (page [b, t], offset [b, t]) around the kv-head slice: [b, t, kv, x].
+  k_l = pool.k[i].at[page, :, offset].set(k.astype(pool.k[i].dtype))
+  v_l = pool.v[i].at[page, :, offset].set(v.astype(pool.v[i].dtype))
+  swap = lambda layers, new: layers[:i] + (new,) + layers[i + 1:]
+  pool = PagePool(k=swap(pool.k, k_l), v=swap(pool.v, v_l))
+  a = paged_attention(q, k_l, v_l, rows.pages, q_pos, rows.start + rows.count, block_pages)
   a = a.astype(x.dtype).reshape(b, t, config.q_size)
   x = x + project.o(a, lp, lora, adapter)
   h = model.rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
