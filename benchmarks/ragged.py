@@ -1,0 +1,180 @@
+"""The ragged generation workload: the engine (`llm.engine`) against today's static sampler.
+
+  python -m benchmarks.ragged --model=smollm2 --requests=128 --out=FILE
+
+Requests: single-agent HumanEval executor prompts (chat template, our tokenizer), each with a
+reply length drawn (seeded) from our recorded HumanEval replies of Qwen2.5-Coder-1.5B
+(`benchmarks/results/qwen25_coder/humaneval_single`, 164 replies of 37 to 512 tokens, the
+512 being the run's cap). Every request generates exactly its drawn length (no stop ids), so
+both sides do the same useful work whatever the backbone would say. Greedy.
+
+Static: `llm.sample` on batches of `--slots` requests in arrival order, each run to its longest
+reply (as today's callers batch: a wave, a turn). Engine: the same requests submitted at once to
+an engine of `--slots` slots. Reported per side: wall seconds, the seconds XLA spent compiling
+(jax's compile events), generated tokens/s with and without them, the share of computed row
+tokens that were padding, and for the engine the KV bytes held against the tokens live (sampled
+after every step) and its peak. `greedy_equal`: every request's tokens equal on both sides.
+transformers' batched `generate` is not run here (`ratio_vs_transformers` null): on two cores
+it would take longer than both sides together; `benchmarks.rollout_real` compares it with the
+static sampler at fixed shapes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+
+from absl import app, flags
+
+_MODEL = flags.DEFINE_string("model", "smollm2", "smollm2, or a Hugging Face folder.")
+_REQUESTS = flags.DEFINE_integer("requests", 128, "Requests in the workload.")
+_SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots = the static sampler's batch rows.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the reply-length draw.")
+_MAX_REPLY = flags.DEFINE_integer("max_reply", 512, "Cap on a drawn reply length.")
+_STEPS = flags.DEFINE_integer("steps_per_call", 8, "Engine tokens per row per host round trip.")
+_CHUNK = flags.DEFINE_integer("prefill_chunk", 128, "Engine prefill chunk.")
+_OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
+
+REAL_MODEL = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
+REPLIES = "benchmarks/results/qwen25_coder/humaneval_single/*.jsonl"
+
+
+def recorded_reply_lengths() -> list[int]:
+  lengths = []
+  for path in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", REPLIES))):
+    with open(path) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    lengths += [r["generated_tokens"] for r in rows if r.get("kind") == "node"]
+  if not lengths:
+    raise FileNotFoundError(f"no recorded replies at {REPLIES}")
+  return lengths
+
+
+def workload(model, n: int, seed: int, cap: int):
+  """(prompts, reply lengths): HumanEval prompts in order (cycled), lengths drawn with seed."""
+  import numpy as np
+
+  from benchmarks.common import single_agent_prompts
+  from morse_jax.tasks import humaneval
+
+  prompts = single_agent_prompts(model, humaneval.HumanEval(), humaneval.load())
+  lengths = np.random.default_rng(seed).choice(recorded_reply_lengths(), size=n)
+  return [prompts[i % len(prompts)] for i in range(n)], [int(min(x, cap)) for x in lengths]
+
+
+class CompileClock:
+  """Seconds XLA spends compiling while active."""
+
+  def __init__(self):
+    import jax
+
+    self.seconds, self.count, self.active = 0.0, 0, False
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def _on_event(self, name, duration, **_):
+    if self.active and name == "/jax/core/compile/backend_compile_duration":
+      self.seconds += duration
+      self.count += 1
+
+  def __enter__(self):
+    self.seconds, self.count, self.active = 0.0, 0, True
+    return self
+
+  def __exit__(self, *_):
+    self.active = False
+
+
+def run_static(model, prompts, lengths, slots: int) -> dict:
+  import jax
+
+  from morse_jax import llm
+
+  tokens, computed = [], 0
+  with CompileClock() as clock:
+    start = time.perf_counter()
+    for i in range(0, len(prompts), slots):
+      batch, budgets = prompts[i:i + slots], lengths[i:i + slots]
+      settings = llm.GenerationSettings(max(budgets), llm.GREEDY, eos_ids=(),
+                                        pad_id=model.pad_id)
+      out = llm.sample(model, batch, settings, rng=jax.random.key(0))
+      tokens += [out.tokens[j, :b].tolist() for j, b in enumerate(budgets)]
+      computed += len(batch) * max(budgets)  # every row runs to the batch's longest
+    wall = time.perf_counter() - start
+  return _side(wall, clock, sum(lengths), computed) | {"tokens": tokens}
+
+
+def run_engine(model, prompts, lengths, slots: int) -> dict:
+  from morse_jax import llm
+  from morse_jax.llm.engine import Engine, EngineConfig, Request
+
+  psize = 16
+  longest = max(len(p) + n for p, n in zip(prompts, lengths))
+  config = EngineConfig(slots=slots, max_len=-(-longest // psize) * psize, page_size=psize,
+                        steps_per_call=_STEPS.value, prefill_chunk=_CHUNK.value)
+  engine = Engine(model, config)
+  samples, peak = [], {"bytes_held": 0}
+  with CompileClock() as clock:
+    start = time.perf_counter()
+    handles = [engine.submit(Request(p, n, llm.GREEDY, stop_ids=()))
+               for p, n in zip(prompts, lengths)]
+    while engine.step():
+      usage = engine.kv_usage()
+      samples.append(usage)
+      peak = max(peak, usage, key=lambda u: u["bytes_held"])
+    wall = time.perf_counter() - start
+  tokens = [h.result().tokens.tolist() for h in handles]
+  s = engine.stats
+  held = sum(u["bytes_held"] for u in samples)
+  live = sum(u["bytes_live"] for u in samples)
+  ratio = max(u["slots_held"] / max(1.25 * u["tokens_live"] + psize * u["rows"], 1)
+              for u in samples if u["rows"])
+  return _side(wall, clock, sum(lengths), s["decode_computed"]) | {
+      "tokens": tokens, "config": {k: getattr(config, k) for k in (
+          "slots", "max_len", "page_size", "steps_per_call", "prefill_chunk", "prefill_rows",
+          "block_pages")},
+      "decode_calls": s["decode_calls"], "prefill_calls": s["prefill_calls"],
+      "prefill_padding_share": 1 - s["prefill_tokens"] / max(s["prefill_computed"], 1),
+      "kv_bytes_held_over_live_mean": held / max(live, 1),
+      "kv_peak": peak, "kv_pool_bytes": engine.pool.nbytes,
+      "kv_bound_worst": ratio}  # held / (1.25 live + a page per row): <= 1 is the goal
+
+
+def _side(wall: float, clock: CompileClock, useful: int, computed: int) -> dict:
+  return {"seconds": wall, "compile_seconds": clock.seconds, "compiles": clock.count,
+          "tokens_generated": useful, "tokens_per_s": useful / wall,
+          "tokens_per_s_without_compiles": useful / max(wall - clock.seconds, 1e-9),
+          "row_tokens_computed": computed, "padding_share": 1 - useful / computed}
+
+
+def main(_):
+  import jax.numpy as jnp
+
+  from benchmarks.common import write_report
+  from morse_jax import llm
+
+  folder = os.path.expanduser(REAL_MODEL if _MODEL.value == "smollm2" else _MODEL.value)
+  model = llm.load(folder, dtype=jnp.float32)
+  prompts, lengths = workload(model, _REQUESTS.value, _SEED.value, _MAX_REPLY.value)
+  print(f"{len(prompts)} requests, prompts {min(map(len, prompts))}..{max(map(len, prompts))} "
+        f"tokens, replies {min(lengths)}..{max(lengths)} (sum {sum(lengths)})", flush=True)
+  engine = run_engine(model, prompts, lengths, _SLOTS.value)
+  print({k: v for k, v in engine.items() if k != "tokens"}, flush=True)
+  static = run_static(model, prompts, lengths, _SLOTS.value)
+  print({k: v for k, v in static.items() if k != "tokens"}, flush=True)
+  equal = [a == b for a, b in zip(engine.pop("tokens"), static.pop("tokens"))]
+  write_report(
+      "ragged", _OUT.value, model=_MODEL.value, requests=len(prompts), slots=_SLOTS.value,
+      reply_lengths={"source": REPLIES, "seed": _SEED.value, "cap": _MAX_REPLY.value,
+                     "sum": sum(lengths), "min": min(lengths), "max": max(lengths)},
+      prompt_tokens={"min": min(map(len, prompts)), "max": max(map(len, prompts))},
+      engine=engine, static=static, transformers=None,
+      ratio_vs_static=engine["tokens_per_s"] / static["tokens_per_s"],
+      ratio_vs_static_without_compiles=(engine["tokens_per_s_without_compiles"]
+                                        / static["tokens_per_s_without_compiles"]),
+      ratio_vs_transformers=None, greedy_equal=all(equal), greedy_rows_equal=sum(equal))
+
+
+if __name__ == "__main__":
+  app.run(main)
