@@ -15,7 +15,8 @@ Each row gives `temp_mib` (`compile().memory_analysis().temp_size_in_bytes`: the
 program's temporaries, its peak beyond arguments and outputs) and the median seconds of
 --repeats runs after one untimed run (one timed run above 8192 tokens). `dense` rows run the same programs with the textbook
 formula (f32 scores [b, kv, g, t, s] and a [b, t, s] mask: the attention before issue 54); `ours`
-is `attention.attend` (the blocked path on CPU, the platform's kernel where it covers the case); it is
+is `attention_kernels.attend` (the blocked path on CPU, the platform's kernel where it covers
+the case); it is
 skipped above --dense_max, where its scores alone would not fit (32k: 16 GiB per score tensor).
 """
 
@@ -134,7 +135,7 @@ def model_programs(t: int, path: str):
 
 def main(argv):
   del argv
-  from morse_jax.llm import attention
+  from morse_jax.llm import attention_kernels
 
   rows = []
   for t in (int(n) for n in _LENGTHS.value):
@@ -146,7 +147,7 @@ def main(argv):
         continue
       for part in _PARTS.value:
         if part == "op":
-          programs = op_programs(t, attention.attend if path == "ours" else dense_attention)
+          programs = op_programs(t, attention_kernels.attend if path == "ours" else dense_attention)
           scope = contextlib.nullcontext()
         else:
           programs = model_programs(t, path)

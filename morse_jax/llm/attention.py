@@ -2,7 +2,7 @@
 block of scores: a blocked online softmax (flash attention) in plain JAX, with a custom VJP that
 saves only q, k, v, the output and the log-sum-exp and recomputes each block's scores in the
 backward pass (flash-attention-2's backward). Kernels replace it when lowering for an
-accelerator, where they cover the case (`kernels.py`).
+accelerator, where they cover the case (`attention_kernels.py`, whose `attend` is the entry point).
 
 Which keys a query sees is described by `Visibility` (O(t + s) numbers), never by a [t, s] mask:
 query i sits at cache slot `q_start + i` and sees the key slots <= its own (causal) whose
@@ -55,7 +55,7 @@ class Blocks(NamedTuple):
 def attention(q, k, v, vis: Visibility, blocks: Blocks = Blocks()):
   """Softmax(q k^T / sqrt(x)) v over the visible keys: [b, t, h, x] -> [b, t, h, x] (v's dtype).
 
-  The blocked path in the operands' dtype, differentiable in q, k and v; `kernels.attend` is
+  The blocked path in the operands' dtype, differentiable in q, k and v; `attention_kernels.attend` is
   the entry point that chooses a kernel or this per platform."""
   b, t, h, x = q.shape
   kv, s = k.shape[1], k.shape[2]
@@ -265,23 +265,3 @@ def _flash_bwd(sizes, res, d_out):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-def attend(q, k, v, vis: Visibility, blocks: Blocks = Blocks()):
-  """`attention`, with the kernel of the platform lowered for where one covers the case
-  (`attention_kernels.for_platforms`), chosen when lowering (`lax.platform_dependent`): a TPU or
-  CUDA export made on this CPU carries the kernel, a CPU run the blocked path.
-
-  XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk"), so on
-  CPU 16-bit operands go up to float32 first (for the platform lowered for, not the host's
-  default backend); accelerators get the 16-bit dots."""
-  from morse_jax.llm import attention_kernels  # the kernels import Pallas: only where used
-
-  blocked = lambda q, k, v: attention(q, k, v, vis, blocks)
-  upcast = lambda q, k, v: attention(*(a.astype(jnp.float32) for a in (q, k, v)), vis,
-                                     blocks).astype(v.dtype)
-  kernels = attention_kernels.for_platforms(q, k, v, vis)
-  if q.dtype == jnp.float32 and not kernels:
-    return blocked(q, k, v)
-  return jax.lax.platform_dependent(
-      q, k, v, cpu=blocked if q.dtype == jnp.float32 else upcast, default=blocked, **kernels)

@@ -1,4 +1,5 @@
-"""The accelerator kernels `attention.attend` chooses when lowering, and which cases they cover.
+"""`attend`: the attention of every pass, with the accelerator kernel it chooses when lowering
+where one covers the case, and which cases they cover.
 
 Covered: the cache-free causal pass without segments (the update without a shared prefix, and a
 prefill without a cache), q_start 0, as many keys as queries, a length that is a multiple of
@@ -30,6 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from morse_jax.llm import attention
 from morse_jax.llm.attention import Visibility
 
 KERNEL_BLOCK = 128  # the smallest block both kernels take: lengths must be a multiple of it
@@ -100,3 +102,21 @@ def _mha(q, k, v, ids, gpu_attention):
   sizes = gpu_attention.BlockSizes(block_q=blk, block_k=blk, block_q_dkv=32, block_kv_dkv=32,
                                    block_q_dq=32, block_kv_dq=32)
   return gpu_attention.mha(q, k, v, ids, sm_scale=x ** -0.5, causal=True, block_sizes=sizes)
+
+
+def attend(q, k, v, vis: Visibility, blocks: attention.Blocks = attention.Blocks()):
+  """`attention.attention`, with the kernel of the platform lowered for where one covers the case
+  (`for_platforms`), chosen when lowering (`lax.platform_dependent`): a TPU or
+  CUDA export made on this CPU carries the kernel, a CPU run the blocked path.
+
+  XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk"), so on
+  CPU 16-bit operands go up to float32 first (for the platform lowered for, not the host's
+  default backend); accelerators get the 16-bit dots."""
+  blocked = lambda q, k, v: attention.attention(q, k, v, vis, blocks)
+  upcast = lambda q, k, v: attention.attention(*(a.astype(jnp.float32) for a in (q, k, v)), vis,
+                                     blocks).astype(v.dtype)
+  kernels = for_platforms(q, k, v, vis)
+  if q.dtype == jnp.float32 and not kernels:
+    return blocked(q, k, v)
+  return jax.lax.platform_dependent(
+      q, k, v, cpu=blocked if q.dtype == jnp.float32 else upcast, default=blocked, **kernels)

@@ -16,7 +16,7 @@ import numpy as np
 
 from typing import Any, Callable, NamedTuple, Protocol
 
-from morse_jax.llm import attention
+from morse_jax.llm import attention, attention_kernels
 from morse_jax.llm.config import LlmConfig, RopeConfig
 from morse_jax.llm.params import LayerParams, Params
 
@@ -113,11 +113,11 @@ def _linear(x, w, b=None):
 
 
 def _attention(q, k, v, vis: attention.Visibility, config: LlmConfig):
-  """q [b,t,h,x], k/v [b,k,s,x] -> [b,t,h*x]: `attention.attend` (blocked online softmax, or the
-  platform's kernel), which never holds more than one block of scores. GQA without repeating
-  k/v; one-token queries (decode) read only the filled slots' blocks."""
+  """q [b,t,h,x], k/v [b,k,s,x] -> [b,t,h*x]: `attention_kernels.attend` (blocked online
+  softmax, or the platform's kernel), which never holds more than one block of scores. GQA
+  without repeating k/v; one-token queries (decode) read only the filled slots' blocks."""
   b, t = q.shape[:2]
-  return attention.attend(q, k, v, vis).reshape(b, t, config.q_size)
+  return attention_kernels.attend(q, k, v, vis).reshape(b, t, config.q_size)
 
 
 class Projections(Protocol):

@@ -121,7 +121,7 @@ def test_gradient_temporaries_stay_far_below_one_score_matrix():
   b, t, h, x = 1, 4096, 4, 64
   vis = attention.Visibility(0, jnp.ones((b, t), bool))
   spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attention.attend(q, k, v, vis) ** 2),
+  grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attention_kernels.attend(q, k, v, vis) ** 2),
                           argnums=(0, 1, 2)))
   temp = grad.lower(spec(b, t, h, x), spec(b, h, t, x), spec(b, h, t, x)).compile() \
       .memory_analysis().temp_size_in_bytes
@@ -147,10 +147,10 @@ def test_accelerator_exports_carry_the_kernel(platform, kernel):
   bf16 = jnp.bfloat16
   args = (jax.ShapeDtypeStruct((b, t, h, x), bf16), jax.ShapeDtypeStruct((b, kv, t, x), bf16),
           jax.ShapeDtypeStruct((b, kv, t, x), bf16), jax.ShapeDtypeStruct((b, t), jnp.bool_))
-  update = lambda q, k, v, valid: jax.grad(lambda q: jnp.sum(attention.attend(
+  update = lambda q, k, v, valid: jax.grad(lambda q: jnp.sum(attention_kernels.attend(
       q, k, v, attention.Visibility(0, valid)).astype(jnp.float32)))(q)
   assert kernel in _export_text(update, args, platform)
-  chunk = lambda q, k, v, valid: attention.attend(q, k, v, attention.Visibility(
+  chunk = lambda q, k, v, valid: attention_kernels.attend(q, k, v, attention.Visibility(
       jnp.sum(valid[0]).astype(jnp.int32), valid))
   assert kernel not in _export_text(chunk, args, platform)
   assert "tpu_custom_call" not in _export_text(update, args, "cpu")

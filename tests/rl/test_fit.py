@@ -7,7 +7,7 @@ import pytest
 
 from configs.apex import paper
 from configs.morse import scicode
-from launchers import fit
+from launchers import fit_plan as fit
 from morse_jax.llm import sharding
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.presets import ARCHITECTURES
