@@ -202,6 +202,17 @@ def init_random(config: VisionConfig, key: jax.Array, dtype=jnp.float32,
   return jax.tree.unflatten(treedef, out)
 
 
+def abstract_params(config: VisionConfig, dtype=jnp.bfloat16) -> VisionParams:
+  """VisionParams of `jax.ShapeDtypeStruct`s: the weights' shapes without allocating them."""
+  return jax.tree.map(lambda w: jax.ShapeDtypeStruct(weight_shape(w, config), dtype),
+                      VISION_WEIGHTS)
+
+
+# Qwen2.5-VL-7B-Instruct's vision_config (its config.json).
+QWEN25_VL_7B = VisionConfig(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                            out_hidden_size=3584, fullatt_block_indexes=(7, 15, 23, 31))
+
+
 # ---- images in ----
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches
@@ -373,10 +384,15 @@ def tower(params: VisionParams, config: VisionConfig, pixel_values, grids: Seque
   x = _linear(pixel_values.astype(kernel.dtype), kernel)  # [n, d], processor order
   x = x.reshape(n // u, u, d)[lay.order].reshape(n, d)  # window order
   cos, sin = _rotary(lay, config)
-  full = set(config.fullatt_block_indexes)
-  for i in range(config.depth):  # unrolled: window and full blocks differ in their groups
-    bp = jax.tree.map(lambda a: a[i], params.blocks)
-    x = _block_forward(x, bp, cos, sin, lay.images if i in full else lay.windows, config)
+  is_full = np.isin(np.arange(config.depth), config.fullatt_block_indexes)
+
+  def body(x, xs):  # one compiled block, its attention groups chosen per block
+    bp, full = xs
+    return jax.lax.cond(
+        full, lambda x: _block_forward(x, bp, cos, sin, lay.images, config),
+        lambda x: _block_forward(x, bp, cos, sin, lay.windows, config), x), None
+
+  x, _ = jax.lax.scan(body, x, (params.blocks, jnp.asarray(is_full)))
   x = _rms_norm(x, params.merger_norm, config.rms_norm_eps).reshape(n // u, u * d)
   x = _linear(jax.nn.gelu(_linear(x, params.merger_w1, params.merger_b1), approximate=False),
               params.merger_w2, params.merger_b2)

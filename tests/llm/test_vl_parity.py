@@ -189,3 +189,14 @@ def test_config_reads_both_layouts(vl_model):
   flat["rope_theta"] = 10000.0
   assert vl.VlConfig.from_hf_dict(flat) == model.config
   assert model.config.text.mrope_section == (2, 3, 3)
+
+
+def test_7b_tower_shapes_at_448():
+  """Qwen2.5-VL-7B's tower traced (no weights allocated): 448 x 448 -> 256 tokens of 3584."""
+  import jax
+  config = vision.QWEN25_VL_7B
+  pixels = jax.ShapeDtypeStruct((1024, config.patch_dim), jnp.bfloat16)
+  out = jax.eval_shape(lambda p, x: vision.tower(p, config, x, [(1, 32, 32)]),
+                       vision.abstract_params(config), pixels)
+  assert out.shape == (256, 3584)
+  assert vision.layout([(1, 32, 32)], config).windows == (64,) * 16
