@@ -192,14 +192,16 @@ def image_features(params: VlParams, config: VlConfig, pixel_values, grids: Sequ
 
 
 def forward(params: VlParams, config: VlConfig, tokens, pixel_values=None,
-            grids: Sequence[Grid] = (), attention_mask=None, cache=None, **kwargs):
+            grids: Sequence[Grid] = (), attention_mask=None, cache=None, features=None,
+            **kwargs):
   """Logits [b, t, v] (and the cache) of prompts with images.
 
   tokens: [b, t] with `config.image_tokens(grid)` image pad tokens per image (numpy: the image
     runs and positions are found on the host). pixel_values: [n, patch_dim] of all images in
     order (`vision.patchify`), grids their (1, h, w). attention_mask: left padding as
     `llm.forward`. cache: a `llm.KVCache` to prefill (positions [3, b, t]; decoding then goes on
-    from each row's largest position + 1). kwargs: `llm.forward`'s (last_only, ...)."""
+    from each row's largest position + 1). features: `image_features` of these images, when
+    already computed (pixel_values then unused). kwargs: `llm.forward`'s (last_only, ...)."""
   tokens = np.asarray(tokens)
   grids = [tuple(int(v) for v in g) for g in grids]
   n_pad = int((tokens == config.image_token_id).sum())
@@ -210,7 +212,8 @@ def forward(params: VlParams, config: VlConfig, tokens, pixel_values=None,
   positions, _ = rope_index(tokens, config, grids, attention_mask)
   embed = params.text.embed
   if grids:
-    features = image_features(params, config, pixel_values, grids)
+    if features is None:
+      features = image_features(params, config, pixel_values, grids)
   else:
     features = jnp.zeros((1, embed.shape[1]), embed.dtype)
   embeds = _embed(embed, jnp.asarray(tokens), features, config.image_token_id)
@@ -229,8 +232,9 @@ def greedy(params: VlParams, config: VlConfig, tokens, pixel_values=None,
   b, t = tokens.shape
   out = []
   if not use_cache:
+    features = image_features(params, config, pixel_values, grids) if grids else None
     for _ in range(steps):
-      logits, _ = forward(params, config, tokens, pixel_values, grids)
+      logits, _ = forward(params, config, tokens, grids=grids, features=features)
       nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1)).astype(tokens.dtype)
       out.append(nxt)
       tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
