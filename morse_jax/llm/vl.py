@@ -224,24 +224,29 @@ def forward(params: VlParams, config: VlConfig, tokens, pixel_values=None,
 
 
 def greedy(params: VlParams, config: VlConfig, tokens, pixel_values=None,
-           grids: Sequence[Grid] = (), steps: int = 4, use_cache: bool = True) -> np.ndarray:
-  """`steps` greedy tokens [b, steps] after prompts with images (no stop tokens; one
-  unpadded prompt length). use_cache: one prefill into a `llm.KVCache`, then one-token decode
-  steps at each row's position after its largest; else a whole pass per token."""
+           grids: Sequence[Grid] = (), steps: int = 4, use_cache: bool = True,
+           attention_mask=None) -> np.ndarray:
+  """`steps` greedy tokens [b, steps] after prompts with images (no stop tokens; rows
+  left-padded as `attention_mask` says). use_cache: one prefill into a `llm.KVCache`, then
+  one-token decode steps, each row at its own position after its largest (its image offset);
+  else a whole pass per token."""
   tokens = np.asarray(tokens)
   b, t = tokens.shape
+  mask = np.ones((b, t), np.int32) if attention_mask is None else np.asarray(attention_mask)
   out = []
   if not use_cache:
     features = image_features(params, config, pixel_values, grids) if grids else None
     for _ in range(steps):
-      logits, _ = forward(params, config, tokens, grids=grids, features=features)
+      logits, _ = forward(params, config, tokens, grids=grids, features=features,
+                          attention_mask=mask)
       nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1)).astype(tokens.dtype)
       out.append(nxt)
       tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+      mask = np.concatenate([mask, np.ones((b, 1), mask.dtype)], axis=1)
     return np.stack(out, axis=1)
   cache = llm_model.init_cache(config.text, b, t + steps, params.text.embed.dtype)
   logits, cache = forward(params, config, tokens, pixel_values, grids, cache=cache,
-                          last_only=True)
+                          attention_mask=mask, last_only=True)
   for i in range(steps):
     nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
     out.append(np.asarray(nxt))
