@@ -225,3 +225,35 @@ def test_7b_tower_shapes_at_448():
                        vision.abstract_params(config), pixels)
   assert out.shape == (256, 3584)
   assert vision.layout([(1, 32, 32)], config).windows == (64,) * 16
+
+
+def test_loads_the_language_model_spelling_and_names_a_missing_tensor(vl_model, tmp_path):
+  """Some transformers versions save `model.language_model.*` / `model.visual.*`; both load to
+  the same weights. A missing tensor is refused by name."""
+  import json
+  import os
+  import shutil
+
+  import jax
+  from safetensors.numpy import load_file, save_file
+
+  from morse_jax.llm import CheckpointError
+
+  model, ref_model = vl_model
+  src = str(tmp_path / "src")
+  ref_model.save_pretrained(src)
+  tensors = load_file(os.path.join(src, "model.safetensors"))
+  renamed = {("model.language_model." + k[6:] if k.startswith("model.") else
+              "model." + k if k.startswith("visual.") else k): v for k, v in tensors.items()}
+  other = str(tmp_path / "other")
+  os.makedirs(other)
+  shutil.copy(os.path.join(src, "config.json"), other)
+  save_file(renamed, os.path.join(other, "model.safetensors"), metadata={"format": "pt"})
+  loaded = vl.load(other)
+  for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(model.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  del renamed["model.visual.merger.ln_q.weight"]
+  save_file(renamed, os.path.join(other, "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(CheckpointError, match="visual.merger.ln_q.weight"):
+    vl.load(other)
+  assert json.load(open(os.path.join(other, "config.json")))["model_type"] == "qwen2_5_vl"
