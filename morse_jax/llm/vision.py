@@ -88,10 +88,6 @@ class VisionConfig:
     """Image sides must be multiples of this many pixels (28 for Qwen2.5-VL)."""
     return self.patch_size * self.spatial_merge_size
 
-  @property
-  def num_layers(self) -> int:  # the stacked axis of `VISION_WEIGHTS`
-    return self.depth
-
   @classmethod
   def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> "VisionConfig":
     def need(key):
