@@ -106,3 +106,45 @@ def make_byte_tokenizer():
   tok.add_tokens(BYTES_ADDED)
   tok.chat_template = BYTES_TEMPLATE
   return tok
+
+
+# Qwen2.5-VL: a tiny vision tower (head_dim 16, 3 blocks, block 1 full attention, Qwen2.5-VL's
+# 112 px windows) in front of a tiny Qwen2 text model (head_dim 16, mrope_section 2 / 3 / 3).
+VL_VOCAB = 128
+VL_TOKENS = dict(image_token_id=120, video_token_id=121, vision_start_token_id=122,
+                 vision_end_token_id=123)
+
+
+def vl_hf_config(**vision_overrides):
+  from transformers import Qwen2_5_VLConfig
+
+  text = dict(vocab_size=VL_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+              bos_token_id=None, eos_token_id=None, initializer_range=0.2,
+              rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                   mrope_section=[2, 3, 3]))
+  vis = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+             window_size=112, fullatt_block_indexes=[1], patch_size=14, spatial_merge_size=2,
+             temporal_patch_size=2, initializer_range=0.2, **vision_overrides)
+  return Qwen2_5_VLConfig(text_config=text, vision_config=vis, initializer_range=0.2,
+                          **VL_TOKENS)
+
+
+def make_torch_vl_model(seed: int = 0, **vision_overrides):
+  """A random Qwen2_5_VLForConditionalGeneration, norms and biases randomised too."""
+  import torch
+  from transformers import Qwen2_5_VLForConditionalGeneration
+
+  torch.manual_seed(seed)
+  model = Qwen2_5_VLForConditionalGeneration(vl_hf_config(**vision_overrides)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name or "ln_q" in name or "bias" in name:
+        p.add_(torch.randn_like(p) * 0.3)
+  return model
+
+
+def save_hf_vl_model(folder: str, seed: int = 0, **vision_overrides):
+  model = make_torch_vl_model(seed, **vision_overrides)
+  model.save_pretrained(folder)
+  return folder, model

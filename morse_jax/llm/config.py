@@ -56,6 +56,10 @@ class LlmConfig:
   o_bias: bool = False  # Llama / Qwen3 when attention_bias
   qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
   max_position_embeddings: int = 8192
+  # Qwen2.5-VL's multimodal rotary (mrope): how many of the head_dim / 2 frequencies each of the
+  # three position streams (temporal, height, width) drives, in order, repeating t, h, w; None:
+  # one position stream. With all three streams equal it is the plain rotary.
+  mrope_section: tuple[int, ...] | None = None
 
   def __post_init__(self):
     if self.model_type not in FAMILIES:
@@ -73,6 +77,9 @@ class LlmConfig:
       raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
     if not self.rms_norm_eps > 0:
       raise ConfigError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+    if self.mrope_section is not None and sum(self.mrope_section) != self.head_dim // 2:
+      raise ConfigError(f"mrope_section {list(self.mrope_section)} must sum to head_dim / 2 "
+                        f"({self.head_dim // 2})")
 
   @property
   def q_size(self) -> int:
@@ -132,6 +139,7 @@ class LlmConfig:
           o_bias=model_type != "qwen2" and attention_bias,
           qk_norm=model_type == "qwen3",
           max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+          mrope_section=_mrope_from_hf(hf),
       )
     except ConfigError as e:
       raise ConfigError(f"{source}: {e}") from None
@@ -165,7 +173,17 @@ class LlmConfig:
     }
     if self.model_type != "qwen2":
       out["attention_bias"] = self.qkv_bias
+    if self.mrope_section is not None:
+      rope["mrope_section"] = list(self.mrope_section)
     return out
+
+
+def _mrope_from_hf(hf: dict[str, Any]) -> tuple[int, ...] | None:
+  for key in ("rope_parameters", "rope_scaling"):
+    section = (hf.get(key) or {}).get("mrope_section")
+    if section is not None:
+      return tuple(int(s) for s in section)
+  return None
 
 
 def _rope_from_hf(hf: dict[str, Any], source: str) -> RopeConfig:
@@ -176,6 +194,8 @@ def _rope_from_hf(hf: dict[str, Any], source: str) -> RopeConfig:
   legacy = hf.get("rope_scaling") or {}
   theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
   kind = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
+  if kind == "mrope":  # Qwen2-VL's older files: the default rotary, over three position streams
+    kind = "default"
   merged = {**legacy, **params}
   if kind not in ROPE_TYPES:
     raise ConfigError(f"{source}: rope type {kind!r} is not supported (supported: {ROPE_TYPES})")

@@ -84,9 +84,25 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
   return inv
 
 
+def mrope_streams(section: tuple[int, ...]) -> np.ndarray:
+  """Which position stream (0 temporal, 1 height, 2 width) drives each of the x/2 frequencies:
+  section[i] frequencies in turn for stream i % 3 (transformers' Qwen2.5-VL rotary)."""
+  return np.concatenate([np.full(n, i % 3, np.int32) for i, n in enumerate(section)])
+
+
 def _rope_tables(positions, config: LlmConfig):
+  """cos and sin [b, t, 1, x] of positions [b, t], or, for an mrope config, [3, b, t] (three
+  streams t / h / w; a [b, t] array there is the three streams equal: text)."""
   inv = jnp.asarray(rope_inv_freq(config.rope, config.head_dim))
-  angles = positions.astype(jnp.float32)[..., None] * inv  # [b, t, x/2]
+  positions = positions.astype(jnp.float32)
+  if positions.ndim == 3:
+    if config.mrope_section is None:
+      raise ValueError(f"positions of shape {positions.shape}: three position streams need a "
+                       f"config with mrope_section")
+    streams = mrope_streams(config.mrope_section)  # [x/2]
+    angles = jnp.moveaxis(positions[streams], 0, -1) * inv  # [b, t, x/2]
+  else:
+    angles = positions[..., None] * inv  # [b, t, x/2]
   angles = jnp.concatenate([angles, angles], axis=-1)  # [b, t, x]
   return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
 
@@ -337,12 +353,14 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
             cache: KVCache | None = None, *, last_only: bool = False,
             adapter: Adapter | None = None, segments=None, remat: bool = False,
             run_layers: LayerRunner | None = None, bits: WeightBits | None = None,
-            hidden_only: bool = False):
+            hidden_only: bool = False, embeds=None):
   """Runs the decoder.
 
   Args:
     tokens: [b, t] int token ids.
     positions: [b, t] RoPE positions; by default derived from `attention_mask` (and the cache).
+      With `config.mrope_section` (Qwen2.5-VL) also [3, b, t]: the t / h / w streams
+      (`vl.rope_index`); a cache then continues each row after its largest position.
     attention_mask: [b, t], 1 for real tokens, 0 for padding (left padding); default all ones.
     cache: a KVCache; the t tokens are written at slots [cache.length, cache.length + t).
       Refused (ValueError) where t exceeds the cache's slots, or, without a cache, the model's
@@ -365,6 +383,8 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
     hidden_only: return the final-normed hidden states [b, t, d] instead of the logits, for a
       caller that multiplies by the head a chunk of tokens at a time (`head_of`,
       `rl.logprobs`: an update's [b, t, v] logits would be its largest activation).
+    embeds: [b, t, d] input embeddings used instead of looking `tokens` up (`vl.forward`: the
+      image tokens' rows replaced by the vision tower's outputs); tokens then only give shapes.
 
   Returns:
     (logits [b, t, v] float32 (or hidden states), updated cache or None).
@@ -374,7 +394,9 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
   if positions is None:
     positions = default_positions(mask, cache)
   cos, sin = _rope_tables(positions, config)
-  if bits is not None and cache is not None:
+  if embeds is not None:
+    x = embeds.astype(params.embed.dtype)
+  elif bits is not None and cache is not None:
     x = _from_bits(jnp.take(bits.embed, tokens, axis=0), params.embed)
   else:
     x = jnp.take(params.embed, tokens, axis=0)
@@ -406,7 +428,8 @@ def forward(params: Params, config: LlmConfig, tokens, positions=None, attention
   x = rms_norm(x, params.final_norm, config.rms_norm_eps)
   logits = x if hidden_only else head_logits(x, head_of(params))
   if cache is not None:
-    last_real = jnp.max(jnp.where(mask, positions, -1), axis=1)
+    streams_max = positions if positions.ndim == 2 else jnp.max(positions, axis=0)
+    last_real = jnp.max(jnp.where(mask, streams_max, -1), axis=1)
     cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + t,
                     next_pos=jnp.maximum(cache.next_pos, last_real + 1))
   return logits, cache

@@ -1,0 +1,255 @@
+"""Qwen2.5-VL: the vision tower (`vision.py`) in front of the Qwen2 text decoder (`model.py`).
+
+`forward(params, config, tokens, pixel_values, grids)` embeds the prompt, puts the tower's
+merged tokens in place of the image pad tokens (in order: image after image, row after row),
+computes the three rotary position streams (`rope_index`, as transformers' `get_rope_index`)
+and runs the decoder (`llm.forward` with `embeds` and [3, b, t] positions) to logits.
+
+`load(path)` reads a folder written by transformers (`Qwen2_5_VLForConditionalGeneration`):
+config.json's `text_config` (or the older flat layout) and `vision_config`, tensors named as the
+Hub's checkpoints name them (`model.layers.*`, `visual.*`, `lm_head.weight`; the
+`model.language_model.*` / `model.visual.*` spelling of some transformers versions too).
+
+Not yet here: a batched sampler / engine path (`greedy` is a plain loop of whole passes or one
+prefill + cache), the update, checkpoints' save, video.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from morse_jax.llm import hf as hf_io
+from morse_jax.llm import model as llm_model
+from morse_jax.llm import vision
+from morse_jax.llm.config import ConfigError, LlmConfig
+from morse_jax.llm.params import Params
+from morse_jax.llm.vision import Grid, VisionConfig, VisionParams
+
+
+@dataclasses.dataclass(frozen=True)
+class VlConfig:
+  text: LlmConfig  # a qwen2 config with mrope_section
+  vision: VisionConfig
+  image_token_id: int
+  video_token_id: int | None = None
+  vision_start_token_id: int | None = None
+  vision_end_token_id: int | None = None
+
+  @classmethod
+  def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> "VlConfig":
+    if hf.get("model_type") != "qwen2_5_vl":
+      raise ConfigError(f"{source}: model_type {hf.get('model_type')!r} is not 'qwen2_5_vl'")
+    text = dict(hf.get("text_config") or hf)  # transformers 5 nests it; older files are flat
+    text["model_type"] = "qwen2"
+    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings")
+                                       or text.get("tie_word_embeddings"))
+    text_config = LlmConfig.from_hf_dict(text, source)
+    if text_config.mrope_section is None:
+      raise ConfigError(f"{source}: the text config has no rope 'mrope_section'")
+    if "vision_config" not in hf:
+      raise ConfigError(f"{source}: required field 'vision_config' is missing")
+    if "image_token_id" not in hf:
+      raise ConfigError(f"{source}: required field 'image_token_id' is missing")
+    return cls(text=text_config,
+               vision=VisionConfig.from_hf_dict(hf["vision_config"], source),
+               image_token_id=int(hf["image_token_id"]),
+               video_token_id=hf.get("video_token_id"),
+               vision_start_token_id=hf.get("vision_start_token_id"),
+               vision_end_token_id=hf.get("vision_end_token_id"))
+
+  def image_tokens(self, grid: Grid) -> int:
+    """How many image pad tokens an image of `grid` patches takes in the prompt."""
+    t, h, w = grid
+    return t * h * w // self.vision.merge_unit
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class VlParams:
+  text: Params
+  vision: VisionParams
+
+
+@dataclasses.dataclass
+class VlModel:
+  config: VlConfig
+  params: VlParams
+  hf_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# ---- loading ----
+
+_ALIASES = (("model.", "model.language_model."), ("visual.", "model.visual."))
+
+
+def load(path: str, dtype=jnp.float32) -> VlModel:
+  """A Qwen2.5-VL folder written by transformers (config.json + safetensors)."""
+  path = os.path.abspath(os.path.expanduser(path))
+  config_path = os.path.join(path, "config.json")
+  hf_config = hf_io._read_json(config_path)
+  config = VlConfig.from_hf_dict(hf_config, source=config_path)
+  files = hf_io._weight_files(path)
+  reader = hf_io._TensorReader(files)
+
+  def name_of(name: str) -> str:
+    if name in files:
+      return name
+    for ours, theirs in _ALIASES:
+      if name.startswith(ours) and theirs + name[len(ours):] in files:
+        return theirs + name[len(ours):]
+    return name  # missing: the reader names it
+
+  text = hf_io.assemble_params(
+      config.text, dtype, lambda w, i, shape: reader.get(name_of(w.hf.format(i=i)), shape))
+  np_dtype = np.dtype(dtype)
+
+  def build(weight):
+    shape = vision.weight_shape(weight, config.vision)
+    if not weight.stacked:
+      return jnp.asarray(reader.get(name_of(weight.hf), shape).astype(np_dtype))
+    stacked = np.empty(shape, np_dtype)
+    for i in range(config.vision.depth):
+      stacked[i] = reader.get(name_of(weight.hf.format(i=i)), shape[1:])
+    return jnp.asarray(stacked)
+
+  params = VlParams(text=text, vision=jax.tree.map(build, vision.VISION_WEIGHTS))
+  return VlModel(config=config, params=params, hf_config=hf_config)
+
+
+# ---- prompts ----
+
+
+def rope_index(tokens, config: VlConfig, grids: Sequence[Grid] = (),
+               attention_mask=None) -> tuple[np.ndarray, np.ndarray]:
+  """The three rotary position streams [3, b, t] (int32) and each row's offset [b] (largest
+  position + 1 - real tokens: what decoding adds to a plain position), as transformers'
+  `get_rope_index`: text tokens count up on all three streams; an image's merged tokens sit at
+  (start, start + row, start + column); text after an image continues from start + max(merged
+  rows, merged columns). `grids`: every image of the batch in order (row after row). Padding
+  (attention_mask 0) gets position 0."""
+  tokens = np.asarray(tokens)
+  b, t = tokens.shape
+  mask = np.ones((b, t), bool) if attention_mask is None else np.asarray(attention_mask, bool)
+  m = config.vision.spatial_merge_size
+  positions = np.zeros((3, b, t), np.int64)
+  deltas = np.zeros((b,), np.int64)
+  images = iter(grids)
+  for row in range(b):
+    real = tokens[row][mask[row]]
+    is_image = real == config.image_token_id
+    out = np.zeros((3, real.size), np.int64)
+    i, pos = 0, 0
+    while i < real.size:
+      if not is_image[i]:
+        out[:, i] = pos
+        i, pos = i + 1, pos + 1
+        continue
+      grid = next(images, None)
+      if grid is None:
+        raise ValueError(f"row {row}: more image pad tokens than the {len(grids)} images given")
+      _, h, w = grid
+      mh, mw = h // m, w // m
+      n = config.image_tokens(grid)
+      if not is_image[i:i + n].all() or i + n > real.size:
+        raise ValueError(f"row {row}: image of grid {tuple(grid)} needs {n} consecutive image "
+                         f"pad tokens at token {i}")
+      out[0, i:i + n] = pos
+      out[1, i:i + n] = pos + np.repeat(np.arange(mh), mw)
+      out[2, i:i + n] = pos + np.tile(np.arange(mw), mh)
+      i, pos = i + n, pos + max(mh, mw)
+    positions[:, row, mask[row]] = out
+    deltas[row] = (out.max() + 1 if out.size else 0) - real.size
+  if next(images, None) is not None:
+    raise ValueError(f"{len(grids)} images given, fewer image pad runs in the tokens")
+  return positions.astype(np.int32), deltas.astype(np.int32)
+
+
+@jax.jit
+def _embed(embed, tokens, features, image_token_id):
+  """The token embeddings [b, t, d] with the image pad tokens' rows replaced, in order, by
+  features [n, d]."""
+  x = jnp.take(embed, tokens, axis=0)
+  is_image = tokens == image_token_id
+  which = jnp.cumsum(is_image.reshape(-1)).reshape(tokens.shape) - 1
+  rows = jnp.take(features.astype(x.dtype), jnp.clip(which, 0, features.shape[0] - 1), axis=0)
+  return jnp.where(is_image[..., None], rows, x)
+
+
+_tower = jax.jit(vision.tower, static_argnums=(1, 3))
+
+
+def image_features(params: VlParams, config: VlConfig, pixel_values, grids: Sequence[Grid]):
+  """The vision tower's merged tokens [n, d] of every image (jitted per set of grid sizes)."""
+  grids = tuple(tuple(int(v) for v in g) for g in grids)
+  return _tower(params.vision, config.vision, jnp.asarray(pixel_values), grids)
+
+
+def forward(params: VlParams, config: VlConfig, tokens, pixel_values=None,
+            grids: Sequence[Grid] = (), attention_mask=None, cache=None, features=None,
+            **kwargs):
+  """Logits [b, t, v] (and the cache) of prompts with images.
+
+  tokens: [b, t] with `config.image_tokens(grid)` image pad tokens per image (numpy: the image
+    runs and positions are found on the host). pixel_values: [n, patch_dim] of all images in
+    order (`vision.patchify`), grids their (1, h, w). attention_mask: left padding as
+    `llm.forward`. cache: a `llm.KVCache` to prefill (positions [3, b, t]; decoding then goes on
+    from each row's largest position + 1). features: `image_features` of these images, when
+    already computed (pixel_values then unused). kwargs: `llm.forward`'s (last_only, ...)."""
+  tokens = np.asarray(tokens)
+  grids = [tuple(int(v) for v in g) for g in grids]
+  n_pad = int((tokens == config.image_token_id).sum())
+  need = sum(config.image_tokens(g) for g in grids)
+  if n_pad != need:
+    raise ValueError(f"{n_pad} image pad tokens in the prompt, the {len(grids)} images "
+                     f"(grids {grids}) take {need}")
+  positions, _ = rope_index(tokens, config, grids, attention_mask)
+  embed = params.text.embed
+  if grids:
+    if features is None:
+      features = image_features(params, config, pixel_values, grids)
+  else:
+    features = jnp.zeros((1, embed.shape[1]), embed.dtype)
+  embeds = _embed(embed, jnp.asarray(tokens), features, config.image_token_id)
+  mask = None if attention_mask is None else jnp.asarray(attention_mask)
+  return llm_model.forward(params.text, config.text, jnp.asarray(tokens),
+                           positions=jnp.asarray(positions), attention_mask=mask, cache=cache,
+                           embeds=embeds, **kwargs)
+
+
+def greedy(params: VlParams, config: VlConfig, tokens, pixel_values=None,
+           grids: Sequence[Grid] = (), steps: int = 4, use_cache: bool = True,
+           attention_mask=None) -> np.ndarray:
+  """`steps` greedy tokens [b, steps] after prompts with images (no stop tokens; rows
+  left-padded as `attention_mask` says). use_cache: one prefill into a `llm.KVCache`, then
+  one-token decode steps, each row at its own position after its largest (its image offset);
+  else a whole pass per token."""
+  tokens = np.asarray(tokens)
+  b, t = tokens.shape
+  mask = np.ones((b, t), np.int32) if attention_mask is None else np.asarray(attention_mask)
+  out = []
+  if not use_cache:
+    features = image_features(params, config, pixel_values, grids) if grids else None
+    for _ in range(steps):
+      logits, _ = forward(params, config, tokens, grids=grids, features=features,
+                          attention_mask=mask)
+      nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1)).astype(tokens.dtype)
+      out.append(nxt)
+      tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+      mask = np.concatenate([mask, np.ones((b, 1), mask.dtype)], axis=1)
+    return np.stack(out, axis=1)
+  cache = llm_model.init_cache(config.text, b, t + steps, params.text.embed.dtype)
+  logits, cache = forward(params, config, tokens, pixel_values, grids, cache=cache,
+                          attention_mask=mask, last_only=True)
+  for i in range(steps):
+    nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+    out.append(np.asarray(nxt))
+    if i + 1 < steps:
+      logits, cache = llm_model.forward(params.text, config.text, nxt[:, None], cache=cache)
+  return np.stack(out, axis=1)
