@@ -15,28 +15,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from morse_jax.llm.sampling import inverse_cdf, top_p_threshold
+from morse_jax.llm.sampling import inverse_cdf, largest_threshold, top_p_threshold
 
 
 def kth_largest(probs, k):
   """[b, 1]: the k-th largest of each row of non-negative probs (k [b] >= 1; a row with k 0
-  gets its max). Bisection over float32 bit patterns, as `sampling.top_p_threshold`: the
-  largest t with at least k entries >= t."""
-  def count_reaches(bits):
-    t = jax.lax.bitcast_convert_type(bits, jnp.float32)[:, None]
-    return jnp.sum(probs >= t, axis=-1) >= k
-
-  lo = jnp.zeros(probs.shape[:1], jnp.int32)
-  hi = jax.lax.bitcast_convert_type(jnp.max(probs, axis=-1), jnp.int32) + 1
-
-  def step(_, bounds):
-    lo, hi = bounds
-    mid = lo + (hi - lo) // 2
-    ok = count_reaches(mid)
-    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
-
-  lo, _ = jax.lax.fori_loop(0, 31, step, (lo, hi))
-  return jax.lax.bitcast_convert_type(lo, jnp.float32)[:, None]
+  gets its max): the largest t with at least k entries >= t (`sampling.largest_threshold`)."""
+  return largest_threshold(probs, lambda t: jnp.sum(probs >= t, axis=-1) >= k)
 
 
 def filtered_logits(logits, temperature, top_p, top_k):

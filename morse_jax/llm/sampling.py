@@ -139,17 +139,21 @@ def top_p_threshold(probs, top_p: float):
   bisects the int32 bit patterns of non-negative float32 values, which are ordered like the
   values, so 31 masked sums find t exactly.
   """
-  def mass_reaches(bits):
-    t = jax.lax.bitcast_convert_type(bits, jnp.float32)[:, None]
-    return jnp.sum(jnp.where(probs >= t, probs, 0.0), axis=-1) >= top_p
+  return largest_threshold(
+      probs, lambda t: jnp.sum(jnp.where(probs >= t, probs, 0.0), axis=-1) >= top_p)
 
-  lo = jnp.zeros(probs.shape[:1], jnp.int32)  # t = 0 keeps everything: mass 1 >= top_p
+
+def largest_threshold(probs, reaches):
+  """[b, 1]: per row the largest t with reaches(t [b, 1]) True, for a test that holds at t = 0
+  and weakens as t grows (a nucleus's mass, a count of entries >= t): a bisection over the int32
+  bit patterns of non-negative float32 values, which are ordered like the values, 31 steps."""
+  lo = jnp.zeros(probs.shape[:1], jnp.int32)  # t = 0: every entry kept
   hi = jax.lax.bitcast_convert_type(jnp.max(probs, axis=-1), jnp.int32) + 1  # keeps nothing
 
   def step(_, bounds):
     lo, hi = bounds
     mid = lo + (hi - lo) // 2
-    ok = mass_reaches(mid)
+    ok = reaches(jax.lax.bitcast_convert_type(mid, jnp.float32)[:, None])
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
   lo, _ = jax.lax.fori_loop(0, 31, step, (lo, hi))
