@@ -178,5 +178,4 @@ def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, po
   last = jnp.clip(rows.count - 1, 0, t - 1)
   x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [b, 1, d]
   x = model.rms_norm(x, params.final_norm, config.rms_norm_eps)
-  head = params.embed if params.lm_head is None else params.lm_head
-  return model._head_logits(x, head)[:, 0], pool
+  return model.head_logits(x, model.head_of(params))[:, 0], pool
