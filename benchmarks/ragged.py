@@ -132,8 +132,8 @@ def run_engine(model, prompts, lengths, slots: int) -> dict:
               for u in samples if u["rows"])
   return _side(wall, clock, sum(lengths), s["decode_computed"]) | {
       "tokens": tokens, "config": {k: getattr(config, k) for k in (
-          "slots", "max_len", "page_size", "steps_per_call", "prefill_chunk", "prefill_rows",
-          "block_pages")},
+          "slots", "max_len", "page_size", "steps_per_call", "min_decode_rows", "prefill_chunk",
+          "prefill_rows", "block_pages")},
       "decode_calls": s["decode_calls"], "prefill_calls": s["prefill_calls"],
       "prefill_padding_share": 1 - s["prefill_tokens"] / max(s["prefill_computed"], 1),
       "kv_bytes_held_over_live_mean": held / max(live, 1),

@@ -3,6 +3,9 @@
   python -m launchers.generate                                  # tiny random Llama, token ids
   python -m launchers.generate --model=/ckpt/Qwen3-4B --prompt="Write a haiku" --temperature=0.7
   python -m launchers.generate --model=DIR --mesh=2x4           # rows over data, weights over model
+
+On one device the rows run on the generation engine (`llm.engine`: a slot per row, a paged
+cache); over a mesh on `llm.sample`, the static sampler, until the engine shards its pool.
 """
 
 from __future__ import annotations
@@ -39,6 +42,23 @@ def tiny_random_model():
   return llm.Model(config=config, params=params)
 
 
+def sampler(model, rows, settings, mesh):
+  """rng -> SampleOutput for `rows`: the engine on one device (row i draws with fold_in(rng, i),
+  as `llm.sample`), `llm.sample` over a larger mesh."""
+  from morse_jax import llm
+  from morse_jax.llm.engine import Engine, EngineConfig
+
+  if mesh.size > 1:
+    return lambda rng: llm.sample(model, rows, settings, rng=rng, mesh=mesh)
+  page = 16
+  longest = max(map(len, rows)) + settings.max_new_tokens
+  config = EngineConfig(slots=len(rows), max_len=min(-(-longest // page) * page,
+                                                     model.config.max_position_embeddings),
+                        page_size=page)
+  engine = Engine(model, config)  # one pool and compiled programs for both calls
+  return lambda rng: engine.generate(rows, settings, rng=rng)
+
+
 def main(argv):
   del argv
   import jax
@@ -60,7 +80,8 @@ def main(argv):
 
   data, model_axis = (int(n) for n in _MESH.value.lower().split("x"))
   mesh = sharding.make_mesh(data, model_axis)
-  model = dataclasses.replace(model, params=sharding.shard_params(model.params, mesh))
+  if mesh.size > 1:  # one device: the engine's programs keep their inputs' single-device layout
+    model = dataclasses.replace(model, params=sharding.shard_params(model.params, mesh))
 
   tok = model.tokenizer
   if tok is None:
@@ -80,11 +101,12 @@ def main(argv):
   sampling = llm.SamplingConfig(temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
                                 top_k=_TOP_K.value)
   settings = llm.GenerationSettings.for_model(model, _MAX_NEW.value, sampling)
+  run = sampler(model, rows, settings, mesh)
   start = time.perf_counter()
-  llm.sample(model, rows, settings, rng=jax.random.key(_SEED.value), mesh=mesh)
+  run(jax.random.key(_SEED.value))
   first = time.perf_counter() - start
   start = time.perf_counter()
-  out = llm.sample(model, rows, settings, rng=jax.random.key(_SEED.value + 1), mesh=mesh)
+  out = run(jax.random.key(_SEED.value + 1))
   elapsed = time.perf_counter() - start
   for i, (tokens, length) in enumerate(zip(out.tokens, out.lengths)):
     ids = tokens[:length].tolist()

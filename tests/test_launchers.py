@@ -133,3 +133,25 @@ def test_demo_end_to_end_and_reuse_of_before(tmp_path):
   with open(os.path.join(config.workdir, "demo.json")) as f:  # and the run says where
     assert json.load(f)["before_records"] == os.path.join(str(tmp_path / "demo"),
                                                           "eval_test_before.jsonl")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generate_runs_on_the_engine_with_the_static_samplers_tokens(temperature):
+  """launchers.generate's one-device path is the engine: its rows are `llm.sample`'s (greedy,
+  and sampled: row i draws with fold_in(rng, i) on both)."""
+  import jax
+  import numpy as np
+
+  from launchers import generate
+  from morse_jax import llm
+  from morse_jax.llm import sharding
+
+  model = generate.tiny_random_model()
+  rows = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [5, 6, 7]]
+  settings = llm.GenerationSettings.for_model(
+      model, 12, llm.SamplingConfig(temperature=temperature))
+  run = generate.sampler(model, rows, settings, sharding.make_mesh(1, 1))
+  got = run(jax.random.key(3))
+  want = llm.sample(model, rows, settings, rng=jax.random.key(3))
+  np.testing.assert_array_equal(got.lengths, want.lengths)
+  np.testing.assert_array_equal(got.tokens, want.tokens)

@@ -13,8 +13,8 @@ and gets a `Handle`; `submit_group` gives n samples of one prompt that share its
    gets its first logits, and a group's other members get the leader's full prompt pages
    (reference counts) and a copy of its partly filled last page;
 3. decodes every live row `steps_per_call` tokens in one jitted while loop (one host round trip),
-   compiled per power-of-two count of live rows: with 3 rows live of 32 slots a step costs a
-   4-row program. A row that emits a stop id or reaches its budget frees its slot and pages as
+   compiled per power-of-two count of live rows, at least `min_decode_rows`: with 3 rows live
+   of 32 slots a step costs a 4-row program. A row that emits a stop id or reaches its budget frees its slot and pages as
    soon as the host reads the call's result.
 
 A row's draws use `fold_in(its key, tokens generated so far)`, as `sampling.sample` does per row,
@@ -56,6 +56,9 @@ class EngineConfig:
   num_pages: pages in the pool including the trash page; None: enough for every slot at
     max_len (a smaller pool makes admission wait for pages instead of slots).
   steps_per_call: tokens decoded per live row per host round trip.
+  min_decode_rows: the smallest decode program (a power of two): each smaller one is one more
+    compile (about 6 s for SmolLM2 on CPU) and saves little, as a step of few rows costs about
+    its weight reads whatever the row count.
   prefill_chunk: prompt tokens per row per prefill pass (a power of two).
   prefill_rows: rows prefilled per step.
   block_pages: pages per block of the paged attention's online softmax.
@@ -68,20 +71,22 @@ class EngineConfig:
   page_size: int = 16
   num_pages: int | None = None
   steps_per_call: int = 8
+  min_decode_rows: int = 4
   prefill_chunk: int = 128
   prefill_rows: int = 4
   block_pages: int = 16
   unstack: bool | None = None
 
   def __post_init__(self):
-    for name in ("slots", "max_len", "page_size", "steps_per_call", "prefill_chunk",
-                 "prefill_rows", "block_pages"):
+    for name in ("slots", "max_len", "page_size", "steps_per_call", "min_decode_rows",
+                 "prefill_chunk", "prefill_rows", "block_pages"):
       value = getattr(self, name)
       if not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
-    if self.prefill_chunk & (self.prefill_chunk - 1):
-      raise ValueError(f"EngineConfig.prefill_chunk must be a power of two, got "
-                       f"{self.prefill_chunk!r}")
+    for name in ("prefill_chunk", "min_decode_rows"):
+      value = getattr(self, name)
+      if value & (value - 1):
+        raise ValueError(f"EngineConfig.{name} must be a power of two, got {value!r}")
     if self.num_pages is not None and self.num_pages < 2:
       raise ValueError(f"EngineConfig.num_pages must be >= 2, got {self.num_pages!r}")
 
@@ -208,7 +213,8 @@ class Engine:
     self.pool = paged.init_pool(mc, num_pages, config.page_size, model.params.embed.dtype)
     self.pending = jnp.zeros((config.slots, mc.vocab_size), jnp.float32)
     unstack = default_unstack(model.params) if config.unstack is None else config.unstack
-    self.fused = fused_decode.decode_layers(model.params.layers) if unstack else None
+    # One program builds the copy (op by op it compiled a dozen small programs).
+    self.fused = jax.jit(fused_decode.decode_layers)(model.params.layers) if unstack else None
     if adapter is not None and getattr(adapter, "kernel", None) == "merged":
       # "merged" folds row 0's route into W for the whole batch: the engine's rows differ.
       adapter = dataclasses.replace(adapter, kernel="auto")
@@ -472,9 +478,8 @@ class Engine:
       last[i] = row.prefilled + c == len(row.prompt)
     self.pool, self.pending = engine_steps.prefill(
         self.model.params, self.fused, self._adapter_for(rows, r), self.pool, self.pending,
-        jnp.asarray(self._slot_index(rows, r)), jnp.asarray(tokens),
-        PagedRows(jnp.asarray(self._table(rows, r)), jnp.asarray(start), jnp.asarray(count)),
-        jnp.asarray(last), config=self.model.config, block_pages=cfg.block_pages)
+        self._slot_index(rows, r), tokens, PagedRows(self._table(rows, r), start, count), last,
+        config=self.model.config, block_pages=cfg.block_pages)
     self.stats["prefill_calls"] += 1
     self.stats["prefill_computed"] += r * t
     self.stats["prefill_tokens"] += sum(chunks)
@@ -503,14 +508,14 @@ class Engine:
       dst_slots.append(self.slots.index(member))
       member.prefilled = member.length = len(leader.prompt)
       member.state = "decode"
-    pad = lambda xs, fill: jnp.asarray(xs + [fill] * (s - len(xs)), jnp.int32)
+    pad = lambda xs, fill: np.asarray(xs + [fill] * (s - len(xs)), np.int32)
     self.pool, self.pending = engine_steps.fork(
         self.pool, self.pending, pad(src_pages, self.pages.num_pages),
         pad(dst_pages, self.pages.num_pages), pad(src_slots, s), pad(dst_slots, s))
 
   def _decode(self, rows: list[_Row]) -> None:
     cfg = self.config
-    r = bucket(len(rows), minimum=1)
+    r = min(bucket(len(rows), minimum=cfg.min_decode_rows), bucket(cfg.slots, minimum=1))
     n_stops = max(1, max(len(row.stops) for row in rows))
     stops = np.full((r, n_stops), -1, np.int32)
     keys = np.zeros((r,) + rows[0].handle.key_data.shape, np.uint32)
@@ -525,14 +530,12 @@ class Engine:
       keys[i] = row.handle.key_data
       temperature[i], top_p[i], top_k[i] = s.temperature, s.top_p, s.top_k
       budget[i], length[i], generated[i] = row.budget, row.length, row.generated
-    settings = engine_steps.RowSettings(
-        jax.random.wrap_key_data(jnp.asarray(keys)), jnp.asarray(temperature),
-        jnp.asarray(top_p), jnp.asarray(top_k), jnp.asarray(stops), jnp.asarray(budget))
+    # Host arrays go to the program as they are (keys as their data, wrapped inside it): a
+    # jnp.asarray per array compiled a small program per shape.
+    settings = engine_steps.RowSettings(keys, temperature, top_p, top_k, stops, budget)
     self.pool, self.pending, out = engine_steps.decode(
         self.model.params, self.fused, self._adapter_for(rows, r), self.pool, self.pending,
-        jnp.asarray(self._slot_index(rows, r)), jnp.asarray(active),
-        jnp.asarray(self._table(rows, r)), jnp.asarray(length), jnp.asarray(generated),
-        settings, config=self.model.config, steps=cfg.steps_per_call,
+        self._slot_index(rows, r), active, self._table(rows, r), length, generated, settings, config=self.model.config, steps=cfg.steps_per_call,
         block_pages=cfg.block_pages)
     out = jax.device_get(out)
     emitted = (out.tokens >= 0).sum(axis=1)

@@ -25,7 +25,7 @@ from morse_jax.llm.row_sampling import choose_rows
 class RowSettings(NamedTuple):
   """Per-row decode settings, each [r]: what a request brings."""
 
-  keys: jax.Array  # PRNG keys
+  keys: jax.Array  # [r, ...] uint32 PRNG key data (wrapped in the program)
   temperature: jax.Array  # float32
   top_p: jax.Array  # float32
   top_k: jax.Array  # int32
@@ -52,6 +52,7 @@ def decode(params: Params, fused, adapter, pool: PagePool, pending, idx, active,
   step). A row emits a token from its logits, then runs it through the decoder for the next
   logits, unless that token ended the row (its k / v is never needed)."""
   r = idx.shape[0]
+  row = row._replace(keys=jax.random.wrap_key_data(row.keys))
   logits = pending[jnp.minimum(idx, pending.shape[0] - 1)]
   out_tokens = jnp.full((r, steps), -1, jnp.int32)
   out_logp = jnp.zeros((r, steps), jnp.float32)

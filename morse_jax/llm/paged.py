@@ -179,5 +179,3 @@ def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, po
   x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [b, 1, d]
   x = model.rms_norm(x, params.final_norm, config.rms_norm_eps)
   return model.head_logits(x, model.head_of(params))[:, 0], pool
-
-

@@ -220,6 +220,8 @@ def test_bad_engine_settings_and_groups_are_refused_by_name(model, adapter):
     Engine(model, EngineConfig(max_len=512))
   with pytest.raises(ValueError, match="EngineConfig.prefill_chunk must be a power of two"):
     EngineConfig(prefill_chunk=24)
+  with pytest.raises(ValueError, match="EngineConfig.min_decode_rows must be a power of two"):
+    EngineConfig(min_decode_rows=3)
   with pytest.raises(ValueError, match=r"submit_group: n must be an int in \[1, 4\]"):
     Engine(model, ENGINE).submit_group(Request([1, 2], 4), 5)
   with pytest.raises(ValueError, match="Request.route is None but the engine runs an adapter"):
