@@ -15,6 +15,8 @@ import time
 
 from absl import app, flags, logging
 
+from launchers.generate_lib import sampler, tiny_random_model
+
 _MODEL = flags.DEFINE_string("model", None, "Hugging Face folder; default a tiny random Llama.")
 _PROMPTS = flags.DEFINE_multi_string("prompt", ["Hello"], "Prompt(s); chat-templated if possible.")
 _ROWS = flags.DEFINE_integer("rows", 4, "Samples per prompt.")
@@ -29,34 +31,6 @@ _MESH = flags.DEFINE_string("mesh", "1x1", "DATAxMODEL device mesh.")
 
 def banner(text: str) -> None:
   print(f"\n==== {text} " + "=" * max(0, 60 - len(text)), flush=True)
-
-
-def tiny_random_model():
-  import jax
-
-  from morse_jax import llm
-
-  config = llm.LlmConfig("llama", vocab_size=512, hidden_size=64, intermediate_size=192,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
-  params = llm.init_random(config, jax.random.key(0), scale=0.3, norm_jitter=0.1)
-  return llm.Model(config=config, params=params)
-
-
-def sampler(model, rows, settings, mesh):
-  """rng -> SampleOutput for `rows`: the engine on one device (row i draws with fold_in(rng, i),
-  as `llm.sample`), `llm.sample` over a larger mesh."""
-  from morse_jax import llm
-  from morse_jax.llm.engine import Engine, EngineConfig
-
-  if mesh.size > 1:
-    return lambda rng: llm.sample(model, rows, settings, rng=rng, mesh=mesh)
-  page = 16
-  longest = max(map(len, rows)) + settings.max_new_tokens
-  config = EngineConfig(slots=len(rows), max_len=min(-(-longest // page) * page,
-                                                     model.config.max_position_embeddings),
-                        page_size=page)
-  engine = Engine(model, config)  # one pool and compiled programs for both calls
-  return lambda rng: engine.generate(rows, settings, rng=rng)
 
 
 def main(argv):

@@ -142,7 +142,7 @@ def test_generate_runs_on_the_engine_with_the_static_samplers_tokens(temperature
   import jax
   import numpy as np
 
-  from launchers import generate
+  from launchers import generate_lib as generate
   from morse_jax import llm
   from morse_jax.llm import sharding
 
