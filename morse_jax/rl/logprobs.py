@@ -65,13 +65,14 @@ def head_logprobs(hidden, head, targets, temperature: float = 1.0, chunk: int = 
   length = hidden.shape[1]
   c = min(chunk, length)
 
-  @jax.checkpoint
   def one(args):
     h, tgt = args
     logp = log_softmax(head_logits(h, head), temperature)  # [n, c, v]
     return jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0], entropy(logp)
 
-  picked, ent = jax.lax.map(one, (_chunks(hidden, c), _chunks(targets, c)))
+  if c == length:  # one chunk: nothing to save by recomputing it
+    return one((hidden, targets))
+  picked, ent = jax.lax.map(jax.checkpoint(one), (_chunks(hidden, c), _chunks(targets, c)))
   return _unchunk(picked, length), _unchunk(ent, length)
 
 
@@ -104,7 +105,6 @@ def shared_token_logprobs(params, config: LlmConfig, adapter: Adapter | None,
   has_prev = shared.prev >= 0
   packed_rows = jnp.arange(shared.prev.shape[0])[:, None]
 
-  @jax.checkpoint
   def one(args):
     h, first = args  # [R, c, d], the chunk's first slot
     logp = log_softmax(head_logits(h, head), temperature)  # [R, c, v]
@@ -112,10 +112,13 @@ def shared_token_logprobs(params, config: LlmConfig, adapter: Adapter | None,
     slot = jnp.clip(shared.prev - first, 0, c - 1)
     return jnp.where(here, logp[packed_rows, slot, shared.tokens], 0.0), entropy(logp)
 
-  firsts = jnp.arange(0, length, c)
-  picked, ent = jax.lax.map(one, (_chunks(hidden, c), firsts))
-  picked = jnp.sum(picked, axis=0)  # [R, S]: each token's log-prob from its prev's chunk
-  ent = _unchunk(ent, length)  # [R, S] of each slot's prediction
+  if c == length:  # one chunk: nothing to save by recomputing it
+    picked, ent = one((hidden, 0))
+  else:
+    firsts = jnp.arange(0, length, c)
+    picked, ent = jax.lax.map(jax.checkpoint(one), (_chunks(hidden, c), firsts))
+    picked = jnp.sum(picked, axis=0)  # [R, S]: each token's log-prob from its prev's chunk
+    ent = _unchunk(ent, length)  # [R, S] of each slot's prediction
   picked_entropy = jnp.where(has_prev, ent[packed_rows, jnp.maximum(shared.prev, 0)], 0.0)
   rows = shared.row[:, None]
   return picked[rows, shared.col], picked_entropy[rows, shared.col]
