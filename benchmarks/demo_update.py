@@ -94,6 +94,7 @@ def main(argv):
   import jax
 
   from morse_jax.rl import train_step as ts
+  from morse_jax.rl import update as update_lib
 
   model, lcfg, rcfg, experts, rparams, layouts = batches()
   step_config = ts.StepConfig(expert_lr=2e-3, router_lr=1e-3)

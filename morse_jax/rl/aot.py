@@ -441,9 +441,9 @@ class LayerWidths:
 
 
 def score_block(queries: int, keys: int) -> int:
-  """Query rows x key slots of one block of scores (`llm.attention`'s BLOCK_Q x BLOCK_K, less
-  where the pass is shorter)."""
-  return min(attention_lib.BLOCK_Q, queries) * min(attention_lib.BLOCK_K, keys)
+  """Query rows x key slots of one block of scores (`llm.attention.block_size` of each)."""
+  return (attention_lib.block_size(queries, attention_lib.BLOCK_Q)
+          * attention_lib.block_size(keys, attention_lib.BLOCK_K))
 
 
 def layer_saved_bytes(w: LayerWidths, itemsize: int) -> int:

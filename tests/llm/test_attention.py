@@ -76,6 +76,14 @@ def test_left_padded_update_matches_dense(kv, blocks, dtype, t):
   _check(q, k, v, w, vis, attention.Blocks(*blocks), F32_TOL if dtype == jnp.float32 else BF16_TOL)
 
 
+def test_block_size_divides_when_it_can():
+  """Blocks divide the rows when a divisor between block / 2 and block exists (no padded block);
+  a prime length keeps the block (the cases above at t = 37 run the padded path)."""
+  assert [attention.block_size(n, 256) for n in (100, 256, 384, 768, 1000, 1024, 257)] == [
+      100, 256, 192, 256, 250, 256, 256]
+  assert attention.block_size(37, 8) == 8 and attention.block_size(32, 5) == 4
+
+
 @pytest.mark.parametrize("kv,blocks", [(2, (8, 8)), (1, (5, 7))])
 def test_shared_prefix_segments_match_dense(kv, blocks):
   t = 37
