@@ -11,13 +11,21 @@ BAD = "```python\ndef add(a, b):\n    return a - b\n```"
 
 class Scripted:
   def __init__(self, respond):
-    self.respond, self.asks, self.rounds = respond, [], []
+    self.respond, self.asks, self.replies, self.rounds = respond, [], [], []
 
   def __call__(self, asks):
+    texts = [self.respond(a) for a in asks]
     self.asks += asks
+    self.replies += texts
     self.rounds.append(len(asks))
     return [Answer(text, len(str(a.messages).split()), len(text.split()), False)
-            for a, text in zip(asks, map(self.respond, asks))]
+            for a, text in zip(asks, texts)]
+
+  def reply_to(self, phase, holding):
+    """The reply to the one ask of `phase` whose last message holds `holding`."""
+    [reply] = [r for a, r in zip(self.asks, self.replies)
+               if a.phase == phase and holding in a.messages[-1]["content"]]
+    return reply
 
   def phases(self):
     return [a.phase for a in self.asks]

@@ -77,9 +77,10 @@ def test_diamond_calls_and_aggregation_order():
   assert 'Codes:\n""' in first and '"None."' in first
   assert all("return 1" in p for p in chat.prompts("critique")[:2])  # 0's code reviewed
   assert "Handle empty input." in chat.prompts("rewrite")[1]
-  # 1->3 rewrote 2 into 4, 2->3 rewrote 3 into 5: A is the rewrite from 1, B from 2
+  # 0->1 and 0->2 rewrote 0's code into 2 (agent 1) and 3 (agent 2); A is 3's rewrite of 1's
   [aggregate] = chat.prompts("aggregate")
-  assert aggregate.index("return 4") < aggregate.index("return 5")
+  from_1, from_2 = (chat.reply_to("rewrite", f"return {k}") for k in (2, 3))
+  assert aggregate.index(from_1) < aggregate.index(from_2)
   assert "Program A" in aggregate and "Program B" in aggregate
   assert "return 99" in chat.prompts("critique")[-1]  # the output agent reviews the merge
   assert "return 6" in final and not task.fallbacks
