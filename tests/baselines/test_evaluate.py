@@ -78,3 +78,21 @@ def test_evaluate_runs_a_baseline_variant(tmp_path, monkeypatch):
   assert [(r["kind"], r["passed"]) for r in lines] == [("node", True), ("problem", True),
                                                        ("node", False), ("problem", False)]
   assert lines[2]["details"]["phases"][-1] == "TestModification"  # the test loop ran
+
+
+@pytest.mark.slow  # ~15-25 s each: a tiny random model answers every call of the system
+@pytest.mark.parametrize("system,calls", [("chatchain", 19), ("macnet", 10), ("aflow", 8)])
+def test_a_random_model_never_crashes_a_baseline(tmp_path, system, calls):
+  """Noise for every reply: each phase falls back, counted, and the run ends with records. The
+  calls are each system's most (ChatChain, AFlow) or, for MacNet's seed-0 draw (the 4-agent
+  mesh), its calls when no source writes code (no critique of empty code)."""
+  folder = test_configs.tiny_models.save_hf_model(
+      "qwen3", str(tmp_path / "model"), max_position_embeddings=4096)[0]
+  config = common.apply(common.base(), f"{system},qwen3_4b,cpu", "humaneval")
+  config.model.path, config.model.dtype = folder, "float32"
+  config.task.limit, config.eval.max_new_tokens = 1, 4
+  config.workdir, config.compilation_cache = str(tmp_path / "run"), ""
+  summary = pipeline.evaluate(config, split="all")
+  [node, _] = [json.loads(line) for line in open(summary["records"])]
+  assert summary["problem_pass"] == 0.0 and node["details"]["calls"] == calls
+  assert sum(node["details"]["fallbacks"].values()) >= 3 and node["cut"]
