@@ -48,10 +48,12 @@ def test_run_visible_passes_the_canonical_solution_and_reports_a_wrong_one():
 @pytest.mark.parametrize("system", baselines.SYSTEMS)
 def test_the_verifier_score_flows_into_the_records_of_single(system):
   chat = Scripted(respond)
-  outcomes = baselines.run(system, chat, FAMILY, PROBLEMS)
+  outcomes = baselines.run(system, chat, FAMILY, PROBLEMS, keep_prompts=True)
   # both tasks' first calls in one round; every call recorded on its task
   assert chat.rounds[0] == 2 * {"chatchain": 1, "macnet": 1, "aflow": 3}[system]
-  lines = list(records.records(outcomes))
+  lines = list(records.records(outcomes, prompts=True))
+  assert lines[0]["prompt"].startswith(f"## {chat.asks[0].phase}\n")  # every call's messages
+  assert lines[0]["prompt"].count("\n## ") == lines[0]["details"]["calls"] - 1
   assert sum(r["details"]["calls"] for r in lines if r["kind"] == "node") == len(chat.asks)
   assert [(r["kind"], r["problem_id"], r["passed"]) for r in lines] == [
       ("node", "HumanEval/0", True), ("problem", "HumanEval/0", True),
