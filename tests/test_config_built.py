@@ -66,6 +66,8 @@ MORSE = {
         (*single(ROLLOUT)[:2],
          dataclasses.replace(STEP, estimator="grpo", micro_batches=16, remat=True),
          single(ROLLOUT)[2]),
+    ("humaneval", "macnet,qwen25_coder_15b,cpu"):  # a baseline: the bare backbone, as single
+        (*single(ROLLOUT)[:2], dataclasses.replace(STEP, estimator="grpo"), single(ROLLOUT)[2]),
     ("humaneval_canonical", None):
         (*single(ROLLOUT)[:2], dataclasses.replace(STEP, estimator="grpo"), single(ROLLOUT)[2]),
     ("scicode", None): (LORA, ROUTER, STEP, ROLLOUT),
@@ -76,6 +78,7 @@ MORSE = {
     ("srdd", None): (LORA, ROUTER, STEP, ROLLOUT),
     ("demo_cpu", None): DEMO,
     ("table2_cpu", None): DEMO,
+    ("table2_baselines", None): (LORA, ROUTER, STEP, ROLLOUT),  # morse_base's, on HumanEval
     ("smollm2_cpu", None):
         (LORA, ROUTER, STEP, dataclasses.replace(SMOLLM2_ROLLOUT, max_new_tokens=256)),
     ("smollm2_train_cpu", None):

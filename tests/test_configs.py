@@ -13,6 +13,7 @@ from apex_jax.memory import MemoryConfig
 from apex_jax.toy.corpus import CorpusConfig
 from configs.morse import common
 from morse_jax import config_sections
+from morse_jax.baselines.run import BaselineConfig
 from morse_jax.experiments import experiment
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.toy.sft import ToyConfig
@@ -42,7 +43,8 @@ def test_every_config_builds_with_a_tiny_model(name, tiny_folder, eight_devices)
   module = importlib.import_module(f"configs.morse.{name}")
   own_args = {"smollm2_train_cpu": [None, "fixed_grpo"]}  # the argument is the variant only
   args = own_args[name] if name in own_args else [None] if name in (
-      "humaneval_canonical", "scicode_canonical", "demo_cpu", "smollm2_cpu", "table2_cpu") else [
+      "humaneval_canonical", "scicode_canonical", "demo_cpu", "smollm2_cpu", "table2_cpu",
+      "table2_baselines") else [
       f"{v},{b},{h}" for v in common.VARIANTS for b in common.BACKBONES for h in common.HARDWARE]
   built = set()
   for arg in args:
@@ -142,7 +144,7 @@ def test_advantage_switches_reach_the_step_config():
 # config section -> the dataclass it becomes, per system
 SECTIONS = {
     "morse": {"lora": LoraConfig, "router": experiment.RoutingConfig,
-              "train": experiment.TrainConfig},
+              "train": experiment.TrainConfig, "baseline": BaselineConfig},
     "apex": {"lora": LoraConfig, "agents": AgentConfig, "memory.bank": MemoryConfig,
              "train": apex_experiment.TrainConfig, "ttrl": apex_experiment.TtrlPhase,
              **{f"stages.{m}": apex_experiment.StagePhase

@@ -17,8 +17,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOTS = ("morse_jax", "apex_jax", "configs", "launchers", "benchmarks")
-MORSE = ("checkpoint", "llm", "lora", "rl", "execution", "tasks", "mas", "experiments", "toy",
-         "serving")
+MORSE = ("checkpoint", "llm", "lora", "rl", "execution", "tasks", "mas", "baselines",
+         "experiments", "toy", "serving")
 
 
 AROUND = ("configs", "launchers", "benchmarks")
@@ -49,12 +49,15 @@ LAYERS = {
     "morse_jax.llm": _others("llm"),
     "morse_jax.lora": _others("llm", "lora"),
     "morse_jax.rl": ("morse_jax.execution", "morse_jax.tasks", "morse_jax.mas",
-                     "morse_jax.experiments", "morse_jax.toy", "morse_jax.serving"),
+                     "morse_jax.baselines", "morse_jax.experiments", "morse_jax.toy",
+                     "morse_jax.serving"),
     "morse_jax.checkpoint": _others("checkpoint"),
     "morse_jax.execution": _others("execution"),
     "morse_jax.serving": _others("serving"),
-    "morse_jax.tasks": ("morse_jax.mas", "morse_jax.experiments", "morse_jax.toy"),
-    "morse_jax.mas": ("morse_jax.experiments", "morse_jax.toy"),
+    "morse_jax.tasks": ("morse_jax.mas", "morse_jax.baselines", "morse_jax.experiments",
+                        "morse_jax.toy"),
+    "morse_jax.mas": ("morse_jax.baselines", "morse_jax.experiments", "morse_jax.toy"),
+    "morse_jax.baselines": ("morse_jax.experiments", "morse_jax.toy"),
 }
 
 

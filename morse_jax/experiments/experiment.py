@@ -2,7 +2,8 @@
 family and problems, graphs, trainer. The launchers stay short; this is where the settings of the
 paper's comparisons become code:
 
-  system   "morse": planner/gold graph + Merger + Executor; "single": one call per task
+  system   "morse": planner/gold graph + Merger + Executor; "single": one call per task;
+           "chatchain", "macnet", "aflow": the paper's prompt-level baselines (`baselines.run`)
   mixture  "mole": role + routed subtask experts; "fixed": one role LoRA of rank r(1+K), no
            router (as many parameters per call as mole activates: role + K subtask experts);
            "none": the bare backbone (only for evaluation: MoRSE-base without adapters)
@@ -19,6 +20,7 @@ import jax
 import ml_collections
 
 from morse_jax import llm
+from morse_jax.baselines import run as baselines
 from morse_jax.config_sections import ConfigError, as_base, settings
 from morse_jax.execution import sandbox
 from morse_jax.llm import sharding
@@ -30,7 +32,8 @@ from morse_jax.rl import train_step as ts, trainer as trainer_lib
 from morse_jax.tasks import humaneval, scicode, srdd, synthetic
 from morse_jax.tasks.base import Problem
 
-SYSTEMS, MIXTURES, ALGOS = ("morse", "single"), ("mole", "fixed", "none"), ("hgrpo", "grpo")
+SYSTEMS = ("morse", "single") + baselines.SYSTEMS
+MIXTURES, ALGOS = ("mole", "fixed", "none"), ("hgrpo", "grpo")
 FAMILIES = ("humaneval", "scicode", "srdd", "synthetic")
 SPLITS = ("category", "instance")  # synthetic only; see configs/morse/common.py
 SCICODE_SPLITS = ("ood", "in_domain")  # task.scicode_split; see tasks/scicode_data.py
@@ -77,6 +80,11 @@ def check(config: ml_collections.ConfigDict) -> TrainConfig:
   train = train_config(config)
   if config.mixture == "none" and train.steps:
     raise ConfigError("config.mixture='none' has nothing to train; set config.train.steps=0")
+  if config.system in baselines.SYSTEMS:
+    if config.mixture != "none":
+      raise ConfigError(f"config.system={config.system!r} runs the bare backbone: set "
+                        f"config.mixture='none', not {config.mixture!r}")
+    baseline_config(config)
   for field in ("data", "model"):
     if config.mesh[field] < 1:
       raise ConfigError(f"config.mesh.{field}={config.mesh[field]!r} must be >= 1")
@@ -127,6 +135,11 @@ def chunk(config, problems: list[Problem]) -> list[Problem]:
     raise ValueError(f"task.skip={skip} and task.limit={limit} must be >= 0")
   problems = problems[skip:]
   return problems[:limit] if limit else problems
+
+
+def baseline_config(config) -> baselines.BaselineConfig:
+  """config.baseline (defaults where a config has none), checked."""
+  return settings(baselines.BaselineConfig, config.get("baseline", {}), "baseline")
 
 
 def lora_config(config) -> LoraConfig | None:
@@ -225,8 +238,8 @@ class Experiment:
   train: TrainConfig | None = None  # config.train, built once (`check`)
 
   def graphs(self, problems: list[Problem]) -> list[graph_lib.SubtaskGraph]:
-    """single: one node per task; morse: stored plans, else gold graphs, else the planner."""
-    if self.config.system == "single":
+    """morse: stored plans, else gold graphs, else the planner; the others: one node per task."""
+    if self.config.system != "morse":
       return [graph_lib.single_node(p.statement) for p in problems]
     if self.config.task.plans:
       stored = planner.load_plans(self.config.task.plans)

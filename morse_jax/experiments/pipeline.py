@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from morse_jax import runtime
+from morse_jax.baselines import run as baselines
 from morse_jax.checkpoint.steps import Checkpoints, files_fingerprint, fingerprint
 from morse_jax.experiments import evaluation, experiment, plots, records
 from morse_jax.lora import embedders
@@ -127,10 +128,17 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   path = os.path.join(workdir, f"{name or 'eval_' + split}.jsonl")
   start = time.perf_counter()
   for i in range(0, len(problems), batch):
-    outcomes += runner.run(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],
-                           experts, router, rng=jax.random.key(config.seed),
-                           merge_mode=config.router.merge_experts, seed=config.seed,
-                           keep_prompts=prompts)
+    if config.system in baselines.SYSTEMS:  # one node per task, as `single`, many calls each
+      outcomes += baselines.run(config.system,
+                                baselines.backbone_chat(exp.agents, jax.random.key(config.seed)),
+                                exp.family, problems[i:i + batch],
+                                experiment.baseline_config(config), seed=config.seed,
+                                keep_prompts=prompts)
+    else:
+      outcomes += runner.run(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],
+                             experts, router, rng=jax.random.key(config.seed),
+                             merge_mode=config.router.merge_experts, seed=config.seed,
+                             keep_prompts=prompts)
     # The records so far after every batch: a run stopped part way keeps what it finished.
     records.write(path, outcomes, prompts)
     print(f"{len(outcomes)}/{len(problems)} problems run, "

@@ -29,11 +29,14 @@ from typing import Sequence
 import numpy as np
 
 from morse_jax import atomic
+from morse_jax.baselines import run as baselines
 from morse_jax.experiments import pipeline, plots
 from morse_jax.experiments.variants import VARIANTS
 from morse_jax.rl import metrics
 
-UNTRAINED = ("single", "morse_base")
+# The prompt-level baselines (chatchain, macnet, aflow) are untrained systems too: a HumanEval
+# table of them beside morse_base pairs over problems, as `single` does.
+UNTRAINED = ("single", "morse_base") + baselines.SYSTEMS
 TRAINED = ("fixed_grpo", "mole_grpo", "mole_hgrpo")
 _EXACT_UP_TO = 16
 _RANDOM_FLIPS = 20_000

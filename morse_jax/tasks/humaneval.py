@@ -14,6 +14,7 @@ import dataclasses
 import gzip
 import importlib.resources
 import json
+import re
 import textwrap
 from typing import Any, Mapping
 
@@ -95,6 +96,37 @@ def assemble(problem: Problem, code: str) -> tuple[str, str]:
     if not verifier.syntax_error(indented):
       program = indented
   return program, program
+
+
+# "f(x) ==> y", "f(x) => y", "f(x) == y", "f(x) ➞ y", "f(x) -> y": the docstrings' other forms
+_EXAMPLE_ARROW = re.compile(r"^(?P<call>.+?\))\s*(?:==>|=>|==|➞|->|→)\s*(?P<value>.+)$")
+
+
+def _expression(text: str) -> bool:
+  try:
+    ast.parse(text, mode="eval")
+  except (SyntaxError, ValueError):
+    return False
+  return True
+
+
+def visible_tests(problem: Problem) -> list[str]:
+  """The examples the prompt's docstring shows, as asserts (`>>> call` and the line after it, or
+  one line `call ==> value` in one of the docstrings' arrow forms, a call of the entry point):
+  what a system may test its code on before the verifier runs the hidden check. Examples whose
+  call or value is no Python expression are left out."""
+  entry, tests = problem.data["entry_point"], []
+  lines = [line.strip() for line in problem.data["prompt"].splitlines()]
+  for i, line in enumerate(lines):
+    call = value = None
+    if line.startswith(">>> ") and i + 1 < len(lines) and not lines[i + 1].startswith(">>>"):
+      call, value = line[4:].split(" #")[0], lines[i + 1]
+    elif line.startswith(entry + "("):
+      match = _EXAMPLE_ARROW.match(line)
+      call, value = (match["call"], match["value"]) if match else (None, None)
+    if call and value and entry in call and _expression(call) and _expression(value):
+      tests.append(f"assert {call} == {value}")
+  return tests
 
 
 def _check_test(problem: Problem) -> str:
@@ -184,6 +216,23 @@ class HumanEval:
                               per_test_timeout_s=self.per_test_timeout_s,
                               per_test_wall_s=self.per_test_wall_s,
                               prelude=problem.data["prompt"], **kwargs)
+
+  def run_visible(self, problem: Problem, artifact: str) -> tuple[bool, str]:
+    """The reply's code on the docstring's examples (`visible_tests`; never the hidden check),
+    for systems that test before they answer (the baselines): (all passed, a report for the
+    model). Without examples the code is only executed."""
+    code = self.extract(problem, artifact)
+    if code is None:
+      return False, "no code found in the reply"
+    program, _ = assemble(problem, code)
+    reason = verifier.syntax_error(program)
+    if reason:
+      return False, reason
+    tests = visible_tests(problem)
+    run = self._run(problem, program, tests, remote=[problem.data["entry_point"]])
+    if run.errors:
+      return False, "; ".join(run.errors)[:1000]
+    return True, f"{run.passed} of {run.total} examples pass"
 
   def null_bodies(self, problem: Problem) -> dict[str, str]:
     """The null programs measured on a problem: the generic ones, and each literal its check

@@ -112,6 +112,35 @@ def test_finished_runs_are_reused_from_their_records(tmp_path, monkeypatch):
   assert table2._one_run(config, "mole_hgrpo", 1, str(tmp_path)) == run
 
 
+def test_baselines_run_untrained_and_pair_over_problems(tmp_path, monkeypatch):
+  from configs.morse import common
+  from morse_jax.experiments import pipeline
+
+  passed = {"morse": (True, False), "chatchain": (False, False)}  # by system, problems t1, t2
+
+  def evaluate(config, checkpoint, split, name):
+    assert checkpoint is None and config.train.steps == 0
+    path = os.path.join(config.workdir, f"{name}.jsonl")
+    os.makedirs(config.workdir, exist_ok=True)
+    with open(path, "w") as f:
+      for problem, ok in zip(("t1", "t2"), passed[config.system]):
+        f.write(json.dumps({"kind": "node", "problem_id": problem, "node_id": "1",
+                            "passed": ok, "reward": float(ok)}) + "\n")
+        f.write(json.dumps({"kind": "problem", "problem_id": problem, "passed": ok}) + "\n")
+    return {"records": path}
+
+  monkeypatch.setattr(pipeline, "evaluate", evaluate)
+  config = common.apply(common.base(), "morse_base,qwen25_coder_15b,cpu", "humaneval")
+  config.workdir = str(tmp_path)
+  config.table2 = ml_collections.ConfigDict(dict(
+      variants=("morse_base", "chatchain"), seeds=(0,), steps=0,
+      comparisons=(("chatchain", "morse_base"),)))
+  result = table2.run(config)
+  assert result["rows"]["chatchain"]["seeds"] == [None]  # one seed-free measurement
+  tests = {(t["a"], t["b"], t["unit"]): t for t in result["tests"]}
+  assert tests[("chatchain", "morse_base", "problems")]["mean_difference"] == -0.5
+
+
 @pytest.mark.slow  # ~3 min: five systems, two seeds, one update each, on a tiny random model
 def test_table2_end_to_end_on_a_tiny_model(tmp_path):
   from configs.morse import table2_cpu
