@@ -34,6 +34,7 @@ class Episode:
   executor: list[Trajectory]  # the first run, and the resumed run after a replan
   context: PlannerContext | None
   replan_memory_ids: tuple[int, ...] = ()
+  caption: str | None = None  # the question image's: its memory is stored with it
 
   @property
   def bucket(self) -> Bucket | None:
@@ -95,5 +96,5 @@ def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], 
         question=q, y1=y1, y2=y2, decision=decisions[i], format_ok=planner.format_ok(r),
         plan=r.plan, replan=r.replan, planner=r.trajectory(y2),
         executor=[first[i]] + ([second[i]] if i in second else []), context=contexts[i],
-        replan_memory_ids=replan_ids.get(i, ())))
+        replan_memory_ids=replan_ids.get(i, ()), caption=captions[i]))
   return episodes

@@ -131,3 +131,11 @@ def image_of(example: QAExample) -> np.ndarray | None:
   if not example.images:
     return None
   return images_lib.decode_base64(example.images[0], f"question {example.id!r} images[0]")
+
+
+def episode_inputs(examples) -> dict:
+  """run_episode's image arguments for a batch of examples: captions (memories, retrieval and
+  the planner), images (decoded, the executor's first turn) and data_ids (the image-search
+  cache ids, for the questions that have an image)."""
+  return dict(captions=[e.caption for e in examples], images=[image_of(e) for e in examples],
+              data_ids=[e.id if e.images else None for e in examples])

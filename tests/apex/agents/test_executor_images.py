@@ -163,3 +163,18 @@ def test_qwen_vl_text_and_openai_parts():
   np.testing.assert_array_equal(images.decode_base64(url, "url"), two[1])
   with pytest.raises(ValueError, match=r"1 image\(s\) for 2 <image> marker"):
     vision_chat.qwen_vl_text(messages, two[:1])
+
+
+def test_the_episode_memory_keeps_the_caption(tmp_path):
+  from apex_jax.agents import Distiller
+
+  bank = MemoryBank(str(tmp_path / "m.db"), HashEmbedder(), config=MemoryConfig())
+
+  def reply(module, prompt, _):
+    return {"planner": "<think>w2</think>w10", "executor": ANSWER}.get(module, "1. w5")
+  gen = fakes.ScriptedGenerator(reply)
+  cfg = AgentConfig()
+  [ep] = run_episode(Planner(gen, cfg), Executor(gen, fakes.FakeSearcher(), cfg), ["w40"],
+                     rng=RNG, bank=bank, categories=["location"], captions=["w70"])
+  _, [item] = Distiller(gen, cfg).workflow_memories([ep], [True], rng=RNG)
+  assert item.caption == "w70" and item.modality == "text-image"
