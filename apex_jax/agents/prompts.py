@@ -82,22 +82,17 @@ You must follow these steps in order. In every conversation turn, you start from
 Here is the question:
 """
 
-EXECUTOR_IMAGE_SYSTEM = """You are a helpful assistant. You can call functions to assist with the user query.
-Important: You must call only one function at a time. After each function call, wait for the execution result before making the next function call if needed.
-# Tools
-
-You may call one or more functions to assist with the user query.
-
-You are provided with function signatures within <tools></tools> XML tags:
-<tools>
-{"type": "function", "function": {"name": "search", "description": "Searches the web for relevant information based on the given query.", "parameters": {"type": "object", "properties": {"query_list": {"type": "array", "description": "A list of complete textual queries. Each query must clearly state the topic without referring to images."}}, "required": ["query_list"]}}}
-{"type": "function", "function": {"name": "web_image_to_image_search", "description": "**IMPORTANT: This tool can only be called once.** Searches for relevant images based on the original image using web search.", "parameters": {"type": "object", "properties": {"img_idx": {"type": "string", "description": "A placeholder parameter. The value must always be '0'."}}, "required": ["img_idx"]}}}
-</tools>
-For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
-<tool_call>
-{"name": <function-name>, "arguments": <args-json-object>}
-</tool_call>
-"""
+# The image prompt's system prompt is the text one with two changes: search's queries must not
+# refer to the image, and the image search's signature follows search's.
+IMAGE_SEARCH_TOOL = (
+    '{"type": "function", "function": {"name": "web_image_to_image_search", "description": '
+    '"**IMPORTANT: This tool can only be called once.** Searches for relevant images based on the '
+    'original image using web search.", "parameters": {"type": "object", "properties": '
+    '{"img_idx": {"type": "string", "description": "A placeholder parameter. The value must '
+    'always be \'0\'."}}, "required": ["img_idx"]}}}')
+EXECUTOR_IMAGE_SYSTEM = EXECUTOR_SYSTEM.replace(
+    "clearly state the topic.", "clearly state the topic without referring to images.").replace(
+        "\n</tools>", f"\n{IMAGE_SEARCH_TOOL}\n</tools>")
 
 EXECUTOR_IMAGE_USER = """# Workflow and Output Format
 You must follow these steps in order. In every conversation turn, you start from Step 1.
