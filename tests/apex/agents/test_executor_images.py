@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from apex_jax.agents import AgentConfig, Executor, Planner, run_episode, vision_chat
+from apex_jax.agents import AgentConfig, Distiller, Executor, Planner, run_episode, vision_chat
 from apex_jax.agents.conversation import Conversation
 from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.tools import images, render_tool_call
@@ -166,8 +166,6 @@ def test_qwen_vl_text_and_openai_parts():
 
 
 def test_the_episode_memory_keeps_the_caption(tmp_path):
-  from apex_jax.agents import Distiller
-
   bank = MemoryBank(str(tmp_path / "m.db"), HashEmbedder(), config=MemoryConfig())
 
   def reply(module, prompt, _):

@@ -1,11 +1,14 @@
 """The real agents in the training loops, driven by a scripted generator: group shapes, rewards
 by the authors' rules, loss masks on generated tokens only, the TTRL episode and evolve hooks."""
 
+import base64
+import io
 import json
 
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 
 from apex_jax.agents import AgentConfig
 from apex_jax.datasets import QAExample
@@ -330,11 +333,6 @@ def test_distiller_reward_term_grades_by_hand():
 
 
 def test_image_examples_bring_caption_image_and_cache_id_to_the_agents(gen, tmp_path):
-  import base64
-  import io
-
-  from PIL import Image
-
   buffer = io.BytesIO()
   Image.new("RGB", (8, 8), (3, 4, 5)).save(buffer, "PNG")
   image = base64.b64encode(buffer.getvalue()).decode()
