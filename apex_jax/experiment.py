@@ -31,6 +31,7 @@ from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.memory.schema import CATEGORIES
 from apex_jax.tools import LocalSearch
+from apex_jax.tools.image_search import ImageSearch
 from apex_jax.tools.overlap import NgramSearch, WordSearch
 from apex_jax.tools.passages import read_corpus
 from apex_jax.training.grpo import ModuleUpdater
@@ -113,7 +114,8 @@ class TtrlPhase(Phase, TtrlConfig):
     return as_base(self, TtrlConfig, steps=self.steps_over(n))
 
 
-SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder", "hotpotqa", "twowiki"), \
+SOURCES, SEARCHES, EMBEDDERS, JUDGES = ("world", "folder", "hotpotqa", "twowiki") + \
+    sources.IMAGE_SETS, \
     ("word", "ngram", "index"), \
     ("backbone_mean", "sentence"), ("inprocess", "http")
 
@@ -138,9 +140,11 @@ class Experiment:
   updater: ModuleUpdater
   experts: Any  # the initial role experts
   training: TrainConfig  # config.train
+  image_search: Any = None  # ImageSearch over config.image_search.root (None: no image tool)
 
   def executor(self, agents: AgentConfig | None = None) -> Executor:
-    return Executor(self.generator, self.searcher, agents or self.agents)
+    return Executor(self.generator, self.searcher, agents or self.agents,
+                    image_search=self.image_search)
 
   def memory_build_agents(self) -> AgentConfig:
     """The agents' settings of memory building's episodes and summaries:
@@ -202,7 +206,7 @@ def load_data(c) -> tuple[list, list, list]:
     train, test = split_examples(world_questions_of(world, c.data.get("categories", ())),
                                  c.data.test_fraction, c.data.world_seed)
     passages = world.passages
-  elif kind in ("hotpotqa", "twowiki"):
+  elif kind in ("hotpotqa", "twowiki") + sources.IMAGE_SETS:
     cache = c.data.get("cache_dir") or None
     train, test = (sources.source(kind, c.data.folder, c.data.get(f"{s}_split", s),
                                   cache_dir=cache) for s in ("train", "test"))
@@ -258,7 +262,17 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   bank = MemoryBank(c.memory.path or _fresh_bank_path(c.workdir), embedder or _embedder(c, model),
                     config=settings(MemoryConfig, c.memory.bank, "memory.bank"))
   return Experiment(c, model, train, test, _searcher(c, passages), bank, agents, generator,
-                    updater, experts, training)
+                    updater, experts, training, image_searcher(c))
+
+
+def image_searcher(c) -> ImageSearch | None:
+  """config.image_search.root's results cache (the authors' layout), or None when unset."""
+  root = c.get("image_search", {}).get("root", "")
+  if not root:
+    return None
+  if not os.path.isdir(root):
+    raise ValueError(f"config.image_search.root {root!r} is not a folder")
+  return ImageSearch(root, max_results=c.image_search.get("max_results", 3))
 
 
 def train_config(c) -> TrainConfig:

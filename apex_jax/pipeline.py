@@ -31,6 +31,7 @@ from apex_jax.agents import Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
 from apex_jax.agents.generator import with_experts
 from apex_jax.datasets import evaluate as score_predictions
+from apex_jax.datasets import image_qa
 from apex_jax.experiment import (JUDGES, Experiment, StagePhase, TtrlPhase, agents_for, build,
                                   choice)
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank
@@ -79,7 +80,8 @@ def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None
   for i, batch in enumerate(_batches(exp.train[:c.questions], c.batch_size)):
     k_episode, k_remember = jax.random.split(jax.random.fold_in(rng, i))
     episodes = run_episode(planner, executor, [ex.question for ex in batch], rng=k_episode,
-                           bank=exp.bank, categories=[ex.category for ex in batch])
+                           bank=exp.bank, categories=[ex.category for ex in batch],
+                           **image_qa.episode_inputs(batch))
     scores = scorer.score_many([AccuracyItem(ex.question, ep.y2, tuple(ex.answers))
                                 for ep, ex in zip(episodes, batch)])
     correct = [score >= 1.0 for score in scores]
@@ -182,10 +184,12 @@ def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: boo
   predictions, answered, context, memory = {}, 0, [], []
   for i, batch in enumerate(_batches(examples, c.batch_size)):
     episodes = run_episode(Planner(generator, agents),
-                           Executor(generator, exp.searcher, agents),
+                           Executor(generator, exp.searcher, agents,
+                                    image_search=exp.image_search),
                            [ex.question for ex in batch], rng=jax.random.fold_in(rng, i),
                            bank=bank, categories=[ex.category for ex in batch],
-                           use_memories=use_memories, use_skills=use_skills)
+                           use_memories=use_memories, use_skills=use_skills,
+                           **image_qa.episode_inputs(batch))
     for ep, ex in zip(episodes, batch):
       predictions[ex.id] = ep.y2 or ""
       answered += ep.y2 is not None
@@ -236,10 +240,12 @@ def stages(exp: Experiment) -> list[Stage]:
     agents = agents_for(exp, phase, f"stages.{module}")
     if module == "executor":
       data, fn = exp.train, rollouts.ExecutorRollout(exp.searcher, exp.bank, agents,
-                                                     accuracy=judging.reward_accuracy(exp))
+                                                     accuracy=judging.reward_accuracy(exp),
+                                                     image_search=exp.image_search)
     elif module == "planner":
       data, fn = exp.train, rollouts.PlannerRollout(exp.searcher, exp.bank, agents,
-                                                    accuracy=judging.reward_accuracy(exp))
+                                                    accuracy=judging.reward_accuracy(exp),
+                                                    image_search=exp.image_search)
     else:
       data, fn = memory_buckets(exp.bank), rollouts.DistillerRollout(
           exp.bank, agents, skill_judge=judging.skill_judge(exp),
@@ -272,7 +278,8 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
   `experts` for every module (its episodes, summaries and evolution run on them). frozen: the
   planner is not updated (FrozenUpdater): the bank grows as that system's TTRL would grow it."""
   t = settings(TtrlPhase, exp.config.ttrl, "ttrl")
-  queries = [Query(ex.question, category=ex.category, data_id=ex.id) for ex in exp.test]
+  queries = [Query(ex.question, ex.caption, category=ex.category, data_id=ex.id)
+             for ex in exp.test]
   updater = exp.updater
   if frozen:
     updater = FrozenUpdater(**{f.name: getattr(updater, f.name)

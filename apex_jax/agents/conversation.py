@@ -6,6 +6,12 @@ after them is tokenised as a delta of the chat template: the ids of [anchor, mes
 assistant turn opened, minus the ids of [anchor] alone (the way verl's agent loop appends tool
 responses). This needs a template whose rendering of a user message is a prefix of its rendering
 with more messages after it, which `ChatDeltas` checks once.
+
+Images ride beside the text: a message's text holds one `<image>` marker per image
+(`apex_jax.tools.images.MARKER`, as the authors' prompts write it) and `Conversation.images`
+holds the decoded images in the order of the markers over the whole chat. A text backbone reads
+the markers as text; a VL backbone takes the images (`agents.vision_chat` renders the chat for
+Qwen2.5-VL, or as OpenAI `image_url` parts).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from typing import Sequence
 import numpy as np
 
 from morse_jax.rl.rollout import Segment
+
+from apex_jax.tools import images as images_lib
 
 _ANCHOR = [{"role": "user", "content": "anchor"}]
 
@@ -38,15 +46,18 @@ class ChatDeltas:
 
 @dataclasses.dataclass
 class Conversation:
-  """messages: the chat as text (for re-rendering and judges); segments: the same as tokens."""
+  """messages: the chat as text (for re-rendering and judges); segments: the same as tokens;
+  images: uint8 [448, 448, 3] arrays, one per `<image>` marker of the messages, in order."""
 
   messages: list[dict]
   segments: list[Segment]
+  images: list = dataclasses.field(default_factory=list)
 
   @classmethod
-  def start(cls, tokenizer, messages: list[dict]) -> "Conversation":
+  def start(cls, tokenizer, messages: list[dict], images: Sequence = ()) -> "Conversation":
+    images = checked_images(messages, images)
     ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-    return cls(list(messages), [Segment(ids)])
+    return cls(list(messages), [Segment(ids)], images)
 
   def tokens(self) -> list[int]:
     return [int(t) for s in self.segments for t in s.tokens]
@@ -59,12 +70,32 @@ class Conversation:
     self.segments.append(Segment(tokens, np.asarray(generation.logprobs, np.float32)))
     self.messages.append({"role": "assistant", "content": generation.text})
 
-  def add_messages(self, deltas: ChatDeltas, messages: Sequence[dict]) -> int:
-    """Appends messages (never trained on) and opens the next assistant turn; returns tokens."""
+  def add_messages(self, deltas: ChatDeltas, messages: Sequence[dict],
+                   images: Sequence = ()) -> int:
+    """Appends messages (never trained on) and their images (one per marker) and opens the next
+    assistant turn; returns tokens."""
+    images = checked_images(messages, images)
     ids = deltas(messages)
     self.segments.append(Segment(ids))
     self.messages.extend(messages)
+    self.images.extend(images)
     return len(ids)
 
   def generated_text(self) -> str:
     return "\n".join(m["content"] for m in self.messages if m["role"] == "assistant")
+
+
+def markers(messages: Sequence[dict]) -> int:
+  """How many `<image>` markers the messages' texts hold."""
+  return sum(m["content"].count(images_lib.MARKER) for m in messages)
+
+
+def checked_images(messages: Sequence[dict], images: Sequence) -> list:
+  """The images as a list of uint8 [448, 448, 3], one per marker of `messages`, else refused.
+  Messages without images may hold markers: a text-only chat (the planner's, which reads
+  memories' questions) keeps them as text."""
+  images = [images_lib.check_array(x, f"images[{i}]") for i, x in enumerate(images)]
+  if images and markers(messages) != len(images):
+    raise ValueError(f"{len(images)} image(s) for {markers(messages)} {images_lib.MARKER} "
+                     f"marker(s) in the messages")
+  return images

@@ -128,7 +128,8 @@ class Distiller:
     summaries = self.summarize(traces, rng=rng)
     items = [NewMemory(e.question, s.text, bool(ok),
                        category=None if e.bucket is None else e.bucket.category,
-                       modality=None if e.bucket is None else e.bucket.modality)
+                       modality=None if e.bucket is None else e.bucket.modality,
+                       caption=e.caption)
              for e, s, ok in zip(episodes, summaries, correct)]
     return summaries, items
 

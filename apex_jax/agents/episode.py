@@ -34,6 +34,7 @@ class Episode:
   executor: list[Trajectory]  # the first run, and the resumed run after a replan
   context: PlannerContext | None
   replan_memory_ids: tuple[int, ...] = ()
+  caption: str | None = None  # the question image's: its memory is stored with it
 
   @property
   def bucket(self) -> Bucket | None:
@@ -49,22 +50,29 @@ class Episode:
 def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], *,
                 rng: jax.Array, bank=None, categories: Sequence[str | None] | None = None,
                 captions: Sequence[str | None] | None = None, use_memories: bool = True,
-                use_skills: bool = True) -> list[Episode]:
+                use_skills: bool = True, images: Sequence | None = None,
+                data_ids: Sequence[str | None] | None = None) -> list[Episode]:
   """The loop over a batch; bank None plans without memories or skills. use_memories /
   use_skills (MemoryBank.planner_context's options, the ablations): False shows the planner no
-  instance memory (at the plan and the replan) / no skill document."""
+  instance memory (at the plan and the replan) / no skill document. captions route and score
+  the memories (text-image bucket) and follow the question in the plan prompt; images (decoded,
+  `tools.images`) and data_ids (the image-search cache's ids) go to the executor only."""
   n = len(questions)
   categories = [None] * n if categories is None else list(categories)
   captions = [None] * n if captions is None else list(captions)
-  if len(categories) != n or len(captions) != n:
+  images = [None] * n if images is None else list(images)
+  data_ids = [None] * n if data_ids is None else list(data_ids)
+  if not len(categories) == len(captions) == len(images) == len(data_ids) == n:
     raise ValueError(f"run_episode: {n} questions, {len(categories)} categories, "
-                     f"{len(captions)} captions")
+                     f"{len(captions)} captions, {len(images)} images, {len(data_ids)} "
+                     f"data_ids")
   k_plan, k_run, k_eval, k_replan, k_rerun = jax.random.split(rng, 5)
   contexts = [None] * n if bank is None else [
       bank.planner_context(q, c, category=cat, use_memories=use_memories, use_skills=use_skills)
       for q, c, cat in zip(questions, captions, categories)]
-  runs = planner.plan(questions, contexts, rng=k_plan)
-  first = executor.run(questions, [r.plan for r in runs], rng=k_run)
+  runs = planner.plan(questions, contexts, rng=k_plan, captions=captions)
+  first = executor.run(questions, [r.plan for r in runs], rng=k_run, images=images,
+                       data_ids=data_ids)
   decisions = planner.evaluate(runs, first, rng=k_eval)
   again = [i for i, d in enumerate(decisions) if d.replan]
   replan_ids: dict[int, tuple[int, ...]] = {}
@@ -88,5 +96,5 @@ def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], 
         question=q, y1=y1, y2=y2, decision=decisions[i], format_ok=planner.format_ok(r),
         plan=r.plan, replan=r.replan, planner=r.trajectory(y2),
         executor=[first[i]] + ([second[i]] if i in second else []), context=contexts[i],
-        replan_memory_ids=replan_ids.get(i, ())))
+        replan_memory_ids=replan_ids.get(i, ()), caption=captions[i]))
   return episodes

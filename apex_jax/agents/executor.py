@@ -9,6 +9,15 @@ on_format_error="feedback" the error is shown instead), at a truncated turn, aft
 turns, when the question's max_llm_calls are spent, or when the context would exceed
 max_context_tokens. Search failures are counted and shown to the model as verl's search tool
 shows them ('{"result": "Search execution failed: ..."}').
+
+A question may come with an image (`run(..., images=, data_ids=)`): it opens with the authors'
+image prompt, its `<image>` marker in the first turn, and the run may call
+`web_image_to_image_search` (`{"img_idx": "0"}`) once per episode (the resumed run included);
+a second call is a format error (`repeated_image_search`, as rewards.executor_checks counts
+it). The results (text with one marker per image, and the images) come back as the next user
+turn in `<tool_response>`; a cache entry the tool cannot read is counted
+(`image_search_errors`) and the model shows the authors' error text. Text-only questions are
+not offered the tool (a call is `unknown_tool`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from apex_jax.agents.config import AgentConfig
 from apex_jax.agents.conversation import ChatDeltas, Conversation
 from apex_jax.agents.trajectory import Trajectory
 from apex_jax.tools import Answer, FormatError, Searcher, ToolCall, format_results, parse_turn
+from apex_jax.tools import image_search as image_search_lib
+from apex_jax.tools import images as images_lib
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +50,9 @@ class _Run:
   answer: str | None = None
   done: bool = False
   run_turns: int = 0  # turns in this run (max_turns applies per run)
+  data_id: str | None = None  # the image-search cache's folder name for this question
+  has_image: bool = False
+  image_searched: bool = False  # once per episode: carried into the resumed run
 
   def finish(self, reason: str) -> None:
     self.done = True
@@ -47,20 +61,34 @@ class _Run:
 
 class Executor:
   def __init__(self, generator, searcher: Searcher, config: AgentConfig = AgentConfig(),
-               tools: Sequence[str] = ("search",)):
+               tools: Sequence[str] = ("search",), image_search=None):
+    """image_search: an `ImageSearch` (or anything with `search(data_id) -> ImageResults`);
+    None: image questions get no image tool."""
     self.generator, self.searcher, self.config, self.tools = generator, searcher, config, tools
+    self.image_search = image_search
     self.tokenizer = generator.tokenizer_of("executor")
     self.deltas = ChatDeltas(self.tokenizer)
 
   def run(self, questions: Sequence[str], plans: Sequence[str | None] | None = None, *,
-          rng: jax.Array) -> list[Trajectory]:
-    """One trajectory per question: [prompt, turn 1, tool output 1, turn 2, ...]."""
-    plans = [None] * len(questions) if plans is None else list(plans)
-    if len(plans) != len(questions):
-      raise ValueError(f"Executor.run: {len(plans)} plans for {len(questions)} questions")
+          rng: jax.Array, images: Sequence | None = None,
+          data_ids: Sequence[str | None] | None = None) -> list[Trajectory]:
+    """One trajectory per question: [prompt, turn 1, tool output 1, turn 2, ...]. images: per
+    question None or its decoded image (uint8 [448, 448, 3], `tools.images`); data_ids: per
+    question its id in the image-search cache."""
+    n = len(questions)
+    plans = [None] * n if plans is None else list(plans)
+    images = [None] * n if images is None else list(images)
+    data_ids = [None] * n if data_ids is None else list(data_ids)
+    if not len(plans) == len(images) == len(data_ids) == n:
+      raise ValueError(f"Executor.run: {len(plans)} plans, {len(images)} images and "
+                       f"{len(data_ids)} data_ids for {n} questions")
     style = self.config.prompt_style
-    runs = [_Run(q, Conversation.start(self.tokenizer, prompts.executor_messages(q, p, style)),
-                 collections.Counter(), []) for q, p in zip(questions, plans)]
+    runs = []
+    for q, p, image, data_id in zip(questions, plans, images, data_ids):
+      shown = () if image is None else (image,)
+      messages = prompts.executor_messages(q, p, style, image=bool(shown))
+      runs.append(_Run(q, Conversation.start(self.tokenizer, messages, shown),
+                       collections.Counter(), [], data_id=data_id, has_image=bool(shown)))
     return self._loop(runs, rng)
 
   def resume(self, previous: Sequence[Trajectory], replans: Sequence[str], *,
@@ -80,9 +108,20 @@ class Executor:
             else text.strip()
       messages.append(prompts.revised_plan_message(replan, self.config.prompt_style))
       stats = collections.Counter({"llm_calls": traj.stats.get("llm_calls", 0)})
-      runs.append(_Run(traj.info["question"], Conversation.start(self.tokenizer, messages),
-                       stats, []))
+      info = traj.info
+      runs.append(_Run(info["question"],
+                       Conversation.start(self.tokenizer, messages, info.get("images", ())),
+                       stats, [], data_id=info.get("data_id"),
+                       has_image=info.get("has_image", False),
+                       image_searched=info.get("image_searched", False)))
     return self._loop(runs, rng)
+
+  def _tools(self, r: _Run) -> tuple[str, ...]:
+    """The tools a run may call: the image search only for a question with an image."""
+    tools = tuple(t for t in self.tools if t != image_search_lib.NAME)
+    if r.has_image and self.image_search is not None:
+      tools += (image_search_lib.NAME,)
+    return tools
 
   # ----------------------------------------------------------------------------------- loop
 
@@ -120,7 +159,11 @@ class Executor:
     turn = {"text": gen.text, "tool_output": None, "queries": [], "passage_ids": [],
             "error": None}
     r.turns.append(turn)
-    parsed = parse_turn(gen.text, tools=self.tools, max_queries=self.config.max_queries)
+    parsed = parse_turn(gen.text, tools=self._tools(r), max_queries=self.config.max_queries)
+    if (isinstance(parsed, ToolCall) and parsed.name == image_search_lib.NAME
+        and r.image_searched):
+      parsed = FormatError("repeated_image_search",
+                           f"{image_search_lib.NAME} may be called once per episode")
     if isinstance(parsed, Answer):
       r.answer = parsed.text
       r.finish("answer")
@@ -157,8 +200,13 @@ class Executor:
   # --------------------------------------------------------------------------------- search
 
   def _search(self, calls: list[tuple[_Run, ToolCall]]) -> None:
-    """All tool calls of a round in one searcher call; if it fails, each call alone (so one bad
-    request does not fail the others); a call that still fails shows the model the error."""
+    """All search calls of a round in one searcher call; if it fails, each call alone (so one
+    bad request does not fail the others); a call that still fails shows the model the error.
+    Image searches are cache lookups, one per call."""
+    for r, call in calls:
+      if call.name == image_search_lib.NAME:
+        self._image_search(r)
+    calls = [(r, call) for r, call in calls if call.name != image_search_lib.NAME]
     if not calls:
       return
     queries = [q for _, call in calls for q in call.queries]
@@ -203,9 +251,31 @@ class Executor:
           f"A search for '{q}' found {len(passages)} results. "
           + json.dumps({"result": format_results([passages])}, ensure_ascii=False)
           for q, passages in zip(call.queries, results))
-    text = self._cut(r, text)
+    # a marker in a passage would claim an image slot the chat has no image for
+    text = images_lib.strip_markers(self._cut(r, text))
     turn["tool_output"] = text
     r.stats["tool_tokens"] += r.conv.add_messages(self.deltas, [prompts.tool_message(text)])
+
+  def _image_search(self, r: _Run) -> None:
+    """The cached results of the run's question as the next user turn (text with one marker
+    per image, and the images); a failed lookup is counted and shows the authors' error text.
+    The text is not cut to max_tool_tokens: its markers must stay with their images."""
+    turn = r.turns[-1]
+    turn["image_search"] = True
+    r.image_searched = True
+    r.stats["image_searches"] += 1
+    try:
+      results = self.image_search.search(r.data_id)
+      text, shown = results.text, results.images
+    except (image_search_lib.ImageSearchError, ValueError) as err:
+      log.warning("image search for %r failed: %s", r.data_id, err)
+      r.stats["image_search_errors"] += 1
+      turn["error"] = f"{image_search_lib.NAME}: {err}"
+      text, shown = image_search_lib.FAILED, ()
+    turn["tool_output"] = text
+    turn["images"] = len(shown)
+    r.stats["tool_tokens"] += r.conv.add_messages(self.deltas, [prompts.tool_message(text)],
+                                                  shown)
 
   def _cut(self, r: _Run, text: str) -> str:
     ids = self.tokenizer.encode(text)
@@ -219,12 +289,15 @@ class Executor:
 
   def _trajectory(self, r: _Run) -> Trajectory:
     stats = {k: float(v) for k, v in r.stats.items()}
-    for key in ("turns", "tool_calls", "format_errors", "search_errors", "truncated"):
+    for key in ("turns", "tool_calls", "format_errors", "search_errors", "truncated",
+                "image_searches", "image_search_errors"):
       stats.setdefault(key, 0.0)
     stats["answered"] = float(r.answer is not None)
     return Trajectory("executor", r.conv.segments, r.conv.generated_text(), r.answer, stats,
                       info={"question": r.question, "turns": r.turns,
-                            "messages": r.conv.messages,
+                            "messages": r.conv.messages, "images": list(r.conv.images),
+                            "data_id": r.data_id, "has_image": r.has_image,
+                            "image_searched": r.image_searched,
                             "searches": [{"turn": i, "queries": t["queries"],
                                           "passage_ids": t["passage_ids"]}
                                          for i, t in enumerate(r.turns) if t["queries"]]})

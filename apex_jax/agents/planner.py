@@ -139,15 +139,19 @@ class Planner:
     return body
 
   def plan(self, questions: Sequence[str], contexts: Sequence[PlannerContext | None], *,
-           rng: jax.Array) -> list[PlannerRun]:
-    """Starts each question's conversation and generates its plan (one sampler call)."""
-    if len(contexts) != len(questions):
-      raise ValueError(f"Planner.plan: {len(contexts)} contexts for {len(questions)} questions")
+           rng: jax.Array, captions: Sequence[str | None] | None = None) -> list[PlannerRun]:
+    """Starts each question's conversation and generates its plan (one sampler call).
+    captions: each question's image caption (None: none), shown after the question; the
+    planner never sees the image itself."""
+    captions = [None] * len(questions) if captions is None else list(captions)
+    if len(contexts) != len(questions) or len(captions) != len(questions):
+      raise ValueError(f"Planner.plan: {len(contexts)} contexts and {len(captions)} captions "
+                       f"for {len(questions)} questions")
     runs = []
-    for q, ctx in zip(questions, contexts):
+    for q, ctx, caption in zip(questions, contexts, captions):
       skill, memory = context_slots(ctx)
       messages = prompts.plan_messages(skill, memory, q, self.config.plan_word_limit,
-                                       self.config.prompt_style)
+                                       self.config.prompt_style, caption)
       runs.append(PlannerRun(q, Conversation.start(self.tokenizer, messages)))
     for r, text in zip(runs, self._generate(runs, rng)):
       r.plan = self._limited(r, text, self.config.plan_word_limit, "plan")

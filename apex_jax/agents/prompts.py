@@ -1,6 +1,9 @@
 """The agents' prompts, verbatim from the APEx authors' code (J-Ding519/APEx), and the execution
 trace the Planner and the Distiller read.
 
+- Executor, image question: the same file's SYSTEM_PROMPT_IMAGE + USER_PROMPT_IMAGE_SHORT +
+  question (read from ECNU-SII/MIA's copy of Serve/Train_Planner/prompt.py: the APEx snapshot
+  could not be fetched here), the image's `<image>` marker ending the prompt's opening.
 - Executor: Serve/Train_Planner/prompt.py SYSTEM_PROMPT_TEXT + USER_PROMPT_TEXT_NEW + question, the
   plan appended as in Serve/Train_Planner/call_agent.py `run_multimodal_dialogue`, the revised
   plan as in `continue_multimodal_dialogue`, tool output as verl's search tool renders it
@@ -29,6 +32,7 @@ from morse_jax import textscan
 from apex_jax.memory.records import Memory, Skill
 from apex_jax.memory.schema import as_bucket
 from apex_jax.memory.skills import format_batch
+from apex_jax.tools.images import strip_markers
 
 # ------------------------------------------------------------------------------------ executor
 
@@ -77,6 +81,49 @@ You must follow these steps in order. In every conversation turn, you start from
 * Your final answer must be enclosed in `<answer>...</answer>` tags.
 Here is the question:
 """
+
+# The image prompt's system prompt is the text one with two changes: search's queries must not
+# refer to the image, and the image search's signature follows search's.
+IMAGE_SEARCH_TOOL = (
+    '{"type": "function", "function": {"name": "web_image_to_image_search", "description": '
+    '"**IMPORTANT: This tool can only be called once.** Searches for relevant images based on the '
+    'original image using web search.", "parameters": {"type": "object", "properties": '
+    '{"img_idx": {"type": "string", "description": "A placeholder parameter. The value must '
+    'always be \'0\'."}}, "required": ["img_idx"]}}}')
+EXECUTOR_IMAGE_SYSTEM = EXECUTOR_SYSTEM.replace(
+    "clearly state the topic.", "clearly state the topic without referring to images.").replace(
+        "\n</tools>", f"\n{IMAGE_SEARCH_TOOL}\n</tools>")
+
+EXECUTOR_IMAGE_USER = """# Workflow and Output Format
+You must follow these steps in order. In every conversation turn, you start from Step 1.
+
+**Step 1: Think (Plan)**
+* **This is the starting point for every turn.**
+* Analyze the user's query and all available information (including previous observations) carefully.
+* **Evaluate the query's difficulty and nature.** Determine if the question can be answered *directly* or if it *requires external information* (e.g., facts, real-time data).
+* Formulate a plan. Your plan must decide on **one** of two courses of action:
+    1.  **Call a tool:** If your evaluation shows you **need more information** (e.g., for complex, factual, or real-time questions).
+    2.  **Provide a final answer:** If your evaluation shows you have **sufficient information** (e.g., for simple questions, or tasks that don't require external data).
+* Your entire reasoning process must be enclosed in `<think>...</think>` tags.
+
+**Step 2: Act (Tool Call)**
+* **Execute this step ONLY if your Step 1 plan was to call a tool.**
+* Call the **one single tool** decided upon in your plan.
+* The tool call must be enclosed in `<tool_call>...</tool_call>` tags.
+* **Important: If you call a tool, you must STOP and wait for the observation. Do NOT proceed to Step 4.**
+
+**Step 3: Observe (Tool Output)**
+* **You will only enter this step after a tool call.**
+* You will receive the tool's output (observation).
+* After receiving the output, you **MUST** go back to **Step 1 (Think)** to analyze the new information and decide the next step (e.g., call another tool or provide the final answer).
+
+**Step 4: Answer (Final Response)**
+* **Execute this step ONLY if your Step 1 plan was to provide a final answer.**
+* In your **Step 1 Think block**, you must have already synthesized all information and planned the content of your response.
+* Formulate the **clear, focused, and concise user-facing final answer** based on that plan.
+* Your final answer must be enclosed in `<answer>...</answer>` tags.
+Here is the question and image:
+<image>"""
 
 PLAN_GUIDE = "\nHere is a guide for your reference:\n{plan}\nBegin your answer:\n"
 REVISED_PLAN = ("\nI have a revised plan for you to follow:\n{replan}\nPlease continue with this "
@@ -335,6 +382,12 @@ COMPACT_EXECUTOR = (
     "Answer the question by searching. Each turn: <think>...</think> then either one "
     '<tool_call>{"name": "search", "arguments": {"query_list": ["..."]}}</tool_call> '
     "(then wait for the results) or <answer>...</answer>.\nQuestion: ")
+COMPACT_EXECUTOR_IMAGE = (
+    "Answer the question about the image by searching. Each turn: <think>...</think> then "
+    'either one <tool_call>{"name": "search", "arguments": {"query_list": ["..."]}}</tool_call> '
+    'or, once only, <tool_call>{"name": "web_image_to_image_search", "arguments": {"img_idx": '
+    '"0"}}</tool_call> (then wait for the results) or <answer>...</answer>.\nImage: <image>'
+    "\nQuestion: ")
 COMPACT_PLAN_GUIDE = "\nPlan:\n{plan}\n"
 COMPACT_REVISED_PLAN = "\nRevised plan:\n{replan}\nContinue:\n"
 COMPACT_PLANNER_SYSTEM = "You plan searches for an agent, judge its work, and replan."
@@ -379,17 +432,22 @@ class PromptStyle:
   skill_evolution: str  # {current_skill} {formatted_memories} {skill_output_schema}
   skill_schema: str
   summary: str  # {trace} {words}: the workflow summary
+  # the executor's opening for a question with an image (one `<image>` marker), the question
+  # appended
+  executor_image: str = ""
+  caption: str = "- Image Caption: {caption}"  # after the plan prompt's question (see below)
 
 
 AUTHORS = PromptStyle(
     "authors", EXECUTOR_SYSTEM + EXECUTOR_USER, PLAN_GUIDE, REVISED_PLAN, PLANNER_SYSTEM,
     PLAN_PROMPT, NO_SKILL, JUDGE_PROMPT, TRACE_WORDS, REPLAN_PROMPT, DISTILLER_SYSTEM,
-    SKILL_SYNTHESIS, SKILL_EVOLUTION, SKILL_SCHEMA, SUMMARY)
+    SKILL_SYNTHESIS, SKILL_EVOLUTION, SKILL_SCHEMA, SUMMARY,
+    EXECUTOR_IMAGE_SYSTEM + EXECUTOR_IMAGE_USER)
 COMPACT = PromptStyle(
     "compact", COMPACT_EXECUTOR, COMPACT_PLAN_GUIDE, COMPACT_REVISED_PLAN, COMPACT_PLANNER_SYSTEM,
     COMPACT_PLAN, COMPACT_NO_SKILL, COMPACT_JUDGE, COMPACT_TRACE_WORDS, COMPACT_REPLAN,
     COMPACT_DISTILLER_SYSTEM, COMPACT_SYNTHESIS, COMPACT_EVOLUTION, COMPACT_SKILL_FIELDS,
-    COMPACT_SUMMARY)
+    COMPACT_SUMMARY, COMPACT_EXECUTOR_IMAGE, "Image: {caption}")
 STYLES = {s.name: s for s in (AUTHORS, COMPACT)}
 
 
@@ -403,10 +461,14 @@ def prompt_style(style: str | PromptStyle) -> PromptStyle:
 
 
 def executor_messages(question: str, plan: str | None,
-                      style: str | PromptStyle = AUTHORS) -> list[dict]:
-  """The executor's opening chat: one user message (the authors' put everything there)."""
+                      style: str | PromptStyle = AUTHORS, image: bool = False) -> list[dict]:
+  """The executor's opening chat: one user message (the authors' put everything there). image:
+  the question comes with an image, its one `<image>` marker in the style's image opening
+  (markers in the question or plan are removed: the image is the only one)."""
   style = prompt_style(style)
-  text = style.executor + question
+  question = strip_markers(question) if image else question
+  plan = strip_markers(plan) if image and plan is not None else plan
+  text = (style.executor_image if image else style.executor) + question
   text += style.plan_guide.format(plan=plan) if plan is not None else ""
   return [{"role": "user", "content": text}]
 
@@ -416,10 +478,15 @@ def revised_plan_message(replan: str, style: str | PromptStyle = AUTHORS) -> dic
 
 
 def plan_messages(skill: str, memory: str, question: str, words: int,
-                  style: str | PromptStyle = AUTHORS) -> list[dict]:
+                  style: str | PromptStyle = AUTHORS, caption: str | None = None) -> list[dict]:
   """[system, plan prompt]; skill and memory as `planner.context_slots` gives them (skill
-  NO_SKILL when the question type has none: the style's own words for it)."""
+  NO_SKILL when the question type has none: the style's own words for it). caption: the
+  question's image caption, shown after the question as the memories show theirs
+  (skills.render_memories). The authors' planner sees captions only in its memories; it never
+  sees the pixels, so without its own caption it would plan blind to the image."""
   style = prompt_style(style)
+  if caption is not None and caption.strip():
+    question = f"{question}\n{style.caption.format(caption=caption.strip())}"
   user = style.plan.format(skill=style.no_skill if skill == NO_SKILL else skill, memory=memory,
                            question=question, words=words)
   return [{"role": "system", "content": style.planner_system}, {"role": "user", "content": user}]

@@ -6,6 +6,9 @@ its memory category (one of `apex_jax.memory.CATEGORIES`), its hop count, its su
 (HotpotQA / 2WikiMultiHopQA: the context paragraphs, distractors included; the synthetic world:
 the gold passages). The synthetic world also gives the gold hop chain (`chain`): for each hop the
 search query, the passage that answers it and the answer, so executor turns can be written from it.
+An image question (the MIA data's image rows, `image_qa`) also carries its images as the file
+gives them (base64 or data URLs; the first is the question's, decoded by `image_qa.image_of`)
+and its caption (which routes its memories to the text-image bucket; the planner reads it).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class QAExample:
   level: str = ""  # HotpotQA's difficulty level
   evidences: tuple[tuple[str, str, str], ...] = ()  # 2WikiMultiHopQA's (subject, relation, object)
   chain: tuple[Hop, ...] = ()
+  images: tuple[str, ...] = ()  # base64 / data URLs as the file gives them (image questions)
+  caption: str | None = None  # the question image's caption
 
   def __post_init__(self):
     for name in ("id", "question"):
@@ -64,6 +69,10 @@ class QAExample:
                          f"{self.category!r}")
     if isinstance(self.hops, bool) or not isinstance(self.hops, int) or self.hops < 1:
       raise DatasetError(f"QAExample.hops must be an integer >= 1; got {self.hops!r}")
+    if not isinstance(self.images, tuple) or not all(isinstance(x, str) for x in self.images):
+      raise DatasetError(f"QAExample.images must be a tuple of strings; got {self.images!r:.80}")
+    if self.caption is not None and not isinstance(self.caption, str):
+      raise DatasetError(f"QAExample.caption must be a string or None; got {self.caption!r}")
     if self.chain and len(self.chain) != self.hops:
       raise DatasetError(f"QAExample.hops is {self.hops} but the chain has {len(self.chain)} "
                          f"hops (id {self.id!r})")

@@ -5,6 +5,7 @@ read with `tfds.data_source` (no TensorFlow needed), built once into a cache and
   len(train); train[12345]                                   # a QAExample, as hotpotqa.load
   dev = source("twowiki", "/data/2wiki/dev.json", "dev")
   test = source("world", "data/world", "test")               # World.write's folder
+  vqa = source("livevqa", "/data/livevqa", "test")           # image questions (image_qa)
 
 The builders read the same files with the same loaders (`hotpotqa.load`, `twowiki.load`,
 `corpus.read_examples`), so a malformed record stops the build with the loader's DatasetError
@@ -25,13 +26,15 @@ import os
 import shutil
 from typing import Sequence
 
-from apex_jax.datasets import hotpotqa, twowiki
+from apex_jax.datasets import hotpotqa, image_qa, twowiki
 from apex_jax.datasets.corpus import read_examples
 from apex_jax.datasets.records import DatasetError, Hop, QAExample, SupportingFact
 from apex_jax.tools.passages import Passage
 
-NAMES = ("hotpotqa", "twowiki", "world")
-FORMAT = 1  # bump when the record JSON changes: old caches are then not read
+# the paper's image benchmarks, each a folder (or file) in the MIA data's layout (image_qa)
+IMAGE_SETS = ("infoseek", "livevqa", "mmsearch", "simplevqa", "mia")
+NAMES = ("hotpotqa", "twowiki", "world") + IMAGE_SETS
+FORMAT = 2  # bump when the record JSON changes: old caches are then not read
 # the official file of each split, for a folder path
 OFFICIAL = {
     "hotpotqa": {"train": "hotpot_train_v1.1.json", "dev_distractor":
@@ -57,7 +60,8 @@ def example_json(e: QAExample) -> str:
                                                        for f in e.supporting],
       "passages": [[p.id, p.contents] for p in e.passages],
       "evidences": [list(x) for x in e.evidences],
-      "chain": [_hop_dict(h) for h in e.chain]}, ensure_ascii=False)
+      "chain": [_hop_dict(h) for h in e.chain], "images": list(e.images),
+      "caption": e.caption}, ensure_ascii=False)
 
 
 def _hop_dict(h: Hop) -> dict:
@@ -73,7 +77,8 @@ def example_from_json(text: str | bytes) -> QAExample:
                                                             for t, s in r["supporting"]),
       passages=tuple(Passage(i, c) for i, c in r["passages"]),
       evidences=tuple(tuple(x) for x in r["evidences"]),
-      chain=tuple(Hop(**h) for h in r["chain"]))
+      chain=tuple(Hop(**h) for h in r["chain"]), images=tuple(r["images"]),
+      caption=r["caption"])
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -81,13 +86,16 @@ def example_from_json(text: str | bytes) -> QAExample:
 
 def input_files(name: str, path: str, split: str) -> list[str]:
   """The files a split is built from: [json] for HotpotQA / 2Wiki (a folder: the split's
-  official file name), [<split>.jsonl, corpus.jsonl] for a world folder."""
+  official file name), [<split>.jsonl, corpus.jsonl] for a world folder, [the split's .jsonl /
+  .json] for an image set (a folder: `image_qa.split_file`)."""
   if name not in NAMES:
     raise ValueError(f"dataset {name!r} not in {NAMES}")
   if not split or not split.replace("_", "").isalnum():
     raise ValueError(f"split {split!r} must be letters, digits and underscores")
   if name == "world":
     files = [os.path.join(path, f"{split}.jsonl"), os.path.join(path, "corpus.jsonl")]
+  elif name in IMAGE_SETS:
+    files = [image_qa.split_file(path, split) if os.path.isdir(path) else path]
   elif os.path.isdir(path):
     if split not in OFFICIAL[name]:
       raise ValueError(f"{path} is a folder and {name} has no official file for split "
@@ -107,6 +115,8 @@ def load_examples(name: str, files: Sequence[str]) -> list[QAExample]:
     return hotpotqa.load(files[0])
   if name == "twowiki":
     return twowiki.load(files[0])
+  if name in IMAGE_SETS:
+    return image_qa.load(files[0])
   return read_examples(files[0], files[1])
 
 

@@ -22,7 +22,9 @@ from morse_jax import jsonsafe
 FORMAT_ERRORS = ("no_think", "multiple_think", "unbalanced_tags", "no_action",
                  "tool_call_and_answer", "multiple_tool_calls", "multiple_answers",
                  "invalid_json", "not_an_object", "bad_tool_call", "unknown_tool",
-                 "bad_arguments", "empty_answer")
+                 "bad_arguments", "empty_answer",
+                 # the executor's: web_image_to_image_search a second time in an episode
+                 "repeated_image_search")
 
 
 @dataclasses.dataclass(frozen=True)

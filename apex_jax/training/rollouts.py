@@ -42,6 +42,7 @@ from apex_jax.agents.episode import Episode, run_episode
 from apex_jax.agents.executor import Executor
 from apex_jax.agents.planner import Planner
 from apex_jax.agents.trajectory import Trajectory
+from apex_jax.datasets.image_qa import episode_inputs
 from apex_jax.judges.skill_judge import SkillItem
 from apex_jax.memory import format_batch
 from apex_jax.memory.schema import as_bucket
@@ -76,13 +77,15 @@ def _groups(items: Sequence, g: int) -> list[list]:
 class ExecutorRollout:
   """rollout_fn of the executor stage; batch: QAExamples. bank None: plans without memories;
   plan False: no plan (the executor alone, as its prompt allows); accuracy: "em" / "f1" (the
-  rule) or a scorer (`accuracy.JudgedAccuracy`)."""
+  rule) or a scorer (`accuracy.JudgedAccuracy`); image_search: the image questions' tool
+  (their captions, images and cache ids come from the examples, `image_qa.episode_inputs`)."""
 
   searcher: object
   bank: object
   agent_config: AgentConfig
   plan: bool = True
   accuracy: object = "em"
+  image_search: object = None
   metrics: dict = dataclasses.field(default_factory=dict, init=False)
 
   def __post_init__(self):
@@ -91,15 +94,20 @@ class ExecutorRollout:
   def __call__(self, batch, generator, rng, stage):
     cfg = stage_agent_config(self.agent_config, stage)
     questions = [ex.question for ex in batch]
+    inputs = episode_inputs(batch)
     k_plan, k_run = jax.random.split(rng)
     plans = [None] * len(batch)
     if self.plan:
       contexts = [None] * len(batch) if self.bank is None else [
-          self.bank.planner_context(ex.question, category=ex.category) for ex in batch]
-      plans = [r.plan for r in Planner(generator, cfg).plan(questions, contexts, rng=k_plan)]
+          self.bank.planner_context(ex.question, ex.caption, category=ex.category)
+          for ex in batch]
+      plans = [r.plan for r in Planner(generator, cfg).plan(questions, contexts, rng=k_plan,
+                                                            captions=inputs["captions"])]
     g = stage.group_size
-    trajs = Executor(generator, self.searcher, cfg).run(_repeat(questions, g), _repeat(plans, g),
-                                                        rng=k_run)
+    executor = Executor(generator, self.searcher, cfg, image_search=self.image_search)
+    trajs = executor.run(_repeat(questions, g), _repeat(plans, g), rng=k_run,
+                         images=_repeat(inputs["images"], g),
+                         data_ids=_repeat(inputs["data_ids"], g))
     examples = _repeat(batch, g)
     accs = self.scorer.score_many([AccuracyItem(ex.question, traj.answer, ex.answers)
                                    for traj, ex in zip(trajs, examples)])
@@ -235,6 +243,7 @@ class PlannerRollout:
   bank: object
   agent_config: AgentConfig
   accuracy: object = "em"
+  image_search: object = None
   metrics: dict = dataclasses.field(default_factory=dict, init=False)
 
   def __post_init__(self):
@@ -244,9 +253,12 @@ class PlannerRollout:
     cfg = stage_agent_config(self.agent_config, stage)
     g = stage.group_size
     examples = _repeat(batch, g)
-    episodes = run_episode(Planner(generator, cfg), Executor(generator, self.searcher, cfg),
+    episodes = run_episode(Planner(generator, cfg),
+                           Executor(generator, self.searcher, cfg,
+                                    image_search=self.image_search),
                            [ex.question for ex in examples], rng=rng, bank=self.bank,
-                           categories=[ex.category for ex in examples])
+                           categories=[ex.category for ex in examples],
+                           **episode_inputs(examples))
     items = [AccuracyItem(ex.question, ep.y1, ex.answers) for ep, ex in zip(episodes, examples)]
     again = [i for i, ep in enumerate(episodes) if ep.decision.replan]
     items += [AccuracyItem(examples[i].question, episodes[i].y2, examples[i].answers)

@@ -9,8 +9,19 @@ URL such as a vLLM server, as the authors serve Qwen3-32B), embedder (the memory
 sentence-transformers folder; empty: the packaged MiniLM), data (a folder of train/test/
 corpus.jsonl as World.write writes them, or hotpotqa:FOLDER / twowiki:FOLDER of the official
 JSON files: train and dev_distractor / dev splits, read as cached array_record through
-apex_jax.datasets.sources), index (a search index folder, launchers.build_index).
+apex_jax.datasets.sources; or one of the paper's image benchmarks, infoseek: / livevqa: /
+mmsearch: / simplevqa: / mia:FOLDER in the MIA data's layout, train and test splits,
+apex_jax.datasets.image_qa), index (a search index folder, launchers.build_index),
+image_cache (the image-to-image search's results cache, `<root>/<id>/meta.json` + img_NNN.*;
+empty: image questions get no image tool), executor (a Qwen2.5-VL-7B folder for the executor).
 The config always builds; `apex_jax.experiment.build` refuses an empty path, naming its field.
+
+The executor preset `qwen25_vl_7b` (c.executor_model; llm.presets.VL_HF_CONFIGS: the authors'
+Qwen2.5-VL-7B executor, every image at 448 x 448 = 256 tokens) is declared here and checked
+when the config is built (its VlConfig is made); what runs today: the image questions, their
+captions (memories, retrieval, the planner's prompt) and the image-search tool go through the
+episodes on `model` (a text backbone reads the `<image>` markers as text); generating with the
+VL executor (its images through the vision tower) is the model side's (issue 56 item 2).
 
 The numbers are the authors' run scripts (J-Ding519/APEx), which the paper's tables report,
 except where the paper says otherwise (the paper's value taken, the script's named beside it:
@@ -33,10 +44,11 @@ from apex_jax.agents import AgentConfig
 from apex_jax.experiment import LORA_SET_ELSEWHERE, StagePhase, TrainConfig, TtrlPhase
 from apex_jax.memory import MemoryConfig
 from morse_jax.config_sections import section
+from morse_jax.llm.presets import vl_preset
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.rl.train_step import StepConfig
 
-KEYS = ("model", "judge", "embedder", "data", "index")
+KEYS = ("model", "judge", "embedder", "data", "index", "image_cache", "executor")
 # The device layout `launchers.fit` measures the stages on (data x model over 8 GPUs): the model
 # axis splits the vocabulary, so a 32768-token row's f32 logits (3 x 27.8 GiB at 8 x 1) and the
 # weights halve. apex_jax places no arrays on a mesh yet (one device); there a 32768-token stage
@@ -44,7 +56,10 @@ KEYS = ("model", "judge", "embedder", "data", "index")
 # at 32768 tokens (executor 1024 rows / 256, planner 256 / 64, TTRL 32 / 8) and four at 6144
 # (distiller 512 / 32), with every layer recomputed in the backward pass (train.step.remat).
 MESH = dict(data=4, model=2)
-TEST_SPLITS = {"hotpotqa": "dev_distractor", "twowiki": "dev"}  # the labelled held-out files
+# the labelled held-out files (the image benchmarks': their test split)
+TEST_SPLITS = {"hotpotqa": "dev_distractor", "twowiki": "dev", "infoseek": "test",
+               "livevqa": "test", "mmsearch": "test", "simplevqa": "test", "mia": "test"}
+EXECUTOR_PRESET = "qwen25_vl_7b"
 
 
 def parse_arg(arg) -> dict:
@@ -95,6 +110,12 @@ def get_config(arg=None):
   # the authors' retrieval server: e5 + faiss flat, 3 passages per query
   # (Planner-Train/.../run_mmsearch_grpo.sh: retrieval_server.py --topk 3)
   c.search = dict(kind="index", index=paths["index"], topk=3)
+  # the authors' web_image_to_image_search: at most 3 cached results (mm_search_tool_config.yaml
+  # max_images 3)
+  c.image_search = dict(root=paths["image_cache"], max_results=3)
+  # the executor as the authors run it (Qwen2.5-VL-7B); presets.vl_preset checks the name
+  vl_preset(EXECUTOR_PRESET)
+  c.executor_model = dict(preset=EXECUTOR_PRESET, path=paths["executor"], dtype="bfloat16")
   # retrieval / dedup / evolution constants: MemoryConfig's defaults are the reference code's
   c.memory = dict(embedder="sentence", embedder_path=paths["embedder"], path="",
                   evolve_temperature=None, bank=section(MemoryConfig()))

@@ -24,9 +24,17 @@ def plain():
   return World.generate(seed=3, num_entities=60, num_questions=150)
 
 
+# QAExample fields added after the digests were taken (image questions'); a world's are empty
+_LATER = {"images": (), "caption": None}
+
+
 def _digest(items) -> str:
-  return hashlib.sha256(json.dumps([dataclasses.asdict(x) for x in items], sort_keys=True,
-                                   default=str).encode()).hexdigest()[:16]
+  rows = [dataclasses.asdict(x) for x in items]
+  for row in rows:
+    for key, empty in _LATER.items():
+      if key in row and row[key] == empty:
+        del row[key]
+  return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def test_off_is_the_world_of_before():

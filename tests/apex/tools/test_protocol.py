@@ -100,7 +100,8 @@ def test_format_errors_name_what_is_wrong(text, code, message):
 
 
 def test_every_error_code_is_exercised():
-  assert {code for _, code, _ in FAILURES} == set(FORMAT_ERRORS)
+  # repeated_image_search is the executor's (one turn cannot show it): test_executor_images
+  assert {code for _, code, _ in FAILURES} == set(FORMAT_ERRORS) - {"repeated_image_search"}
 
 
 def test_max_queries():

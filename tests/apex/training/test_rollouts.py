@@ -1,11 +1,14 @@
 """The real agents in the training loops, driven by a scripted generator: group shapes, rewards
 by the authors' rules, loss masks on generated tokens only, the TTRL episode and evolve hooks."""
 
+import base64
+import io
 import json
 
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 
 from apex_jax.agents import AgentConfig
 from apex_jax.datasets import QAExample
@@ -327,3 +330,21 @@ def test_distiller_reward_term_grades_by_hand():
   assert got.total == pytest.approx(0.5 * 0.5 + 0.1 * 0.0 + 0.4 * 0.5)
   assert rw.distiller_reward("no json", None, 1.0, format_grade=1.0,
                              evolution_grade=1.0).total == 0.0
+
+
+def test_image_examples_bring_caption_image_and_cache_id_to_the_agents(gen, tmp_path):
+  buffer = io.BytesIO()
+  Image.new("RGB", (8, 8), (3, 4, 5)).save(buffer, "PNG")
+  image = base64.b64encode(buffer.getvalue()).decode()
+  examples = [QAExample("img1", " w40", ("w7",), "time", 1, images=(image,), caption="w70"),
+              QAExample("txt1", "w41", ("w7",), "time", 1)]
+  fn = rollouts.ExecutorRollout(fakes.FakeSearcher(), bank_with_memories(tmp_path),
+                                AgentConfig())
+  groups, _ = fn(examples, gen, RNG, stage("executor", g=2))
+  first = groups[0][0].info
+  assert first["has_image"] and first["data_id"] == "img1" and len(first["images"]) == 1
+  np.testing.assert_array_equal(first["images"][0][0, 0], [3, 4, 5])
+  assert not groups[1][0].info["has_image"] and groups[1][0].info["data_id"] is None
+  # the word-level test vocabulary keeps only the w-words: the question, then its caption
+  plan_prompts = [gen.tokenizer.decode(p).split() for p in gen.prompts[:2]]
+  assert plan_prompts[0][-2:] == ["w40", "w70"] and "w70" not in plan_prompts[1]

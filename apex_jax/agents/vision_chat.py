@@ -1,0 +1,78 @@
+"""A chat with images (`Conversation.messages` + `.images`: one `<image>` marker per image) in
+the two forms a vision-language backbone takes:
+
+- `qwen_vl_text`: Qwen2.5-VL's chat template as text, each marker replaced by
+  `<|vision_start|>` + N x `<|image_pad|>` + `<|vision_end|>` (N = 256 for a 448 x 448 image:
+  1024 patches of 14 px, 2 x 2 merged), the processor's expansion already done, so the tokens
+  feed `morse_jax.llm.vl.forward` (its `rope_index` finds each image by the pad token after
+  the vision start) with the images in the order of their markers.
+- `openai_messages`: OpenAI chat messages whose content parts are text and `image_url` parts
+  with PNG data URLs, split at the markers, as the authors' inference client builds them
+  (Serve/Train_Planner/call_agent.py `create_multimodal_message`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from apex_jax.agents.conversation import markers
+from apex_jax.tools import images as images_lib
+
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+# Qwen2.5-VL's template opens a chat that has no system message with this one
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+def image_tokens(size: int = images_lib.IMAGE_SIZE, patch: int = 14, merge: int = 2) -> int:
+  """Language-model tokens of one size x size image: (size / patch)^2 patches / merge^2."""
+  if size % (patch * merge):
+    raise ValueError(f"image size {size} is not a multiple of patch {patch} x merge {merge}")
+  return (size // patch) ** 2 // merge ** 2
+
+
+def _check(messages: Sequence[dict], images: Sequence) -> None:
+  if markers(messages) != len(images):
+    raise ValueError(f"{len(images)} image(s) for {markers(messages)} {images_lib.MARKER} "
+                     f"marker(s) in the messages")
+
+
+def qwen_vl_text(messages: Sequence[dict], images: Sequence = (), *,
+                 add_generation_prompt: bool = True, tokens_per_image: int | None = None) -> str:
+  """The chat as Qwen2.5-VL's template renders it, image pads expanded (see the module doc).
+  `images` only fixes the count (one per marker); tokens_per_image defaults to 448 x 448's."""
+  _check(messages, images)
+  n = image_tokens() if tokens_per_image is None else tokens_per_image
+  block = VISION_START + IMAGE_PAD * n + VISION_END
+  out = []
+  if not messages or messages[0]["role"] != "system":
+    out.append(f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n")
+  for m in messages:
+    out.append(f"<|im_start|>{m['role']}\n{m['content'].replace(images_lib.MARKER, block)}"
+               f"<|im_end|>\n")
+  if add_generation_prompt:
+    out.append("<|im_start|>assistant\n")
+  return "".join(out)
+
+
+def openai_messages(messages: Sequence[dict], images: Sequence[np.ndarray] = ()) -> list[dict]:
+  """The chat as OpenAI messages: a message without markers keeps its text content; one with
+  markers becomes parts, text between markers and an `image_url` data URL at each."""
+  _check(messages, images)
+  out, k = [], 0
+  for m in messages:
+    pieces = m["content"].split(images_lib.MARKER)
+    if len(pieces) == 1:
+      out.append({"role": m["role"], "content": m["content"]})
+      continue
+    parts = []
+    for i, piece in enumerate(pieces):
+      if piece:
+        parts.append({"type": "text", "text": piece})
+      if i < len(pieces) - 1:
+        parts.append({"type": "image_url",
+                      "image_url": {"url": images_lib.to_data_url(images[k])}})
+        k += 1
+    out.append({"role": m["role"], "content": parts})
+  return out
