@@ -59,8 +59,18 @@ class Executor:
     if len(plans) != len(questions):
       raise ValueError(f"Executor.run: {len(plans)} plans for {len(questions)} questions")
     style = self.config.prompt_style
-    runs = [_Run(q, Conversation.start(self.tokenizer, prompts.executor_messages(q, p, style)),
-                 collections.Counter(), []) for q, p in zip(questions, plans)]
+    return self.run_openings(questions, [prompts.executor_messages(q, p, style)
+                                         for q, p in zip(questions, plans)], rng=rng)
+
+  def run_openings(self, questions: Sequence[str], openings: Sequence[list[dict]], *,
+                   rng: jax.Array) -> list[Trajectory]:
+    """`run` from given opening chats instead of the executor prompt with a plan (the
+    baselines': retrieved memories or a rule in it, apex_jax.baselines)."""
+    if len(openings) != len(questions):
+      raise ValueError(f"Executor.run_openings: {len(openings)} openings for {len(questions)} "
+                       f"questions")
+    runs = [_Run(q, Conversation.start(self.tokenizer, list(m)), collections.Counter(), [])
+            for q, m in zip(questions, openings)]
     return self._loop(runs, rng)
 
   def resume(self, previous: Sequence[Trajectory], replans: Sequence[str], *,

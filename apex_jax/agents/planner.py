@@ -139,16 +139,20 @@ class Planner:
     return body
 
   def plan(self, questions: Sequence[str], contexts: Sequence[PlannerContext | None], *,
-           rng: jax.Array) -> list[PlannerRun]:
-    """Starts each question's conversation and generates its plan (one sampler call)."""
+           rng: jax.Array, openings: Sequence[list[dict]] | None = None) -> list[PlannerRun]:
+    """Starts each question's conversation and generates its plan (one sampler call).
+    openings: each question's opening chat instead of the plan prompt of its context (a
+    baseline's planner prompt, apex_jax.baselines)."""
     if len(contexts) != len(questions):
       raise ValueError(f"Planner.plan: {len(contexts)} contexts for {len(questions)} questions")
-    runs = []
-    for q, ctx in zip(questions, contexts):
-      skill, memory = context_slots(ctx)
-      messages = prompts.plan_messages(skill, memory, q, self.config.plan_word_limit,
-                                       self.config.prompt_style)
-      runs.append(PlannerRun(q, Conversation.start(self.tokenizer, messages)))
+    if openings is None:
+      openings = [prompts.plan_messages(*context_slots(ctx), q, self.config.plan_word_limit,
+                                        self.config.prompt_style)
+                  for q, ctx in zip(questions, contexts)]
+    if len(openings) != len(questions):
+      raise ValueError(f"Planner.plan: {len(openings)} openings for {len(questions)} questions")
+    runs = [PlannerRun(q, Conversation.start(self.tokenizer, list(m)))
+            for q, m in zip(questions, openings)]
     for r, text in zip(runs, self._generate(runs, rng)):
       r.plan = self._limited(r, text, self.config.plan_word_limit, "plan")
     return runs
