@@ -278,14 +278,15 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
 def run(config) -> dict:
   """build -> memory_build -> stages -> TTRL on the test questions (answers unused) -> the
   ablation table, with the untrained system (initial experts, the built memories) as the first
-  row (unless config.eval.untrained is False) and the comparison systems of
-  config.eval.baselines as the last (`apex_jax.baselines.rows`: each on the initial experts with
-  its own bank under <workdir>/banks), each without_<module>_training row on its own
+  row (unless config.eval.untrained is False), each without_<module>_training row on its own
   TTRL rerun (`rebuilt_module_rows`: histories in results["ablation_ttrl"], banks under
-  <workdir>/banks, checkpoints under <workdir>/checkpoints/ttrl_<row>); stages with steps 0 and TTRL with steps 0 are
-  left out (none at all: the experts stay the initial ones); everything in
-  <workdir>/results.json, curves under <workdir>/logs and in <workdir>/rewards.png, the
-  ablations' bank snapshots in <workdir>/banks, seconds per phase in results["seconds"].
+  <workdir>/banks, checkpoints under <workdir>/checkpoints/ttrl_<row>), then the comparison
+  systems of config.eval.baselines (`apex_jax.baselines.baseline_rows`: each on the initial
+  experts, a memory system on its own bank <workdir>/banks/baseline_<name>.db); stages with
+  steps 0 and TTRL with steps 0 are left out (none at all: the experts stay the initial ones);
+  everything in <workdir>/results.json, curves under <workdir>/logs and in
+  <workdir>/rewards.png, the ablations' bank snapshots in <workdir>/banks, seconds per phase in
+  results["seconds"].
 
   Resumable: under <workdir>/checkpoints, memory building leaves a bank snapshot
   (`resumable_memory_build`), the stages a checkpoint every `train.checkpoint_every` updates
@@ -323,7 +324,8 @@ def run(config) -> dict:
       names, rng=k_eval)}
   r.lap("eval")
   if systems:
-    r.results["eval"].update(baselines.baseline_rows(exp, systems, rng=k_eval, workdir=config.workdir))
+    r.results["eval"].update(baselines.baseline_rows(exp, systems, rng=k_eval,
+                                                     workdir=config.workdir))
     r.lap("eval_baselines")
   _write_results(r, experts_ttrl)
   return r.results

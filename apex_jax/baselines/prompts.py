@@ -47,6 +47,38 @@ Output should be **clear and concise**, and present your response as a step-by-s
 {question}
 """
 
+# Memory-Serve/Plan-only.py planning_system_prompt, sent as the only message; its build_plan
+# fills it with no memory: memory_len 0 and "None found."
+PLAN_ONLY = """
+You are a senior expert assisting an agent by providing strategic guidance. 
+
+The agent has access to the following tools:
+- `search`: perform text-based web queries to retrieve external information.
+
+### [Relevant Memories] 
+({memory_len} retrieved experiences) Each memory indicates whether it was **correct** or **incorrect**, along with its workflow:
+{memory}
+
+### Your Task:
+- Analyze the **Question** and compare it with both **correct strategies** and **incorrect patterns** in the memories.
+- If similar successful approaches exist, adapt their core idea to guide the next steps.
+- If the context resembles past failures, highlight what to avoid and suggest corrective actions.
+- Recommend **one clear, generalizable work plan or action strategy** that directly addresses the current situation and guides the agent on what to do next.
+
+### Output should:
+1. Be clear and concise—no more than 200 words.
+2. You must include relevant memories in the thinking process (<think>...</think>), but do not mention them in the final output.
+3. Don't try to give the answer directly, but give a plan.
+4. Prohibit the generation of content unrelated to the plan.
+5. Your response must not contain any factual information.
+
+Your output should only contain the guideline, with no additional explanations.
+
+**[Question]** (Global Objective): 
+{question}
+"""
+NO_MEMORY = "\n### Retrieved Relevant Memories:\nNone found."
+
 # Memory-Serve/Expel.py EXPEL_PROMPT. MIA constrains the reply with a JSON schema
 # (RULE_OPT_SCHEMA, vLLM's response_format); a sampler here cannot, so the schema is asked for
 # in words (EXPEL_REPLY, ours) and the reply parsed strictly (apex_jax.baselines.expel).
@@ -95,13 +127,14 @@ class BaselinePrompts:
   expel: str  # {success_history} {fail_history} {existing_rules}
   expel_reply: str
   trace_words: int  # words of each tool output a stored raw trajectory keeps
+  plan_only: str | None  # {memory_len} {memory} {question}; None: APEx's plan prompt, no memory
 
 
 AUTHORS = BaselinePrompts("authors", RAG_MEMORY, RULE_GUIDE, MEMENTO_SYSTEM, MEMENTO_PLAN,
-                          EXPEL_PROMPT, EXPEL_REPLY, TRACE_WORDS)
+                          EXPEL_PROMPT, EXPEL_REPLY, TRACE_WORDS, PLAN_ONLY)
 COMPACT = BaselinePrompts("compact", COMPACT_RAG_MEMORY, COMPACT_RULE_GUIDE,
                           apex_prompts.COMPACT_PLANNER_SYSTEM, COMPACT_MEMENTO_PLAN, COMPACT_EXPEL,
-                          COMPACT_EXPEL_REPLY, apex_prompts.COMPACT_TRACE_WORDS)
+                          COMPACT_EXPEL_REPLY, apex_prompts.COMPACT_TRACE_WORDS, None)
 STYLES = {s.name: s for s in (AUTHORS, COMPACT)}
 
 
@@ -137,11 +170,22 @@ def memento_messages(question: str, cases: str, style: str) -> list[dict]:
           {"role": "user", "content": p.memento_plan.format(memory=cases, question=question)}]
 
 
+def plan_only_messages(question: str, words: int, style: str) -> list[dict]:
+  """The planner's opening without any memory: Plan-only.py's prompt, or (a style without one)
+  APEx's plan prompt with no skill and no memory."""
+  template = baseline_prompts(style).plan_only
+  if template is None:
+    return apex_prompts.plan_messages(apex_prompts.NO_SKILL, NO_MEMORY.strip(), question, words,
+                                      style)
+  return [{"role": "user", "content": template.format(memory_len=0, memory=NO_MEMORY,
+                                                      question=question)}]
+
+
 def render_cases(correct: Sequence, incorrect: Sequence) -> str:
   """Memento's cases in Memento.py `get_memories_context`'s layout: judgement, question and
   plan (a memory's workflow summary holds its plan), positives first."""
   if not correct and not incorrect:
-    return "\n### Retrieved Relevant Memories:\nNone found."
+    return NO_MEMORY
   text = "\n### Retrieved Relevant Memories:\n"
   for title, cases in (("Positive Examples (Successful Strategies", correct),
                        ("Negative Examples (Failure Lessons", incorrect)):

@@ -9,8 +9,9 @@ memory bank (ECNU-SII/MIA's versions, cited per system):
   memento    the meta-planner's plan from the top-k correct and top-k incorrect cases (question,
              plan, judgement; cosine alone), then APEx's execute, evaluate, replan
              (Memory-Serve/Memento.py)
-  plan_only  the planner without any memory or skill, then execute, evaluate, replan
-             (Memory-Serve/Plan-only.py)
+  plan_only  the planner without any memory or skill (Memory-Serve/Plan-only.py's plan
+             prompt), then APEx's execute, evaluate, replan (Plan-only's mid-run `/guide`, asked
+             for by the executor through a memory tool, is not run)
 Every memory lives in one bucket, OTHERS, as MIA's servers classify every question "others".
 """
 
@@ -126,7 +127,10 @@ def _memento(parts: Parts, questions, rng) -> list[Run]:
 
 
 def _plan_only(parts: Parts, questions, rng) -> list[Run]:
-  return _episodes(parts, questions, rng)
+  a = parts.agents
+  return _episodes(parts, questions, rng, [prompts.plan_only_messages(q, a.plan_word_limit,
+                                                                      a.prompts)
+                                           for q in questions])
 
 
 _RUNNERS = {"react": _react, "rag": _rag, "expel": _expel, "memento": _memento,

@@ -15,14 +15,13 @@ import pytest
 from apex_jax import experiment, pipeline
 from apex_jax.agents import AgentConfig
 from apex_jax.agents import prompts as apex_prompts
-from apex_jax.baselines import SYSTEMS, Parts, expel, rows, run_system
-from apex_jax.baselines import prompts
+from apex_jax.baselines import SYSTEMS, Parts, expel, prompts, rows, run_system
 from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.tools import render_tool_call
 from configs.apex import baselines as baselines_config
 from tests.apex.agents import fakes
 from tests.apex.memory.fakes import HashEmbedder, TableEmbedder
-from tests.apex.test_experiment import small_config, tiny_model  # noqa: F401
+from tests.apex.test_experiment import scripted_pipeline, small_config, tiny_model  # noqa: F401
 
 AGENTS = AgentConfig(max_turns=3, max_llm_calls=6, max_tool_tokens=64, max_context_tokens=4096,
                      topk=1, planner_max_new_tokens=16, executor_max_new_tokens=16,
@@ -97,6 +96,18 @@ def test_memento_cases_show_judgement_question_and_plan_positives_first():
   chat = prompts.memento_messages("w3", text, "authors")
   assert chat[0]["content"] == prompts.MEMENTO_SYSTEM
   assert "META-PLANNER" in chat[1]["content"] and text in chat[1]["content"]
+
+
+def test_plan_only_plans_with_no_memory():
+  chat = prompts.plan_only_messages("w3", 50, "authors")
+  assert [m["role"] for m in chat] == ["user"]  # Plan-only.py sends its prompt alone
+  text = chat[0]["content"]
+  assert text.endswith("(Global Objective): \nw3\n") and "senior expert" in text
+  assert "(0 retrieved experiences)" in text and "\nNone found.\n" in text
+  # the compact style has no Plan-only prompt: APEx's own, no skill, no memory
+  assert prompts.plan_only_messages("w3", 50, "compact") == apex_prompts.plan_messages(
+      apex_prompts.NO_SKILL, "### Retrieved Relevant Memories:\nNone found.", "w3", 50,
+      "compact")
 
 
 def test_expel_shows_the_trace_as_the_right_trial_and_numbers_the_rules():
@@ -288,14 +299,9 @@ def test_every_system_builds_its_memory_and_gets_a_row(exp, tmp_path):
   assert len(exp.bank) == 0  # APEx's own bank is not touched
 
 
-def test_pipeline_run_adds_the_baseline_rows_after_the_table(tiny_model, tmp_path, monkeypatch):  # noqa: F811
-  def build(c, **_):
-    gen = fakes.ScriptedGenerator(reply)
-    gen.experts = None
-    return experiment.build(c, model=tiny_model, generator=gen, embedder=HashEmbedder(64))
-
-  monkeypatch.setattr(pipeline, "build", build)
-  monkeypatch.setattr(pipeline, "export_adapters", lambda *a: {})
+def test_pipeline_run_adds_the_baseline_rows_after_the_table(tiny_model, tmp_path,  # noqa: F811
+                                                              monkeypatch):
+  scripted_pipeline(monkeypatch, tiny_model)  # test_experiment's reply: plan, search, answer
   c = small_config(tmp_path, untrained=False, ablations=("full",), baselines=("react", "expel"))
   for m in pipeline.STAGE_ORDER:
     c.stages[m].steps = 0
