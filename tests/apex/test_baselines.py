@@ -12,7 +12,7 @@ import types
 import jax
 import pytest
 
-from apex_jax import experiment, pipeline
+from apex_jax import experiment, pipeline, seeds
 from apex_jax.agents import AgentConfig
 from apex_jax.agents import prompts as apex_prompts
 from apex_jax.baselines import SYSTEMS, Parts, expel, prompts, rows, run_system
@@ -313,3 +313,11 @@ def test_pipeline_run_adds_the_baseline_rows_after_the_table(tiny_model, tmp_pat
   bad = small_config(tmp_path / "bad", baselines=("reflexion",))
   with pytest.raises(ValueError, match="'reflexion' not in"):
     pipeline.run(bad)
+
+
+def test_the_seeds_summary_orders_full_above_each_system_it_ran():
+  from_rows = {s: {"full": {"em": 0.5, "f1": 0.5}, "react": {"em": 0.1, "f1": f1}}
+               for s, f1 in ((0, 0.2), (1, 0.5))}
+  orders = seeds.summarize(from_rows)["orders"]
+  assert orders["full>react"] == {"f1_held_on": 1, "ties": 1, "seeds": 2}
+  assert "full>rag" not in orders  # a system not run has no order
