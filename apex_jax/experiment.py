@@ -259,7 +259,7 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   agents = settings(AgentConfig, c.agents, "agents")
   updater = ModuleUpdater(model, lora, training.step, recompute_logp_old=agents.top_p < 1.0)
   os.makedirs(c.workdir, exist_ok=True)
-  bank = MemoryBank(c.memory.path or _fresh_bank_path(c.workdir), embedder or _embedder(c, model),
+  bank = MemoryBank(c.memory.path or fresh_bank_path(c.workdir), embedder or _embedder(c, model),
                     config=settings(MemoryConfig, c.memory.bank, "memory.bank"))
   return Experiment(c, model, train, test, _searcher(c, passages), bank, agents, generator,
                     updater, experts, training, image_searcher(c))
@@ -322,10 +322,10 @@ def agents_for(exp: "Experiment", phase: Phase, where: str = "phase") -> AgentCo
   return settings(AgentConfig, {**section(exp.agents), **phase.agents}, f"{where}.agents")
 
 
-def _fresh_bank_path(workdir: str) -> str:
-  """<workdir>/memory.db, emptied: a run's own bank starts empty, so running a config twice gives
+def fresh_bank_path(workdir: str, name: str = "memory") -> str:
+  """<workdir>/<name>.db, emptied: a run's own bank starts empty, so running a config twice gives
   the same numbers (a bank to build on is named by memory.path, and kept)."""
-  path = os.path.join(workdir, "memory.db")
+  path = os.path.join(workdir, f"{name}.db")
   for stale in (path, path + "-wal", path + "-shm", path + "-journal"):
     if os.path.exists(stale):
       os.remove(stale)

@@ -24,18 +24,18 @@ import jax
 
 from morse_jax.config_sections import settings
 
-from apex_jax import plots
+from apex_jax import baselines, plots
 from apex_jax.ablations import (ABLATIONS, AblationInputs, ablation_names, ablation_system,
                                 rebuilt_module_rows, row_module, untrained_module)
 from apex_jax.agents import Distiller, Executor, Planner
 from apex_jax.agents.episode import run_episode
 from apex_jax.agents.generator import with_experts
-from apex_jax.datasets import evaluate as score_predictions
 from apex_jax.datasets import image_qa
 from apex_jax.experiment import (JUDGES, Experiment, StagePhase, TtrlPhase, agents_for, build,
                                   choice)
 from apex_jax.memory import CATEGORIES, MODALITIES, Bucket, MemoryBank
 from apex_jax.memory.consolidation import Judged, consolidate, count_evolutions
+from apex_jax.row_scores import Outcome, bank_counts, batches, eval_examples, row_scores
 from apex_jax.training import judging, rollouts
 from apex_jax.training.accuracy import AccuracyItem
 from apex_jax.training.grpo import FrozenUpdater
@@ -45,10 +45,6 @@ from morse_jax import runtime
 from morse_jax.checkpoint import phase
 from morse_jax.checkpoint.steps import files_fingerprint
 from morse_jax.lora.export import export_peft
-
-
-def _batches(items, size: int):
-  return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None) -> dict:
@@ -77,7 +73,7 @@ def memory_build(exp: Experiment, *, rng: jax.Array, snapshot: str | None = None
                judge_fallbacks=0)
   touched = []
   rng, k_evolve = jax.random.split(rng)
-  for i, batch in enumerate(_batches(exp.train[:c.questions], c.batch_size)):
+  for i, batch in enumerate(batches(exp.train[:c.questions], c.batch_size)):
     k_episode, k_remember = jax.random.split(jax.random.fold_in(rng, i))
     episodes = run_episode(planner, executor, [ex.question for ex in batch], rng=k_episode,
                            bank=exp.bank, categories=[ex.category for ex in batch],
@@ -172,17 +168,16 @@ def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: boo
   `context_tokens` (per episode, the tokens of every conversation it ran: the planner's and each
   executor run's, prompts, generations and tool output) and `memory_context_tokens` (per
   episode, the planner context E(q): skill document + memories, as the planner tokenises it)."""
-  examples = {"train": exp.train, "test": exp.test}[choice(split, "split", ("train", "test"))]
+  examples = eval_examples(exp, split)
   c = exp.config.eval
-  examples = examples[:c.questions] if c.questions else examples
   agents = dataclasses.replace(exp.agents, temperature=c.temperature)
   generator = with_experts(exp.generator, experts)  # exp.generator is left as it is
   bank = exp.bank if bank is None else bank
   bank = bank if use_memories or use_skills else None
   tokenizer = generator.tokenizer_of("planner")
   rng = jax.random.PRNGKey(exp.config.seed) if rng is None else rng
-  predictions, answered, context, memory = {}, 0, [], []
-  for i, batch in enumerate(_batches(examples, c.batch_size)):
+  outcomes = []
+  for i, batch in enumerate(batches(examples, c.batch_size)):
     episodes = run_episode(Planner(generator, agents),
                            Executor(generator, exp.searcher, agents,
                                     image_search=exp.image_search),
@@ -190,23 +185,17 @@ def evaluate(exp: Experiment, experts, split: str = "test", *, use_memories: boo
                            bank=bank, categories=[ex.category for ex in batch],
                            use_memories=use_memories, use_skills=use_skills,
                            **image_qa.episode_inputs(batch))
-    for ep, ex in zip(episodes, batch):
-      predictions[ex.id] = ep.y2 or ""
-      answered += ep.y2 is not None
-      context.append(ep.planner.total_tokens() + sum(t.total_tokens() for t in ep.executor))
-      memory.append(0 if ep.context is None else
-                    len(tokenizer.encode(ep.context.text, add_special_tokens=False)))
-  scores = score_predictions(predictions, examples)
-  scores["answered"] = answered / max(len(examples), 1)
-  scores["context_tokens"] = sum(context) / max(len(context), 1)
-  scores["memory_context_tokens"] = sum(memory) / max(len(memory), 1)
-  return scores
+    outcomes += [episode_outcome(ep, tokenizer, None if ep.context is None else ep.context.text)
+                 for ep in episodes]
+  return row_scores(examples, outcomes)
 
 
-def bank_counts(bank: MemoryBank) -> dict:
-  """Memories and skill documents a bank holds (the rows' banks, in the results)."""
-  return {"memories": len(bank), "skills": sum(
-      bank.get_skill(Bucket(cat, mod)) is not None for cat in CATEGORIES for mod in MODALITIES)}
+def episode_outcome(ep, tokenizer, memory_text: str | None) -> Outcome:
+  """A planner-executor episode's row entry: its answer y2, every conversation's tokens and
+  those of `memory_text` (what its planner was shown; None: nothing)."""
+  return Outcome(ep.y2, ep.planner.total_tokens() + sum(t.total_tokens() for t in ep.executor),
+                 0 if memory_text is None else
+                 len(tokenizer.encode(memory_text, add_special_tokens=False)))
 
 
 def ablations(exp: Experiment, inputs: AblationInputs, names=ABLATIONS, *,
@@ -298,10 +287,13 @@ def run(config) -> dict:
   ablation table, with the untrained system (initial experts, the built memories) as the first
   row (unless config.eval.untrained is False), each without_<module>_training row on its own
   TTRL rerun (`rebuilt_module_rows`: histories in results["ablation_ttrl"], banks under
-  <workdir>/banks, checkpoints under <workdir>/checkpoints/ttrl_<row>); stages with steps 0 and TTRL with steps 0 are
-  left out (none at all: the experts stay the initial ones); everything in
-  <workdir>/results.json, curves under <workdir>/logs and in <workdir>/rewards.png, the
-  ablations' bank snapshots in <workdir>/banks, seconds per phase in results["seconds"].
+  <workdir>/banks, checkpoints under <workdir>/checkpoints/ttrl_<row>), then the comparison
+  systems of config.eval.baselines (`apex_jax.baselines.baseline_rows`: each on the initial
+  experts, a memory system on its own bank <workdir>/banks/baseline_<name>.db); stages with
+  steps 0 and TTRL with steps 0 are left out (none at all: the experts stay the initial ones);
+  everything in <workdir>/results.json, curves under <workdir>/logs and in
+  <workdir>/rewards.png, the ablations' bank snapshots in <workdir>/banks, seconds per phase in
+  results["seconds"].
 
   Resumable: under <workdir>/checkpoints, memory building leaves a bank snapshot
   (`resumable_memory_build`), the stages a checkpoint every `train.checkpoint_every` updates
@@ -314,6 +306,7 @@ def run(config) -> dict:
   # seeds run one after the other (or in spawned workers) reuse the sampler and update
   # programs the first compiled: 105 s of a seed's 456 s are compilation (docs/RESULTS.md)
   runtime.use_compilation_cache(config)
+  systems = baselines.baseline_names(config)  # checked before anything runs
   exp = build(config)
   rng = jax.random.PRNGKey(config.seed)
   k_mem, k_stages, k_ttrl, k_eval = jax.random.split(rng, 4)
@@ -337,6 +330,10 @@ def run(config) -> dict:
       exp, AblationInputs(exp.experts, experts, experts_ttrl, one_pass, before_ttrl, rebuilt),
       names, rng=k_eval)}
   r.lap("eval")
+  if systems:
+    r.results["eval"].update(baselines.baseline_rows(exp, systems, rng=k_eval,
+                                                     workdir=config.workdir))
+    r.lap("eval_baselines")
   _write_results(r, experts_ttrl)
   return r.results
 

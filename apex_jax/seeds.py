@@ -23,10 +23,13 @@ import multiprocessing
 import os
 
 from apex_jax import pipeline
+from apex_jax.baselines import SYSTEMS
 from morse_jax.experiments.table2 import mean_std, paired_difference
 
-# (row that should be higher, row that should be lower): the orders the ablation is about
-ORDERS = (("full", "without_memories"), ("full", "without_skills"), ("full", "untrained"))
+# (row that should be higher, row that should be lower): the orders the ablation is about, and
+# APEx above each comparison system (config.eval.baselines; a row absent from a run is skipped)
+ORDERS = (("full", "without_memories"), ("full", "without_skills"), ("full", "untrained")) + \
+    tuple(("full", name) for name in SYSTEMS)
 
 
 def seed_config(config, seed: int):

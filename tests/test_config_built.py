@@ -174,6 +174,8 @@ APEX = {
     ("paper", None): PAPER,
     ("paper", "model=/m,judge=http://j:8002/v1,data=hotpotqa:/d,index=/i"): PAPER,
 }
+# the comparison systems run beside the whole procedure demo, its settings unchanged
+APEX.update({("baselines", arg): APEX["demo_procedures", None] for arg in (None, "react,memento")})
 
 
 @pytest.mark.parametrize("name,arg", sorted(APEX, key=str))

@@ -25,7 +25,8 @@ AROUND = ("configs", "launchers", "benchmarks")
 # apex_jax's packages and top-level modules, lowest layer first, ordered by today's imports: each
 # imports only layers below its own (morse_jax and third parties aside).
 APEX = (("memory", "tools", "plots"), ("judges",), ("datasets", "agents"), ("training",),
-        ("toy", "experiment", "ablations"), ("pipeline",), ("seeds",))
+        ("toy", "experiment", "ablations", "row_scores"), ("baselines",), ("pipeline",),
+        ("seeds",))
 
 
 def _others(*keep: str) -> tuple[str, ...]:

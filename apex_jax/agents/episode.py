@@ -51,12 +51,15 @@ def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], 
                 rng: jax.Array, bank=None, categories: Sequence[str | None] | None = None,
                 captions: Sequence[str | None] | None = None, use_memories: bool = True,
                 use_skills: bool = True, images: Sequence | None = None,
-                data_ids: Sequence[str | None] | None = None) -> list[Episode]:
+                data_ids: Sequence[str | None] | None = None,
+                plan_openings: Sequence[list[dict]] | None = None) -> list[Episode]:
   """The loop over a batch; bank None plans without memories or skills. use_memories /
   use_skills (MemoryBank.planner_context's options, the ablations): False shows the planner no
   instance memory (at the plan and the replan) / no skill document. captions route and score
   the memories (text-image bucket) and follow the question in the plan prompt; images (decoded,
-  `tools.images`) and data_ids (the image-search cache's ids) go to the executor only."""
+  `tools.images`) and data_ids (the image-search cache's ids) go to the executor only.
+  plan_openings: the planner's opening chats instead of its plan prompt (`Planner.plan`; a
+  baseline's, with bank None)."""
   n = len(questions)
   categories = [None] * n if categories is None else list(categories)
   captions = [None] * n if captions is None else list(captions)
@@ -70,7 +73,7 @@ def run_episode(planner: Planner, executor: Executor, questions: Sequence[str], 
   contexts = [None] * n if bank is None else [
       bank.planner_context(q, c, category=cat, use_memories=use_memories, use_skills=use_skills)
       for q, c, cat in zip(questions, captions, categories)]
-  runs = planner.plan(questions, contexts, rng=k_plan, captions=captions)
+  runs = planner.plan(questions, contexts, rng=k_plan, captions=captions, openings=plan_openings)
   first = executor.run(questions, [r.plan for r in runs], rng=k_run, images=images,
                        data_ids=data_ids)
   decisions = planner.evaluate(runs, first, rng=k_eval)

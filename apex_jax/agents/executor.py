@@ -83,11 +83,26 @@ class Executor:
       raise ValueError(f"Executor.run: {len(plans)} plans, {len(images)} images and "
                        f"{len(data_ids)} data_ids for {n} questions")
     style = self.config.prompt_style
+    openings = [prompts.executor_messages(q, p, style, image=image is not None)
+                for q, p, image in zip(questions, plans, images)]
+    return self.run_openings(questions, openings, rng=rng, images=images, data_ids=data_ids)
+
+  def run_openings(self, questions: Sequence[str], openings: Sequence[list[dict]], *,
+                   rng: jax.Array, images: Sequence | None = None,
+                   data_ids: Sequence[str | None] | None = None) -> list[Trajectory]:
+    """`run` from given opening chats instead of the executor prompt with a plan (the
+    baselines': retrieved memories or a rule in it, apex_jax.baselines); images / data_ids as
+    `run`'s (an opening with an image has its `<image>` marker)."""
+    n = len(questions)
+    images = [None] * n if images is None else list(images)
+    data_ids = [None] * n if data_ids is None else list(data_ids)
+    if not len(openings) == len(images) == len(data_ids) == n:
+      raise ValueError(f"Executor.run_openings: {len(openings)} openings, {len(images)} images "
+                       f"and {len(data_ids)} data_ids for {n} questions")
     runs = []
-    for q, p, image, data_id in zip(questions, plans, images, data_ids):
+    for q, m, image, data_id in zip(questions, openings, images, data_ids):
       shown = () if image is None else (image,)
-      messages = prompts.executor_messages(q, p, style, image=bool(shown))
-      runs.append(_Run(q, Conversation.start(self.tokenizer, messages, shown),
+      runs.append(_Run(q, Conversation.start(self.tokenizer, list(m), shown),
                        collections.Counter(), [], data_id=data_id, has_image=bool(shown)))
     return self._loop(runs, rng)
 

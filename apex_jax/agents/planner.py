@@ -139,20 +139,24 @@ class Planner:
     return body
 
   def plan(self, questions: Sequence[str], contexts: Sequence[PlannerContext | None], *,
-           rng: jax.Array, captions: Sequence[str | None] | None = None) -> list[PlannerRun]:
+           rng: jax.Array, captions: Sequence[str | None] | None = None,
+           openings: Sequence[list[dict]] | None = None) -> list[PlannerRun]:
     """Starts each question's conversation and generates its plan (one sampler call).
     captions: each question's image caption (None: none), shown after the question; the
-    planner never sees the image itself."""
+    planner never sees the image itself. openings: each question's opening chat instead of the
+    plan prompt of its context (a baseline's planner prompt, apex_jax.baselines)."""
     captions = [None] * len(questions) if captions is None else list(captions)
     if len(contexts) != len(questions) or len(captions) != len(questions):
       raise ValueError(f"Planner.plan: {len(contexts)} contexts and {len(captions)} captions "
                        f"for {len(questions)} questions")
-    runs = []
-    for q, ctx, caption in zip(questions, contexts, captions):
-      skill, memory = context_slots(ctx)
-      messages = prompts.plan_messages(skill, memory, q, self.config.plan_word_limit,
-                                       self.config.prompt_style, caption)
-      runs.append(PlannerRun(q, Conversation.start(self.tokenizer, messages)))
+    if openings is None:
+      openings = [prompts.plan_messages(*context_slots(ctx), q, self.config.plan_word_limit,
+                                        self.config.prompt_style, caption)
+                  for q, ctx, caption in zip(questions, contexts, captions)]
+    if len(openings) != len(questions):
+      raise ValueError(f"Planner.plan: {len(openings)} openings for {len(questions)} questions")
+    runs = [PlannerRun(q, Conversation.start(self.tokenizer, list(m)))
+            for q, m in zip(questions, openings)]
     for r, text in zip(runs, self._generate(runs, rng)):
       r.plan = self._limited(r, text, self.config.plan_word_limit, "plan")
     return runs

@@ -519,6 +519,16 @@ class MemoryBank(SkillOps):
       self.counters["outcome_missing_id"] += len(missing)
     return OutcomeResult(tuple(found), missing)
 
+  def set_summary(self, memory_id: int, workflow_summary: str) -> bool:
+    """Rewrites a stored memory's workflow summary (ExpeL's EDIT of a memory's rule,
+    apex_jax.baselines.expel); False when no memory has that id. Its embeddings, outcome and
+    counts stay."""
+    text = _text(workflow_summary, "workflow_summary")
+    with self._txn(write=True) as conn:
+      cur = conn.execute("UPDATE memories SET workflow_summary = ? WHERE id = ?",
+                         (text, int(memory_id)))
+      return cur.rowcount == 1
+
   # ------------------------------------------------------------------------ inspection
 
   def __len__(self) -> int:

@@ -97,6 +97,8 @@ def get_config(arg=None):
   # rebuild_module_banks: each w/o <module> training row reruns TTRL with that module's initial
   # adapter, so it reads the bank that system builds (apex_jax.pipeline); False: the adapter
   # swapped into the full system, reading the full bank (cheaper: no TTRL rerun per row)
+  # baselines: the comparison systems' rows after the table (apex_jax.baselines.SYSTEMS;
+  # configs/apex/baselines.py), each on the initial experts with its own bank
   c.eval = dict(questions=16, batch_size=16, temperature=0.0, ablations=(),
-                untrained=True, rebuild_module_banks=True)
+                untrained=True, rebuild_module_banks=True, baselines=())
   return ml_collections.ConfigDict(c)

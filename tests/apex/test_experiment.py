@@ -36,6 +36,17 @@ def reply(module, prompt, call):
   return "<think>w5</think><answer>w7</answer>"
 
 
+def scripted_pipeline(monkeypatch, model) -> None:
+  """pipeline.run builds its experiment on `model` with the scripted `reply` (no export)."""
+  def build(c, **_):
+    gen = fakes.ScriptedGenerator(reply)
+    gen.experts = None
+    return experiment.build(c, model=model, generator=gen, embedder=HashEmbedder(64))
+
+  monkeypatch.setattr(pipeline, "build", build)
+  monkeypatch.setattr(pipeline, "export_adapters", lambda *a: {})
+
+
 def small_config(workdir, **eval_overrides):
   c = demo_cpu.get_config("unused")
   c.workdir = str(workdir)
@@ -536,13 +547,7 @@ class _Forward:
 def test_a_run_without_stages_ttrl_or_untrained_row(tiny_model, tmp_path, monkeypatch):
   """configs/apex/demo_smollm2.py's shape: every stage and TTRL at steps 0, no untrained row.
   The experts stay the initial ones; the table has only the rows asked for."""
-  def build(c, **_):
-    gen = fakes.ScriptedGenerator(reply)
-    gen.experts = None
-    return experiment.build(c, model=tiny_model, generator=gen, embedder=HashEmbedder(64))
-
-  monkeypatch.setattr(pipeline, "build", build)
-  monkeypatch.setattr(pipeline, "export_adapters", lambda *a: {})
+  scripted_pipeline(monkeypatch, tiny_model)
   c = small_config(tmp_path, untrained=False, ablations=("full", "without_memories"))
   for m in STAGE_ORDER:
     c.stages[m].steps = 0

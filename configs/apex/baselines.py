@@ -1,0 +1,23 @@
+"""APEx's comparison systems (ReAct, memory-RAG, ExpeL, Memento, plan-only: apex_jax.baselines)
+beside APEx on the procedure demo's three worlds: the whole demo (configs/apex/demo_procedures.py:
+memory building, stages, TTRL, its rows full / without memories / skills / both and untrained),
+then one row per system named in the argument (comma-separated; none: all five), each on the
+initial experts with its own bank built from its own episodes; seeds side by side with the order
+"full above <system>" counted per seed and tested over the pooled questions (apex_jax.seeds).
+
+  python -m launchers.train --config=configs/apex/baselines.py:react,rag,expel,memento,plan_only
+  python -m launchers.train --config=configs/apex/baselines.py:react     # one system
+"""
+
+from apex_jax.baselines import SYSTEMS
+from apex_jax.baselines.systems import check_system
+from configs.apex import demo_procedures
+
+
+def get_config(arg=None):
+  names = tuple(check_system(n.strip()) for n in (arg or ",".join(SYSTEMS)).split(",")
+                if n.strip())
+  c = demo_procedures.get_config()
+  c.workdir = "/tmp/apex_runs/baselines_" + "_".join(names)
+  c.eval.baselines = names
+  return c
