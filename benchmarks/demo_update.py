@@ -28,6 +28,8 @@ from benchmarks.common import write_report
 
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per layout (median reported).")
+_LAYOUTS = flags.DEFINE_list("layouts", [], "Only these layouts (default: all; the first given "
+                             "is the speedups' base).")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES, B, M, MAX_NEW = 4, 2, 4, 160
@@ -104,7 +106,11 @@ def main(argv):
                              routes_per_node=B, donate=())
   kwargs = dict(update=update, num_routes=NODES * B)
   results, metrics = [], {}
-  for name, (batch, rb) in layouts.items():
+  unknown = sorted(set(_LAYOUTS.value) - set(layouts))
+  if unknown:
+    raise app.UsageError(f"--layouts: {unknown} not in {list(layouts)}")
+  for name in _LAYOUTS.value or layouts:
+    batch, rb = layouts[name]
     fn = update.step_fn.lower(model.params, experts, rparams, states, batch, rb, **kwargs).compile()
     run = lambda: jax.block_until_ready(fn(model.params, experts, rparams, states, batch, rb))
     metrics[name] = jax.device_get(run()[3])
