@@ -26,28 +26,31 @@ import http.client
 import json
 import os
 import threading
-import time
 
+import jax
+import jax.numpy as jnp
 from absl import app, flags
+
+from apex_jax.judges import InProcessChat, serving
+from apex_jax.judges.protocol import ChatLimits
+from apex_jax.tools.server import running
+from benchmarks.common import threads_seconds, write_report
+from morse_jax import llm
 
 _MODEL = flags.DEFINE_string("model", "tiny", "tiny, smollm2, or a Hugging Face folder.")
 _REQUESTS = flags.DEFINE_integer("requests", 32, "Concurrent requests per load.")
 _MIN = flags.DEFINE_integer("min_tokens", 8, "The ragged load's smallest max_tokens.")
 _MAX = flags.DEFINE_integer("max_tokens", 480, "The ragged load's largest max_tokens.")
-_ENGINE = flags.DEFINE_bool("engine", True, "Generate on the engine (else merged sampler calls).")
-_OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
 
 REAL_MODEL = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
 TOY = os.path.join(os.path.dirname(__file__), "..", "assets", "toy_qwen3")
 
+_ENGINE = flags.DEFINE_bool("engine", True, "Generate on the engine (else merged sampler calls).")
+_OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
+
 
 def load_model(name: str):
   """The served model, without stop ids (each reply runs to its budget)."""
-  import jax
-  import jax.numpy as jnp
-
-  from morse_jax import llm
-
   if name == "tiny":
     toy = llm.load(TOY, dtype=jnp.float32)
     config = dataclasses.replace(toy.config, hidden_size=64, intermediate_size=128,
@@ -96,13 +99,7 @@ def load(url: str, budgets: list[int]) -> dict:
     except Exception as e:  # noqa: BLE001 -- reported after the load
       errors.append(e)
 
-  threads = [threading.Thread(target=one, args=(i,)) for i in range(len(budgets))]
-  start = time.perf_counter()
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  wall = time.perf_counter() - start
+  wall = threads_seconds([threading.Thread(target=one, args=(i,)) for i in range(len(budgets))])
   if errors:
     raise errors[0]
   return {"seconds": wall, "budgets": budgets, "completion_tokens": sum(tokens),
@@ -110,11 +107,6 @@ def load(url: str, budgets: list[int]) -> dict:
 
 
 def main(_):
-  from apex_jax.judges import InProcessChat, serving
-  from apex_jax.judges.protocol import ChatLimits
-  from apex_jax.tools.server import running
-  from benchmarks.common import write_report
-
   n = _REQUESTS.value
   model = load_model(_MODEL.value)
   limits = ChatLimits(max_tokens=max(_MAX.value, 8 * n), max_batch=n, max_queue=max(256, n),
