@@ -9,11 +9,13 @@ loopback. `--requests` concurrent greedy chat requests (one short user message e
 once with max_tokens spread evenly over [--min_tokens, --max_tokens] (ragged), then the same
 requests with the same total spread evenly (uniform). The model is served without stop ids, so
 every reply is its budget long; the tokens counted are the replies' `usage.completion_tokens`.
-Before both, warm-up rounds take the compiles: 1, 2 and 3 requests at once (the prefill
-programs of each row count), then the same requests with budgets 8, 16, .., 8 * --requests (one
-row ends per engine step: every decode program of a live-row count). Reported per load: wall
-seconds, completion tokens, tokens/s and the batcher's calls (engine steps, or merged sampler
-calls); and `ragged_over_uniform` (issue 55's goal: at least 0.85).
+Before both, warm-up rounds take the compiles: 1, 2 and 3 requests at once, twice (the prefill
+programs of each row count and prompt length), then the same requests with budgets of 64 (all
+rows live at once) and with 8, 16, .., 8 * --requests (one row ends per engine step: every
+decode program of a live-row count). Reported per load: wall seconds, completion tokens,
+tokens/s and the batcher's calls (engine steps, or merged sampler calls); and
+`ragged_over_uniform` (issue 55's goal: at least 0.85). With --repeats the loads alternate and
+each one's fastest run is reported (every run is kept under `runs`).
 
 `--model=tiny`: a random 2-layer model with `assets/toy_qwen3`'s tokenizer and chat template;
 `--model=smollm2`: SmolLM2-135M-Instruct from the local cache; or any model folder.
@@ -45,6 +47,8 @@ _MAX = flags.DEFINE_integer("max_tokens", 480, "The ragged load's largest max_to
 REAL_MODEL = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
 TOY = os.path.join(os.path.dirname(__file__), "..", "assets", "toy_qwen3")
 
+_REPEATS = flags.DEFINE_integer("repeats", 1, "Ragged and uniform loads, alternating; the "
+                                "report takes each one's fastest run.")
 _ENGINE = flags.DEFINE_bool("engine", True, "Generate on the engine (else merged sampler calls).")
 _OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
 
@@ -88,14 +92,15 @@ def ask(url: str, content: str, max_tokens: int) -> int:
   return out["usage"]["completion_tokens"]
 
 
-def load(url: str, budgets: list[int]) -> dict:
-  """All requests at once; wall seconds from the first send to the last answer."""
+def load(url: str, budgets: list[int], first: int = 0) -> dict:
+  """All requests at once (story numbers first, first + 1, ..); wall seconds from the first
+  send to the last answer."""
   tokens = [0] * len(budgets)
   errors = []
 
   def one(i):
     try:
-      tokens[i] = ask(url, f"Tell me story number {i} about a lighthouse.", budgets[i])
+      tokens[i] = ask(url, f"Tell me story number {first + i} about a lighthouse.", budgets[i])
     except Exception as e:  # noqa: BLE001 -- reported after the load
       errors.append(e)
 
@@ -104,6 +109,11 @@ def load(url: str, budgets: list[int]) -> dict:
     raise errors[0]
   return {"seconds": wall, "budgets": budgets, "completion_tokens": sum(tokens),
           "tokens_per_s": sum(tokens) / wall}
+
+
+def best_run(runs: list[dict]) -> dict:
+  """The fastest run: on a shared CPU other work only slows a run down."""
+  return max(runs, key=lambda r: r["tokens_per_s"])
 
 
 def main(_):
@@ -117,22 +127,25 @@ def main(_):
   ragged = ragged_budgets(n, _MIN.value, _MAX.value)
   uniform = uniform_budgets(sum(ragged), n)
   with running(srv):
-    warm = [load(srv.url, [8] * k) for k in (1, 2, 3)] + [load(srv.url,
-                                                              ragged_budgets(n, 8, 8 * n))]
+    warm = [load(srv.url, [8] * k, first) for k in (1, 2, 3) for first in (0, 10)]
+    warm += [load(srv.url, [64] * n), load(srv.url, ragged_budgets(n, 8, 8 * n))]
     warm = {"seconds": sum(w["seconds"] for w in warm)}
     print(f"warm-up: {warm['seconds']:.1f} s", flush=True)
-    loads = {}
-    for name, budgets in (("ragged", ragged), ("uniform", uniform)):
-      calls = srv.batcher.calls
-      loads[name] = {**load(srv.url, budgets), "batcher_calls": srv.batcher.calls - calls}
-      print(f"{name}: {loads[name]['completion_tokens']} tokens in "
-            f"{loads[name]['seconds']:.1f} s = {loads[name]['tokens_per_s']:.1f} tokens/s",
-            flush=True)
+    runs = {"ragged": [], "uniform": []}
+    for _ in range(_REPEATS.value):  # alternating, so that a shared CPU's load falls on both
+      for name, budgets in (("ragged", ragged), ("uniform", uniform)):
+        calls = srv.batcher.calls
+        runs[name].append({**load(srv.url, budgets), "batcher_calls": srv.batcher.calls - calls})
+        print(f"{name}: {runs[name][-1]['completion_tokens']} tokens in "
+              f"{runs[name][-1]['seconds']:.1f} s = {runs[name][-1]['tokens_per_s']:.1f} "
+              f"tokens/s", flush=True)
+  loads = {name: best_run(r) for name, r in runs.items()}
   ratio = loads["ragged"]["tokens_per_s"] / loads["uniform"]["tokens_per_s"]
-  print(f"ragged_over_uniform: {ratio:.3f}")
+  print(f"ragged_over_uniform (best runs): {ratio:.3f}")
   write_report("serve_ragged", _OUT.value, model=_MODEL.value, requests=n,
                batcher=type(srv.batcher).__name__, warmup_seconds=warm["seconds"],
-               ragged=loads["ragged"], uniform=loads["uniform"], ragged_over_uniform=ratio)
+               ragged=loads["ragged"], uniform=loads["uniform"], ragged_over_uniform=ratio,
+               runs=runs)
 
 
 if __name__ == "__main__":
