@@ -200,6 +200,20 @@ def test_adapter_route_serves_its_own_generation(merged):
     serving.make_server(server.chat, "tiny", port=0, adapters={"x": server.chat})
 
 
+def test_adapter_route_runs_on_its_own_engine(server):
+  """On the engine: "model": "exec" generates through the adapter (an engine of its own, the
+  route on each row) with the greedy text InProcessChat gives, other names through the base."""
+  body = {"messages": MSG, "max_tokens": 8, "temperature": 0.0, "n": 4}
+  (s1, adapted), (s2, base) = (post(server, {**body, "model": m}) for m in ("exec", "qwen"))
+  assert s1 == s2 == 200 and adapted["model"] == "exec" and base["model"] == "tiny"
+  prompt = server.chat.prompt_tokens(MSG)
+  direct = server.adapters["exec"].generate([prompt] * 4, [8] * 4, temperature=0.0)
+  plain = server.chat.generate([prompt] * 4, [8] * 4, temperature=0.0)
+  assert [c["message"]["content"] for c in adapted["choices"]] == [c.text for c in direct]
+  assert base["choices"][0]["message"]["content"] == plain[0].text != direct[0].text
+  assert len(server.batcher.engines) == 2
+
+
 def test_internal_error_is_500_and_the_server_keeps_serving(merged):
   server = merged
   def broken(*args, **kwargs):
