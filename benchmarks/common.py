@@ -20,6 +20,16 @@ def median_seconds(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
+def threads_seconds(threads) -> float:
+  """Starts `threads` at once and joins them: the wall seconds from the first start."""
+  start = time.perf_counter()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return time.perf_counter() - start
+
+
 def write_report(name: str, out: str | None, **fields) -> dict:
   """Adds machine and library versions to `fields`, writes JSON to `out` when given."""
   import jax

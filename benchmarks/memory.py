@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from benchmarks.common import write_report  # noqa: E402
+from benchmarks.common import threads_seconds, write_report  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON to this file.")
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes (10k / 1k / 10k) for a smoke run.")
@@ -193,13 +193,8 @@ def http_retrieve(n: int, queries: int, words: int, cache: str | None, threads: 
         for t in rest[i::8]:
           client.search([t])
 
-      workers = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-      start = time.perf_counter()
-      for t in workers:
-        t.start()
-      for t in workers:
-        t.join()
-      concurrent_s = time.perf_counter() - start
+      concurrent_s = threads_seconds([threading.Thread(target=worker, args=(i,))
+                                      for i in range(8)])
       merged_calls = srv.batcher.calls - calls_before
   r = {"case": "http_retrieve_minilm", "n": n, "topk": TOPK, "passage_words": words,
        "model_load_s": load_s, "index_build_s": build_s, "index_reused": reused,

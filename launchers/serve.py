@@ -7,7 +7,9 @@
   # the official client works: openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
 
 Any folder `morse_jax.llm.load` reads works (safetensors + config.json + a tokenizer with a chat
-template). Requests queued together are merged into one sampler call. Judges connect with
+template). On one device requests are generated on the engine (continuous batching: each
+enters a free slot between steps and is answered when its own tokens are done; --max_batch
+slots, --step_tokens per row per step, --cache_tokens of KV per route). Judges connect with
 `apex_jax.judges.ChatClient("http://127.0.0.1:8000", model=...)`.
 
 LoRA adapters (PEFT folders: what `morse_jax.lora.export.export_peft` writes for a trained route,
@@ -18,7 +20,7 @@ or peft's save_pretrained) are served next to the base model, as vLLM's --lora-m
 Stop with Ctrl-C or SIGTERM (graceful: no new connections, queued requests answered, the
 generating thread joined, exit 0). Every `ChatLimits` field is a flag (--max_body_bytes,
 --max_connections, --read_timeout_s, --max_incomplete, --max_incomplete_per_address, --max_queue,
---max_prompt_chars, --max_tokens, --max_n, --chunk_tokens, ...).
+--max_prompt_chars, --max_tokens, --max_n, --step_tokens, --cache_tokens, ...).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ _NAME = flags.DEFINE_string("served_model_name", None, "Name in replies and /v1/
                             "(default: the folder's name).")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0: all interfaces).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port (0: any free port).")
-_MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows merged into one sampler call.")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Rows generated at once (engine slots).")
 _MAX_TOKENS = flags.DEFINE_integer("default_max_tokens", 512, "max_tokens when a request has none.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
                            "Weight dtype (default: the checkpoint's).")
@@ -106,7 +108,8 @@ def main(argv):
     serve_until_stopped(srv)
   finally:
     print(f"served {srv.requests} requests ({srv.errors} errors) in {srv.batcher.calls} "
-          f"sampler calls", flush=True)
+          f"{'engine steps' if srv.batcher.thread_name == 'chat-engine' else 'sampler calls'}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -133,11 +133,15 @@ class InProcessChat:
                              [list(self.route.expert_ids)] * len(prompts), self.route.kernel)
     settings = llm.GenerationSettings.for_model(self.model, max(max_tokens), sampling)
     with self._lock:
-      rng = jax.random.fold_in(self._key, next(self._calls))
+      rng = self.call_key()
       out = llm.sample(self.model, list(prompts), settings, rng=rng, mesh=self.mesh,
                        adapter=adapter, row_keys=_row_keys(rng, keys))
     return [self.completion(out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])],
                             len(prompts[i]), stops[i]) for i in range(len(prompts))]
+
+  def call_key(self) -> jax.Array:
+    """The next call's key: the seed folded with a call counter (a reproducible run)."""
+    return jax.random.fold_in(self._key, next(self._calls))
 
   def completion(self, ids, prompt_len: int, stop: Sequence[str]) -> Completion:
     """The Completion of generated token ids (cut at the first stop string)."""

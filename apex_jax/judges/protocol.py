@@ -42,8 +42,10 @@ class ChatLimits(HttpLimits):
   max_messages: int = 256
   max_tokens: int = 4096  # the largest max_tokens a request may ask for
   max_n: int = 16
-  max_batch: int = 64  # rows in one sampler call
-  chunk_tokens: int = 128  # new tokens per row per turn; longer requests queue again (fair)
+  max_batch: int = 64  # rows generated at once (the engine's slots; rows per merged call)
+  chunk_tokens: int = 128  # merged calls (`ChatBatcher`): new tokens per row per turn
+  step_tokens: int = 8  # the engine: new tokens per row per step (streamed text comes per step)
+  cache_tokens: int = 65536  # the engine's KV pool per route (at least one row of the context)
 
 
 class ApiError(Exception):

@@ -19,37 +19,38 @@ characters, so only the chat template's own markers are control tokens (`Tokeniz
 tokens included (as vLLM does): a client that builds one from untrusted text must use the chat
 endpoint instead.
 
-With "stream": true either POST answers server-sent events (`streaming`): text is sent as each
-turn of generation (at most `ChatLimits.chunk_tokens` new tokens per row) ends, not token by
-token. Errors use OpenAI's shape `{"error": {"message", "type", "param"}}`: 400 naming the field
-and value (fields this server does not implement included, see `protocol`), 404 unknown path,
-405 wrong method, 411/413 body length; 500 on an internal error, after which the server keeps
-serving. `model` is accepted whatever it names (the APEx authors' clients send "qwen"); replies
-carry the served name.
+With "stream": true either POST answers server-sent events (`streaming`): text is sent as it
+is generated (each engine step: `ChatLimits.step_tokens` tokens per row; with merged calls,
+as each turn of at most `ChatLimits.chunk_tokens` tokens per row ends). Errors use OpenAI's shape
+`{"error": {"message", "type", "param"}}`: 400 naming the field and value (fields this server
+does not implement included, see `protocol`), 404 unknown path, 405 wrong method, 411/413 body
+length; 500 on an internal error, after which the server keeps serving. `model` is accepted
+whatever it names (the APEx authors' clients send "qwen"); replies carry the served name.
 
-Requests queued together with the same temperature and top_p are merged into one sampler call
-(as `apex_jax.tools.server.Batcher` merges searches); a request with n > 1 adds n rows. `seed`
-(a signed 64-bit integer) makes a request's samples reproducible: choice i draws each turn with a
-key of its own, from the seed, i and its tokens so far (`inprocess.seeded_keys`), whatever is
-merged with it; n > 1 choices differ from each other. The same seed gives the same text on the
-same server settings (model, `chunk_tokens`, backend). Without a seed, rows draw from the
-server's key and call counter, as before.
+Generation: an InProcessChat on one device runs on the engine (`engine_batcher.EngineBatcher`:
+continuous batching over a paged KV cache; a request enters a free slot between steps and is
+answered as soon as its own rows end; `ChatLimits.max_batch` slots, `cache_tokens` of KV per
+route). `seed` (a signed 64-bit integer) makes a request's samples reproducible: each choice
+draws from keys of the seed, its prompt and choice index alone, whatever runs beside it; n > 1
+choices differ from each other. Without a seed, rows draw from the route's key and call counter.
+
+`ChatBatcher` (merged sampler calls) stays for what the engine does not run: a chat on a mesh of
+several devices (the engine is one device's) and backends that only have `generate` (the tests'
+scripted ones). Requests queued together with the same temperature and top_p are merged into one
+sampler call; a request with n > 1 adds n rows; choice i of a seeded request draws each turn with
+a key from the seed, i and its tokens so far (`inprocess.seeded_keys`). A turn generates at most
+`chunk_tokens` new tokens per row; a request with more to go is put back at the end of the queue
+with its tokens so far appended to its prompt (a prefill per turn; no KV cache kept between
+turns), and a failed merged call is retried one request at a time.
 
 A client that hangs up stops costing the server: a handler waiting for its answer looks at its
 socket every `http.HANGUP_POLL_S` (`JsonHandler.client_gone`: the connection reads as ended or
-failed), and a stream also between turns; on a hang-up it cancels its jobs and returns, so its
-thread and its place under the connection cap are free at once. The batcher drops a cancelled
-job at its next turn: never run if still queued, left out of the merged call it was grouped
-into, never queued again (`ChatBatcher.dropped` counts them).
-
-Fairness: a turn generates at most `ChatLimits.chunk_tokens` new tokens per row; a request with
-more to go is put back at the end of the queue with its tokens so far appended to its prompt, so
-a long request takes turns with the others instead of holding the worker (each turn re-reads the
-prompt: a prefill per chunk is the price, small next to decoding; no KV cache is kept between
-turns). Every request is checked before it is queued: the body's bytes, the messages'
-characters, then the tokenized prompt + max_tokens against the context; the queue is bounded
-(503 when full) and a failed merged call is retried one request at a time, so a bad request never
-fails the requests batched with it. `ChatLimits` holds every bound.
+failed), and a stream also between updates; on a hang-up it cancels its jobs and returns, so its
+thread and its place under the connection cap are free at once. The engine frees a cancelled
+request's slot and pages at its next step (`ChatBatcher`: dropped at its next turn); a queued
+one never runs (`dropped` counts them). Every request is checked before it is queued: the body's
+bytes, the messages' characters, then the tokenized prompt + max_tokens against the context; the
+queue is bounded (503 when full). `ChatLimits` holds every bound.
 
 Adapter routes (vLLM's `--lora-modules`): `adapters={name: InProcessChat with an AdapterRoute}`
 on the same backbone. A request whose `model` names one is generated through that route and
@@ -69,6 +70,7 @@ from morse_jax.serving.http import (HANGUP_POLL_S, BodyError, JsonHandler, JsonS
                                     Unavailable, settle)
 
 from apex_jax.judges.chat import JudgeRequestError
+from apex_jax.judges.engine_batcher import EngineBatcher, runs_on_engine
 from apex_jax.judges.inprocess import Completion, InProcessChat, seeded_keys, turn_key
 from apex_jax.judges.protocol import (ApiError, ChatLimits, ChatRequest, parse_chat_request,
                                       parse_completion_request)
@@ -236,7 +238,9 @@ class ChatServer(JsonServer):
   def __init__(self, address, chat: InProcessChat, model_name: str, default_max_tokens: int = 512,
                max_n: int | None = None, max_batch: int | None = None, verbose: bool = False,
                adapters: dict[str, InProcessChat] | None = None,
-               limits: ChatLimits | None = None):
+               limits: ChatLimits | None = None, engine: bool | None = None):
+    """engine: generate on the engine (None: when every route can, `runs_on_engine`), else
+    merged sampler calls (`ChatBatcher`)."""
     limits = limits or ChatLimits()
     if not 1 <= default_max_tokens <= limits.max_tokens:
       raise ValueError(f"default_max_tokens must be in [1, {limits.max_tokens}] (max_tokens "
@@ -253,8 +257,18 @@ class ChatServer(JsonServer):
     self.default_max_tokens, self.max_n = default_max_tokens, max_n or limits.max_n
     self.created = int(time.time())
     self.hung_up = 0  # requests whose client left before its answer: their jobs cancelled
-    self.batcher = ChatBatcher(chat, max_batch or limits.max_batch, limits.max_queue,
-                               limits.chunk_tokens)
+    self.batcher = self._batcher(engine, max_batch or limits.max_batch)
+
+  def _batcher(self, engine: bool | None, max_batch: int):
+    routes = [self.chat, *self.adapters.values()]
+    if engine is None:
+      engine = all(runs_on_engine(c) for c in routes)
+    elif engine and not all(runs_on_engine(c) for c in routes):
+      raise ValueError("engine=True needs every route to be an InProcessChat on one device")
+    if engine:
+      return EngineBatcher(self.chat, max_batch, self.limits.max_queue, self.limits.cache_tokens,
+                           self.limits.step_tokens)
+    return ChatBatcher(self.chat, max_batch, self.limits.max_queue, self.limits.chunk_tokens)
 
   def prepare(self, req: ChatRequest) -> tuple[str, InProcessChat, list[list[int]]]:
     """(served name, route, token prompts) of a parsed request: the chat template's one prompt,

@@ -8,8 +8,8 @@ role, then content deltas, then an empty delta with its finish_reason; /v1/compl
 a last chunk has `choices: []` and the usage. An error after the stream began is one event
 `{"error": {...}}` (the openai client raises it), then the stream ends without [DONE].
 
-Text is sent as the batcher's turns end (each turn at most `ChatLimits.chunk_tokens` new tokens
-per row), held back where it may still change: the last characters that could begin a stop
+Text is sent as it comes (each engine step, or as the merged batcher's turns end), held back
+where it may still change: the last characters that could begin a stop
 string, and a trailing U+FFFD (a character whose UTF-8 bytes have not all been generated). The
 concatenated deltas equal the whole reply's text (`Deltas.finish`).
 """

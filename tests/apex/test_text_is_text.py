@@ -169,7 +169,7 @@ def chat_server():
   seen = []
   generate = chat.generate
   chat.generate = lambda prompts, *a, **k: seen.extend(prompts) or generate(prompts, *a, **k)
-  with running(serving.make_server(chat, "tiny", port=0)) as srv:
+  with running(serving.make_server(chat, "tiny", port=0, engine=False)) as srv:  # seen: merged
     yield srv, seen
 
 

@@ -4,6 +4,8 @@ forward, per-request rngs, pages (freed, shared, bounded), refusals, failures ke
 One engine shape throughout (4 slots, pages of 8, chunks of 16, 4 tokens per call), so the
 programs compile once per row bucket for the whole module."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,6 +83,20 @@ def test_greedy_ragged_requests_equal_the_static_sampler(model, adapter, with_ad
   if with_adapter:
     bare = llm.sample(model, prompts, settings(max(BUDGETS)), rng=jax.random.key(0))
     assert not np.array_equal(bare.tokens, reference.tokens)  # the routes matter
+
+
+def test_decode_programs_per_multiple_of_a_row_step(model):
+  """decode_row_step: programs of 3 or 4 rows (not a power of two), the same greedy tokens."""
+  prompts = prompts_of(LENGTHS)
+  requests = lambda: [Request(p, b, llm.GREEDY) for p, b in zip(prompts, BUDGETS)]
+  stepped = Engine(model, dataclasses.replace(ENGINE, min_decode_rows=1, decode_row_step=3))
+  assert [stepped._decode_rows(n) for n in (1, 2, 3, 4)] == [1, 3, 3, 4]
+  wide = Engine(model, EngineConfig(slots=32, max_len=128, decode_row_step=4))
+  assert [wide._decode_rows(n) for n in (1, 4, 5, 17, 29, 32)] == [4, 4, 8, 20, 32, 32]
+  got = [c.tokens.tolist() for c in run_requests(stepped, requests())]
+  assert got == [c.tokens.tolist() for c in run_requests(Engine(model, ENGINE), requests())]
+  with pytest.raises(ValueError, match="EngineConfig.decode_row_step must be an int >= 0"):
+    EngineConfig(decode_row_step=-1)
 
 
 def test_logprobs_equal_a_full_forward(model):

@@ -28,12 +28,23 @@ LIMITS = ChatLimits(max_body_bytes=16384, max_prompt_chars=300, max_messages=4, 
                     max_n=4, chunk_tokens=4, max_queue=4)
 
 
-@pytest.fixture(scope="module")
-def server(model):  # noqa: F811
+def served(model, engine: bool):  # noqa: F811
   srv = serving.make_server(InProcessChat(model, max_context=64), "tiny", port=0,
-                            default_max_tokens=8, limits=LIMITS)
+                            default_max_tokens=8, limits=LIMITS, engine=engine)
   with running(srv):
     yield srv
+
+
+@pytest.fixture(scope="module")
+def server(model):  # noqa: F811
+  """On the engine (what `launchers.serve` builds on one device)."""
+  yield from served(model, True)
+
+
+@pytest.fixture(scope="module")
+def merged(model):  # noqa: F811
+  """On merged sampler calls in turns (`ChatBatcher`): for the tests that watch them."""
+  yield from served(model, False)
 
 
 def raw_post(srv, data: bytes):
@@ -150,9 +161,10 @@ def test_limits_are_checked_when_the_server_is_made(model):  # noqa: F811
   assert req.max_tokens == 8 and req.n == 1
 
 
-def test_chunked_turns_give_the_same_greedy_text(server):
+def test_chunked_turns_give_the_same_greedy_text(merged):
   """With chunk_tokens=4, 8 new tokens take two turns (the second re-reads prompt + 4 tokens);
   greedy text equals one uninterrupted call."""
+  server = merged
   calls, requeued = server.batcher.calls, server.batcher.requeued
   status, out = post(server, {"messages": MSG, "max_tokens": 8, "temperature": 0.0, "n": 4})
   assert status == 200
@@ -281,9 +293,10 @@ def test_a_full_queue_drops_cancelled_jobs_to_make_room():
   assert chat.calls == [[(1, 2)], [(3, 2)]] and batcher.dropped == 1
 
 
-def test_a_seed_gives_the_same_samples_whatever_is_merged_with_it(server):
+def test_a_seed_gives_the_same_samples_whatever_is_merged_with_it(merged):
   """seed: the n rows differ from each other, the same seed repeats them (over two turns of 4
   tokens), also merged behind another request in one sampler call; another seed differs."""
+  server = merged
   body = {"messages": MSG, "max_tokens": 8, "temperature": 1.0, "n": 4, "seed": 7}
   texts = lambda reply: [c["message"]["content"] for c in reply[1]["choices"]]
   alone = texts(post(server, body))
@@ -353,7 +366,8 @@ def test_full_queue_is_503(model):  # noqa: F811
 
   chat.generate = gated
   limits = ChatLimits(max_queue=1, max_tokens=16)
-  srv = serving.make_server(chat, "tiny", port=0, default_max_tokens=4, limits=limits)
+  srv = serving.make_server(chat, "tiny", port=0, default_max_tokens=4, limits=limits,
+                            engine=False)  # the gate holds a merged sampler call
   with running(srv):
     results = []
     body = {"messages": MSG, "max_tokens": 2, "n": 4, "temperature": 0}

@@ -20,7 +20,7 @@ ARGS = {"model": "tiny", "messages": MSG, "max_tokens": 8, "temperature": 0.0, "
 @pytest.fixture(scope="module")
 def client(model):  # noqa: F811
   srv = serving.make_server(InProcessChat(model, max_context=64), "tiny", port=0, max_n=4,
-                            limits=ChatLimits(chunk_tokens=4))
+                            limits=ChatLimits(chunk_tokens=4, step_tokens=4))
   with running(srv):
     yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=300)
 

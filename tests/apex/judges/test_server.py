@@ -46,13 +46,24 @@ def random_route(model, seed=1):
   return AdapterRoute(experts, lora, (0,))
 
 
-@pytest.fixture(scope="module")
-def server(model):
+def served(model, engine: bool):
   adapters = {"exec": InProcessChat(model, random_route(model), max_context=64)}
   srv = serving.make_server(InProcessChat(model, max_context=64), "tiny", port=0, max_n=4,
-                            adapters=adapters)
+                            adapters=adapters, engine=engine)
   with running(srv):
     yield srv
+
+
+@pytest.fixture(scope="module")
+def server(model):
+  """On the engine (what `launchers.serve` builds on one device)."""
+  yield from served(model, True)
+
+
+@pytest.fixture(scope="module")
+def merged(model):
+  """On merged sampler calls (`ChatBatcher`): for the tests that watch those calls."""
+  yield from served(model, False)
 
 
 def post(srv, body, path="/v1/chat/completions", method="POST", raw=None):
@@ -92,7 +103,8 @@ def test_completion_shape_usage_stop_and_length(server):
   assert short["usage"]["completion_tokens"] == 4
 
 
-def test_queued_requests_are_merged_into_one_sampler_call(server):
+def test_queued_requests_are_merged_into_one_sampler_call(merged):
+  server = merged
   chat, release = server.chat, threading.Event()
   real = chat.generate
   calls = []
@@ -163,9 +175,10 @@ def test_protocol_errors_and_info_endpoints(server):
   assert [(m["id"], m.get("parent")) for m in out["data"]] == [("tiny", None), ("exec", "tiny")]
 
 
-def test_adapter_route_serves_its_own_generation(server):
+def test_adapter_route_serves_its_own_generation(merged):
   """"model": "exec" generates through the adapter (what InProcessChat with that route gives),
   other names through the base model; a batch of both makes one sampler call per route."""
+  server = merged
   body = {"messages": MSG, "max_tokens": 8, "temperature": 0.0, "n": 4}
   calls = server.batcher.calls
   results = [None, None]
@@ -187,7 +200,22 @@ def test_adapter_route_serves_its_own_generation(server):
     serving.make_server(server.chat, "tiny", port=0, adapters={"x": server.chat})
 
 
-def test_internal_error_is_500_and_the_server_keeps_serving(server):
+def test_adapter_route_runs_on_its_own_engine(server):
+  """On the engine: "model": "exec" generates through the adapter (an engine of its own, the
+  route on each row) with the greedy text InProcessChat gives, other names through the base."""
+  body = {"messages": MSG, "max_tokens": 8, "temperature": 0.0, "n": 4}
+  (s1, adapted), (s2, base) = (post(server, {**body, "model": m}) for m in ("exec", "qwen"))
+  assert s1 == s2 == 200 and adapted["model"] == "exec" and base["model"] == "tiny"
+  prompt = server.chat.prompt_tokens(MSG)
+  direct = server.adapters["exec"].generate([prompt] * 4, [8] * 4, temperature=0.0)
+  plain = server.chat.generate([prompt] * 4, [8] * 4, temperature=0.0)
+  assert [c["message"]["content"] for c in adapted["choices"]] == [c.text for c in direct]
+  assert base["choices"][0]["message"]["content"] == plain[0].text != direct[0].text
+  assert len(server.batcher.engines) == 2
+
+
+def test_internal_error_is_500_and_the_server_keeps_serving(merged):
+  server = merged
   def broken(*args, **kwargs):
     raise RuntimeError("device lost")
   server.chat.generate = broken
