@@ -24,8 +24,8 @@ import jax.numpy as jnp
 _NEG = -1e30  # finite: a block where a row sees nothing keeps its running max, never NaN
 
 # Query rows / key slots per block of scores (at most: `block_size`). On XLA:CPU 256 x 256 ran
-# the update's attention 1.6-2.7x faster than 512 x 512 at 768-3072 tokens (cache-sized blocks,
-# finer causal skipping; RESULTS "Attention blocks sized to divide").
+# the attention's forward + backward 1.2-2.7x faster than 512 x 512 at 768-3072 tokens
+# (`benchmarks.attention_blocks`; RESULTS "Attention blocks sized to divide").
 BLOCK_Q = 256
 BLOCK_K = 256
 DECODE_BLOCK_K = 256  # key slots per step of a one-token query's loop
