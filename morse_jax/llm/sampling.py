@@ -187,7 +187,8 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
 
 
 def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KVCache,
-            adapter=None, chunk: int = PREFILL_CHUNK, bits: WeightBits | None = None):
+            adapter=None, chunk: int = PREFILL_CHUNK, bits: WeightBits | None = None,
+            embeds=None, positions=None):
   """The prompt's pass into the cache; (last-slot logits [b, 1, v], cache).
 
   A prompt longer than `chunk` runs in chunks of at most `chunk` tokens (a scan over one
@@ -195,23 +196,30 @@ def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KV
   would hold [b, h, prompt, cache slots] (a 4654-token SciCode prompt at 16 rows: 83 GB). The
   chunk is the largest power of two <= `chunk` and <= PREFILL_TOKENS / rows dividing the
   prompt's (bucketed) length: the MLP's activations and the scores grow with rows x chunk
-  (32 rows x 512 tokens of Qwen2.5-1.5B: 0.8 GB of scores and 0.6 GB per MLP activation)."""
+  (32 rows x 512 tokens of Qwen2.5-1.5B: 0.8 GB of scores and 0.6 GB per MLP activation).
+  embeds [b, p, d], positions [b, p] or [3, b, p]: the prompt's input embeddings and rotary
+  positions when not the tokens' own (`vl_sampling`: images in place, mrope streams)."""
   b, p = tokens.shape
   chunk = max(1, min(chunk, PREFILL_TOKENS // b))
   c = 1 << (max(1, min(chunk, p)).bit_length() - 1)
   while p % c:
     c //= 2
   if c >= p:
-    return forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
-                   last_only=True, adapter=adapter, bits=bits)
-  split = lambda a: a.reshape(b, p // c, c).transpose(1, 0, 2)
+    return forward(params, config, tokens, positions, attention_mask, cache, last_only=True,
+                   adapter=adapter, bits=bits, embeds=embeds)
+  n = p // c
+  split = lambda a: a.reshape(b, n, c).transpose(1, 0, 2)
+  xs = (split(tokens), split(attention_mask),
+        None if embeds is None else embeds.reshape(b, n, c, -1).transpose(1, 0, 2, 3),
+        None if positions is None else jnp.moveaxis(
+            positions.reshape(positions.shape[:-1] + (n, c)), -2, 0))
 
   def body(cache, xs):
-    logits, cache = forward(params, config, xs[0], attention_mask=xs[1], cache=cache,
-                            last_only=True, adapter=adapter, bits=bits)
+    logits, cache = forward(params, config, xs[0], xs[3], xs[1], cache, last_only=True,
+                            adapter=adapter, bits=bits, embeds=xs[2])
     return cache, logits
 
-  cache, logits = jax.lax.scan(body, cache, (split(tokens), split(attention_mask)))
+  cache, logits = jax.lax.scan(body, cache, xs)
   return logits[-1], cache
 
 
@@ -219,7 +227,7 @@ def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KV
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
                     settings: GenerationSettings, *, mesh=None,
                     rules: sharding_lib.ShardingRules | None = None, adapter=None, active=None,
-                    bits: WeightBits | None = None):
+                    bits: WeightBits | None = None, embeds=None, positions=None):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -237,6 +245,9 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
       can stop as soon as every real row has emitted an EOS id.
     bits: `model.bits_view(params)` (CPU, 16-bit weights): the prefill and the scanned decode
       read the weights through it, so XLA:CPU makes no float32 copy of them.
+    embeds, positions: optional [b, p, d] prompt embeddings and [b, p] / [3, b, p] rotary
+      positions for the prefill (`prefill`); the decode steps go on from each row's largest
+      prompt position + 1 (the cache's `next_pos`), so a Qwen2.5-VL row keeps its image offset.
 
   Returns:
     tokens [b, settings.max_new_tokens], logprobs [b, same], lengths [b].
@@ -251,7 +262,9 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     cache = constrain(cache)
   prefill_adapter = None if adapter is None else adapter.map_rows(firsts)
   logits, cache = prefill(params, config, firsts(tokens), firsts(attention_mask), cache,
-                          prefill_adapter, settings.prefill_chunk, bits)
+                          prefill_adapter, settings.prefill_chunk, bits,
+                          None if embeds is None else firsts(embeds),
+                          None if positions is None else positions[..., ::r, :])
   if r > 1:
     rep = lambda x, axis: jnp.repeat(x, r, axis=axis)
     logits = rep(logits, 0)
@@ -332,7 +345,8 @@ def _check_runs(prompts, adapter, r: int) -> None:
 
 def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationSettings, *,
            rng: jax.Array, adapter=None, row_keys=None, mesh=None,
-           rules: sharding_lib.ShardingRules | None = None) -> SampleOutput:
+           rules: sharding_lib.ShardingRules | None = None,
+           prompt_inputs=None) -> SampleOutput:
   """Samples continuations of token-id prompts of any lengths with `model`'s params and config.
 
   settings: the call's `GenerationSettings` (`GenerationSettings.for_model` takes the model's
@@ -344,8 +358,14 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   mesh, rules: a device mesh (and ShardingRules, default ones) to run on: rows are padded to a
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
+  prompt_inputs: optional (tokens [rows, p], mask [rows, p], numpy, left-padded and bucketed)
+    -> (embeds [rows, p, d], positions [3, rows, p]): the prefill's inputs in place of the
+    token lookup and plain positions (`vl_sampling.sample`: image features, mrope streams).
+    Not over a mesh yet.
   """
   params, config = model.params, model.config
+  if prompt_inputs is not None and mesh is not None:
+    raise ValueError("sample: prompt_inputs (images) over a device mesh is not supported yet")
   if not prompts:
     raise ValueError("sample: prompts is empty")
   if any(len(p) == 0 for p in prompts):
@@ -368,6 +388,7 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   rows = -(-rows // multiple) * multiple
   prompt_len = length_bucket(max(len(p) for p in prompts))  # prefill and cache grow with it
   tokens, mask = left_pad(prompts, prompt_len, rows, settings.pad_id)
+  embeds, positions = (None, None) if prompt_inputs is None else prompt_inputs(tokens, mask)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
   if row_keys is not None:
     row_keys = jnp.asarray(row_keys)
@@ -389,7 +410,7 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(settings.max_new_tokens), compiled,
       mesh=mesh, rules=None if mesh is None else rules, adapter=adapter, active=active,
-      bits=bits_view(params))
+      bits=bits_view(params), embeds=embeds, positions=positions)
   n, new = len(prompts), settings.max_new_tokens
   out_tokens, out_logp, lengths = sharding_lib.to_host((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :new], logprobs=out_logp[:n, :new],

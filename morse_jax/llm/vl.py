@@ -10,8 +10,8 @@ config.json's `text_config` (or the older flat layout) and `vision_config`, tens
 Hub's checkpoints name them (`model.layers.*`, `visual.*`, `lm_head.weight`; the
 `model.language_model.*` / `model.visual.*` spelling of some transformers versions too).
 
-Not yet here: a batched sampler / engine path (`greedy` is a plain loop of whole passes or one
-prefill + cache), the update, checkpoints' save, video.
+The batched sampler is `vl_sampling.sample` (`greedy` here is a plain test loop of whole passes
+or one prefill + cache); not yet here: the engine path, video.
 """
 
 from __future__ import annotations
@@ -209,18 +209,26 @@ def forward(params: VlParams, config: VlConfig, tokens, pixel_values=None,
   if n_pad != need:
     raise ValueError(f"{n_pad} image pad tokens in the prompt, the {len(grids)} images "
                      f"(grids {grids}) take {need}")
+  if grids and features is None:
+    features = image_features(params, config, pixel_values, grids)
+  embeds, positions = prompt_inputs(params, config, tokens, grids, features, attention_mask)
+  mask = None if attention_mask is None else jnp.asarray(attention_mask)
+  return llm_model.forward(params.text, config.text, jnp.asarray(tokens), positions=positions,
+                           attention_mask=mask, cache=cache, embeds=embeds, **kwargs)
+
+
+def prompt_inputs(params: VlParams, config: VlConfig, tokens, grids: Sequence[Grid] = (),
+                  features=None, attention_mask=None):
+  """The decoder's inputs for prompts with images: embeddings [b, t, d] with the image pad
+  tokens' rows replaced in order by `features` ([n, d], `image_features` of `grids`; None when
+  there is no image) and the rotary streams [3, b, t] (`rope_index`)."""
+  tokens = np.asarray(tokens)
   positions, _ = rope_index(tokens, config, grids, attention_mask)
   embed = params.text.embed
-  if grids:
-    if features is None:
-      features = image_features(params, config, pixel_values, grids)
-  else:
+  if features is None:
     features = jnp.zeros((1, embed.shape[1]), embed.dtype)
   embeds = _embed(embed, jnp.asarray(tokens), features, config.image_token_id)
-  mask = None if attention_mask is None else jnp.asarray(attention_mask)
-  return llm_model.forward(params.text, config.text, jnp.asarray(tokens),
-                           positions=jnp.asarray(positions), attention_mask=mask, cache=cache,
-                           embeds=embeds, **kwargs)
+  return embeds, jnp.asarray(positions)
 
 
 def greedy(params: VlParams, config: VlConfig, tokens, pixel_values=None,

@@ -16,8 +16,8 @@ IMAGE, START, END = (TOKENS["image_token_id"], TOKENS["vision_start_token_id"],
 
 
 @pytest.fixture(scope="module")
-def vl_model(tmp_path_factory):
-  folder, torch_model = tiny_models.save_hf_vl_model(str(tmp_path_factory.mktemp("qwen25vl")))
+def vl_model(vl_folder):
+  folder, torch_model = vl_folder
   return vl.load(folder), torch_model
 
 
