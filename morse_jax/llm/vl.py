@@ -8,7 +8,8 @@ and runs the decoder (`llm.forward` with `embeds` and [3, b, t] positions) to lo
 `load(path)` reads a folder written by transformers (`Qwen2_5_VLForConditionalGeneration`):
 config.json's `text_config` (or the older flat layout) and `vision_config`, tensors named as the
 Hub's checkpoints name them (`model.layers.*`, `visual.*`, `lm_head.weight`; the
-`model.language_model.*` / `model.visual.*` spelling of some transformers versions too).
+`model.language_model.*` / `model.visual.*` spelling of some transformers versions too), and
+the folder's tokenizer and stop ids as `hf.load` reads them.
 
 The batched sampler is `vl_sampling.sample` (`greedy` here is a plain test loop of whole passes
 or one prefill + cache); not yet here: the engine path, video.
@@ -28,8 +29,10 @@ import numpy as np
 from morse_jax.llm import hf as hf_io
 from morse_jax.llm import model as llm_model
 from morse_jax.llm import vision
+from morse_jax.llm.bundle import Model
 from morse_jax.llm.config import ConfigError, LlmConfig
 from morse_jax.llm.params import Params
+from morse_jax.llm.tokenizer import Tokenizer, load_tokenizer, stop_ids
 from morse_jax.llm.vision import Grid, VisionConfig, VisionParams
 
 
@@ -82,6 +85,15 @@ class VlModel:
   config: VlConfig
   params: VlParams
   hf_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+  tokenizer: Tokenizer | None = None
+  stop_ids: tuple[int, ...] = ()
+
+  @property
+  def text(self) -> Model:
+    """The language model alone (its params, tokenizer and stop ids): what the text sampler,
+    `GenerationSettings.for_model` and the update take; the tower stays beside it."""
+    return Model(config=self.config.text, params=self.params.text, tokenizer=self.tokenizer,
+                 stop_ids=self.stop_ids)
 
 
 # ---- loading ----
@@ -120,7 +132,9 @@ def load(path: str, dtype=jnp.float32) -> VlModel:
     return jnp.asarray(stacked)
 
   params = VlParams(text=text, vision=jax.tree.map(build, vision.VISION_WEIGHTS))
-  return VlModel(config=config, params=params, hf_config=hf_config)
+  tokenizer = load_tokenizer(path)
+  return VlModel(config=config, params=params, hf_config=hf_config, tokenizer=tokenizer,
+                 stop_ids=stop_ids(path, tokenizer))
 
 
 # ---- prompts ----

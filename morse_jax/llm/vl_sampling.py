@@ -15,7 +15,6 @@ import numpy as np
 
 from morse_jax.llm import vision
 from morse_jax.llm import vl
-from morse_jax.llm.bundle import Model
 from morse_jax.llm.sampling import GenerationSettings, SampleOutput
 from morse_jax.llm.sampling import sample as sample_text
 
@@ -60,6 +59,5 @@ def sample(model: vl.VlModel, prompts: Sequence[Sequence[int]],
   def inputs(tokens, mask):
     return vl.prompt_inputs(params, config, tokens, grids, features, mask)
 
-  text = Model(config=config.text, params=params.text)
-  return sample_text(text, prompts, settings, rng=rng, adapter=adapter, row_keys=row_keys,
+  return sample_text(model.text, prompts, settings, rng=rng, adapter=adapter, row_keys=row_keys,
                      prompt_inputs=inputs)

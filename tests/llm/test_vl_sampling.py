@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from morse_jax.llm import vision, vl, vl_sampling
-from morse_jax.llm.bundle import Model
 from morse_jax.llm.sampling import GREEDY, GenerationSettings, sample
 from tests.llm.test_vl_parity import IMAGE, image, image_run, text
 
@@ -65,8 +64,7 @@ def test_a_row_decodes_from_its_own_image_offset(batch):
                                          mask)
     return embeds, np.broadcast_to(np.maximum(np.cumsum(mask, 1) - 1, 0), positions.shape)
 
-  text_model = Model(config=model.config.text, params=model.params.text)
-  out = sample(text_model, prompts, GenerationSettings(max_new_tokens=STEPS, sampling=GREEDY),
+  out = sample(model.text, prompts, GenerationSettings(max_new_tokens=STEPS, sampling=GREEDY),
                rng=jax.random.key(0), prompt_inputs=plain_positions)
   np.testing.assert_array_equal(out.tokens[2], ref[2])
   assert (out.tokens[:2] != ref[:2]).any()
