@@ -19,24 +19,25 @@ from morse_jax.llm.sampling import GenerationSettings, SampleOutput
 from morse_jax.llm.sampling import sample as sample_text
 
 
-def pixels_of(model: vl.VlModel, images: Sequence[Sequence[np.ndarray]]):
+def pixels_of(config: vl.VlConfig, images: Sequence[Sequence[np.ndarray]]):
   """Every row's normalised [3, H, W] images (`vision.normalize`), row after row ->
   (pixel_values [n, patch_dim] or None, grids, each row's image pad tokens)."""
   pixels, grids, pads = [], [], []
   for row in images:
-    patched = [vision.patchify(image, model.config.vision) for image in row]
+    patched = [vision.patchify(image, config.vision) for image in row]
     pixels += [p for p, _ in patched]
     grids += [g for _, g in patched]
-    pads.append(sum(model.config.image_tokens(g) for _, g in patched))
+    pads.append(sum(config.image_tokens(g) for _, g in patched))
   return (np.concatenate(pixels) if pixels else None), grids, pads
 
 
-def check_image_runs(model: vl.VlModel, prompts: Sequence[Sequence[int]], pads: Sequence[int]):
+def check_image_runs(config: vl.VlConfig, prompts: Sequence[Sequence[int]],
+                     pads: Sequence[int]):
   """Each prompt must hold exactly its images' image pad tokens (ValueError naming the row)."""
   if len(pads) != len(prompts):
     raise ValueError(f"images: {len(pads)} rows of images for {len(prompts)} prompts")
   for i, (prompt, want) in enumerate(zip(prompts, pads)):
-    have = int(np.sum(np.asarray(prompt) == model.config.image_token_id))
+    have = int(np.sum(np.asarray(prompt) == config.image_token_id))
     if have != want:
       raise ValueError(f"prompt {i}: {have} image pad tokens, its images take {want}")
 
@@ -51,8 +52,8 @@ def sample(model: vl.VlModel, prompts: Sequence[Sequence[int]],
   images: per prompt its normalised [3, H, W] images in order (`vision.normalize`); an empty
     sequence for a text row. settings, rng, adapter, row_keys: as `sampling.sample` (the adapter
     is the language model's LoRA experts; the tower has none)."""
-  pixels, grids, pads = pixels_of(model, images)
-  check_image_runs(model, prompts, pads)
+  pixels, grids, pads = pixels_of(model.config, images)
+  check_image_runs(model.config, prompts, pads)
   params, config = model.params, model.config
   features = vl.image_features(params, config, pixels, grids) if grids else None
 

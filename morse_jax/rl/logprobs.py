@@ -77,12 +77,16 @@ def head_logprobs(hidden, head, targets, temperature: float = 1.0, chunk: int = 
 
 
 def token_logprobs(params, config: LlmConfig, adapter: Adapter | None, tokens, attention_mask,
-                   temperature: float = 1.0, remat: bool = False, chunk: int = LOGIT_CHUNK):
+                   temperature: float = 1.0, remat: bool = False, chunk: int = LOGIT_CHUNK,
+                   embeds=None, positions=None):
   """([n, T] log p(tokens[:, t] | tokens[:, :t]), [n, T] entropy of that distribution), both 0
   at t = 0, under softmax(logits / temperature) of the adapted model. remat: see `forward`;
-  chunk: see `head_logprobs`."""
-  hidden, _ = forward(params, config, tokens, attention_mask=attention_mask, adapter=adapter,
-                      remat=remat, hidden_only=True)
+  chunk: see `head_logprobs`; embeds [n, T, d], positions [n, 3, T]: a Qwen2.5-VL batch's
+  (`PolicyBatch.embeds` / `.positions`), None for text."""
+  if positions is not None:
+    positions = jnp.moveaxis(positions, 1, 0)  # the forward pass's [3, n, T]
+  hidden, _ = forward(params, config, tokens, positions, attention_mask, adapter=adapter,
+                      remat=remat, hidden_only=True, embeds=embeds)
   picked, ent = head_logprobs(hidden[:, :-1], head_of(params), tokens[:, 1:], temperature, chunk)
   pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
   return pad(picked), pad(ent)

@@ -20,7 +20,7 @@ def batch(vl_folder):
   folder, ref_model = vl_folder
   model = vl.load(folder)
   images = [[image(0, 112, 112), image(1, 56, 84)], [image(2, 56, 56)], []]
-  pixels, grids, _ = vl_sampling.pixels_of(model, images)
+  pixels, grids, _ = vl_sampling.pixels_of(model.config, images)
   runs = [image_run(model.config, g) for g in grids]
   prompts = [text(0, 4) + runs[0] + text(1, 3) + runs[1] + text(2, 2),
              text(3, 6) + runs[2] + text(4, 5), text(5, 11)]
@@ -56,7 +56,7 @@ def test_a_row_decodes_from_its_own_image_offset(batch):
   """Without the image rows' mrope offsets (plain positions for every row) the image rows'
   tokens differ from transformers' on this model; the text row's do not."""
   model, prompts, images, ref, _ = batch
-  pixels, grids, _ = vl_sampling.pixels_of(model, images)
+  pixels, grids, _ = vl_sampling.pixels_of(model.config, images)
   features = vl.image_features(model.params, model.config, pixels, grids)
 
   def plain_positions(tokens, mask):
