@@ -11,7 +11,6 @@ import os
 from apex_jax.agents import vision_chat
 from apex_jax.tools import images as images_lib
 
-IMAGE_GRID = (1, 32, 32)  # a 448 x 448 image in 14 px patches
 
 
 def tiny_random_model():
@@ -63,17 +62,20 @@ def vl_prompt(model, prompt, n_images: int, rng) -> list[int]:
   """One prompt's ids with `n_images` 448 x 448 images before the text: Qwen2.5-VL's chat as
   `vision_chat.qwen_vl_text` renders it, or, without a tokenizer, random text ids (none of the
   vision tokens) after one vision start, image pads, vision end run per image."""
+  from morse_jax.llm import vision
+
   tok, config = model.tokenizer, model.config
+  per_image = config.image_tokens(vision.image_grid(config.vision))
   if tok is not None:
     messages = [{"role": "user", "content": images_lib.MARKER * n_images + prompt}]
     text = vision_chat.qwen_vl_text(messages, [None] * n_images,
-                                    tokens_per_image=config.image_tokens(IMAGE_GRID))
+                                    tokens_per_image=per_image)
     return tok.encode(text, parse_special_tokens=True)
   special = {config.image_token_id, config.video_token_id, config.vision_start_token_id,
              config.vision_end_token_id}
   words = [i for i in range(config.text.vocab_size) if i not in special]
-  run = ([config.vision_start_token_id] + [config.image_token_id] * config.image_tokens(IMAGE_GRID)
-         + [config.vision_end_token_id])
+  run = [config.vision_start_token_id] + [config.image_token_id] * per_image + [
+      config.vision_end_token_id]
   return run * n_images + rng.choice(words, 8).tolist()
 
 

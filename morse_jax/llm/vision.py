@@ -238,6 +238,16 @@ def normalize(image: np.ndarray) -> np.ndarray:
   return ((image.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD).transpose(2, 0, 1)
 
 
+# The static path's side in px: APEx's executor resizes every image to 448 x 448.
+IMAGE_SIZE = 448
+
+
+def image_grid(config: VisionConfig, height: int = IMAGE_SIZE, width: int = IMAGE_SIZE) -> Grid:
+  """The grid (1, h, w) in patches of a height x width px image (refused as check_image_size)."""
+  check_image_size(height, width, config)
+  return (1, height // config.patch_size, width // config.patch_size)
+
+
 def patchify(image: np.ndarray, config: VisionConfig) -> tuple[np.ndarray, Grid]:
   """A normalised image [3, H, W] (float; the processor's rescale and mean / std already
   applied) -> (pixel_values [h * w, patch_dim], grid (1, h, w)) in transformers' processor

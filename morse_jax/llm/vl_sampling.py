@@ -1,8 +1,8 @@
 """Batched generation from Qwen2.5-VL prompts with images: `sample`.
 
 The images of every row go through the vision tower once; the prompts are left-padded and
-bucketed by `sampling.sample`, whose prefill takes their embeddings (image pad rows replaced by
-the tower's tokens) and [3, b, t] rotary streams (`vl.prompt_inputs`). Its decode loop then runs
+bucketed by `sampling.sample`, whose prefill takes their image inputs (`vl.ImageRows`: each
+row's tower tokens for its image pads, its [3, t] rotary streams). Its decode loop then runs
 unchanged: each row's cache continues from its own largest position + 1, so a row after a
 448 x 448 image decodes 240 positions behind its token count, a text row from its length.
 """
@@ -58,7 +58,7 @@ def sample(model: vl.VlModel, prompts: Sequence[Sequence[int]],
   features = vl.image_features(params, config, pixels, grids) if grids else None
 
   def inputs(tokens, mask):
-    return vl.prompt_inputs(params, config, tokens, grids, features, mask)
+    return vl.image_rows(params, config, tokens, grids, features, mask)
 
   return sample_text(model.text, prompts, settings, rng=rng, adapter=adapter, row_keys=row_keys,
-                     prompt_inputs=inputs)
+                     image_rows=inputs)

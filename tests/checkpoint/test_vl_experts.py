@@ -48,8 +48,7 @@ def test_vl_experts_round_trip_and_score_image_rows_alike(vl_folder, tmp_path):
   def logp(e):
     adapter = adapter_of(e, batch.routes, LORA, model.config.text, "gather")
     return token_logprobs(model.params.text, model.config.text, adapter, batch.tokens,
-                          batch.attention_mask, embeds=batch.embeds,
-                          positions=batch.positions)[0]
+                          batch.attention_mask, images=batch.images)[0]
   np.testing.assert_array_equal(np.asarray(logp(restored.experts)), np.asarray(logp(experts)))
 
   # the same experts' shapes recorded for a text backbone (no vision tower): refused

@@ -1,6 +1,8 @@
 """`vl_sampling.sample`: Qwen2.5-VL prompts with images through the batched sampler, greedy tokens
 equal to transformers' `generate` and to `vl.greedy` on the tiny random model; refusals."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -60,12 +62,12 @@ def test_a_row_decodes_from_its_own_image_offset(batch):
   features = vl.image_features(model.params, model.config, pixels, grids)
 
   def plain_positions(tokens, mask):
-    embeds, positions = vl.prompt_inputs(model.params, model.config, tokens, grids, features,
-                                         mask)
-    return embeds, np.broadcast_to(np.maximum(np.cumsum(mask, 1) - 1, 0), positions.shape)
+    images = vl.image_rows(model.params, model.config, tokens, grids, features, mask)
+    plain = np.maximum(np.cumsum(mask, 1) - 1, 0)[:, None]
+    return dataclasses.replace(images, positions=np.broadcast_to(plain, images.positions.shape))
 
   out = sample(model.text, prompts, GenerationSettings(max_new_tokens=STEPS, sampling=GREEDY),
-               rng=jax.random.key(0), prompt_inputs=plain_positions)
+               rng=jax.random.key(0), image_rows=plain_positions)
   np.testing.assert_array_equal(out.tokens[2], ref[2])
   assert (out.tokens[:2] != ref[:2]).any()
 
@@ -100,3 +102,14 @@ def test_normalize_matches_the_processor():
   np.testing.assert_allclose(out["pixel_values"], pixels, atol=1e-5)
   with pytest.raises(ValueError, match="expected uint8"):
     vision.normalize(rgb.astype(np.float32))
+
+
+def test_many_images_run_through_the_tower_in_passes(batch, monkeypatch):
+  """Five images of one size with passes of two (the last padded): the same tokens as one pass."""
+  model = batch[0]
+  pixels, grids, _ = vl_sampling.pixels_of(model.config, [[image(i, 56, 84) for i in range(5)]])
+  whole = vl.image_features(model.params, model.config, pixels, grids)
+  monkeypatch.setattr(vl, "TOWER_IMAGES", 2)
+  passes = vl.image_features(model.params, model.config, pixels, grids)
+  assert passes.shape == whole.shape == (5 * 6, 64)
+  np.testing.assert_allclose(np.asarray(passes), np.asarray(whole), atol=1e-5)

@@ -66,7 +66,7 @@ def test_logprobs_equal_the_vl_forward(setup):
   batch, images = rows_of(model, True)
   batch = vl_inputs.with_images(batch, model, images)
   logp, _ = token_logprobs(model.params.text, model.config.text, None, batch.tokens,
-                           batch.attention_mask, embeds=batch.embeds, positions=batch.positions)
+                           batch.attention_mask, images=batch.images)
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.attention_mask)
   grids = [(1, i.shape[1] // 14, i.shape[2] // 14) for row in images for i in row]
   pixels = np.concatenate([vl_inputs.pixels_of(model.config, images)[0]])
@@ -82,8 +82,8 @@ def test_image_batch_gradient_matches_a_finite_difference(setup):
   batch, images = rows_of(model, True)
   batch = vl_inputs.with_images(batch, model, images)
   loss, grads = expert_loss_and_grads(update, model, experts, batch)
-  pads_only = dataclasses.replace(batch, embeds=jnp.take(model.params.text.embed, batch.tokens,
-                                                         axis=0))
+  pads_only = dataclasses.replace(batch, images=dataclasses.replace(
+      batch.images, index=jnp.full_like(batch.images.index, -1)))  # the pads' own embeddings
   pads_loss, _ = expert_loss_and_grads(update, model, experts, pads_only)
   assert abs(float(loss) - float(pads_loss)) > 1e-4  # the images reach the loss
   keys = iter(jax.random.split(jax.random.key(7), 16))
@@ -115,11 +115,11 @@ def test_the_tower_gets_no_gradient(setup):
 
   def loss_of(vision_params):
     params = vl.VlParams(text=model.params.text, vision=vision_params)
-    embeds, positions = vl_inputs.image_inputs(params, model.config, batch.tokens,
-                                               batch.attention_mask, images)
+    inputs = vl_inputs.image_inputs(params, model.config, batch.tokens, batch.attention_mask,
+                                    images)
     adapter = update.adapter(experts, batch.routes)
     logp, _ = token_logprobs(model.params.text, model.config.text, adapter, batch.tokens,
-                             batch.attention_mask, embeds=embeds, positions=positions)
+                             batch.attention_mask, images=inputs)
     return jnp.sum(logp * batch.loss_mask)
 
   grads = jax.grad(loss_of)(model.params.vision)
@@ -135,8 +135,10 @@ def test_one_jitted_step_on_image_rows_moves_the_experts(setup):
   kept, _ = compaction.without_flat_nodes(batch, routes_per_node=1, aggregation="token-mean")
   cut = kept.tokens.shape[1]
   assert kept.tokens.shape == (2, 24) and batch.tokens.shape == (4, 32)
-  np.testing.assert_array_equal(kept.positions, np.asarray(batch.positions)[:2, :, :cut])
-  np.testing.assert_array_equal(kept.embeds, np.asarray(batch.embeds)[:2, :cut])
+  np.testing.assert_array_equal(kept.images.positions,
+                                np.asarray(batch.images.positions)[:2, :, :cut])
+  np.testing.assert_array_equal(kept.images.index, np.asarray(batch.images.index)[:2, :cut])
+  np.testing.assert_array_equal(kept.images.features, np.asarray(batch.images.features)[:2])
   states = update.init_opt_states(experts)
   new, _, _, metrics, info = update(model.params.text, experts, None, states, batch, None,
                                     num_routes=2)
