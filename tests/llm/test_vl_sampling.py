@@ -6,11 +6,10 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-import torch
 
 from morse_jax.llm import vision, vl, vl_sampling
 from morse_jax.llm.sampling import GREEDY, GenerationSettings, sample
-from tests.llm.test_vl_parity import IMAGE, image, image_run, text
+from tests.llm.test_vl_parity import image, image_run, left_padded_generate, text
 
 STEPS = 5
 
@@ -26,15 +25,7 @@ def batch(vl_folder):
   runs = [image_run(model.config, g) for g in grids]
   prompts = [text(0, 4) + runs[0] + text(1, 3) + runs[1] + text(2, 2),
              text(3, 6) + runs[2] + text(4, 5), text(5, 11)]
-  t = max(map(len, prompts))
-  ids = np.array([[0] * (t - len(p)) + p for p in prompts])
-  mask = (np.arange(t)[None] >= (t - np.array([len(p) for p in prompts]))[:, None]).astype(int)
-  with torch.no_grad():
-    ref = ref_model.generate(
-        torch.tensor(ids), attention_mask=torch.tensor(mask), pixel_values=torch.tensor(pixels),
-        image_grid_thw=torch.tensor(grids),
-        mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int64)), do_sample=False,
-        max_new_tokens=STEPS, min_new_tokens=STEPS, pad_token_id=0)[:, t:].numpy()
+  ids, mask, ref = left_padded_generate(ref_model, prompts, pixels, grids, STEPS)
   return model, prompts, images, ref, (ids, mask, pixels, grids)
 
 
