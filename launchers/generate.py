@@ -8,8 +8,9 @@
 
 On one device the rows run on the generation engine (`llm.engine`: a slot per row, a paged
 cache); over a mesh on `llm.sample`, the static sampler, until the engine shards its pool. A
-Qwen2.5-VL folder (model_type qwen2_5_vl) runs on `vl_sampling.sample`, one device, every prompt
-with the `--image` files before its text (a file that is not a readable image is refused by name).
+Qwen2.5-VL folder (model_type qwen2_5_vl) runs on `vl_sampling.sample` (the static sampler, over
+the mesh when given), every prompt with the `--image` files before its text (a file that is not a
+readable image is refused by name).
 """
 
 from __future__ import annotations
@@ -54,8 +55,6 @@ def main(argv):
   if _IMAGES.value and not vl_model:
     raise app.UsageError(f"--image needs a Qwen2.5-VL --model (config.json model_type "
                          f"qwen2_5_vl); got --model={_MODEL.value!r}")
-  if vl_model and _MESH.value.lower() != "1x1":
-    raise app.UsageError(f"--mesh={_MESH.value}: a Qwen2.5-VL model runs on one device for now")
   try:
     images = read_images(_IMAGES.value)
   except images_lib.ImageError as e:
@@ -63,7 +62,8 @@ def main(argv):
   banner("load")
   dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(_DTYPE.value)
   if vl_model:
-    return generate_vl(vl.load(_MODEL.value, dtype=dtype or jnp.float32), images)
+    return generate_vl(vl.load(_MODEL.value, dtype=dtype or jnp.float32), images,
+                       sharding.make_mesh(*(int(n) for n in _MESH.value.lower().split("x"))))
   if _MODEL.value:
     model = llm.load(_MODEL.value, dtype=dtype)
   else:
@@ -96,11 +96,17 @@ def main(argv):
   report(sampler(model, rows, settings, mesh), tok, len(rows))
 
 
-def generate_vl(model, images) -> None:
-  """A Qwen2.5-VL folder: every prompt with the images before its text, one device."""
+def generate_vl(model, images, mesh) -> None:
+  """A Qwen2.5-VL folder: every prompt with the images before its text; over a mesh the
+  language model's weights placed on it (the tower stays on one device)."""
   import numpy as np
 
   from morse_jax import llm
+  from morse_jax.llm import sharding
+
+  if mesh.size > 1:
+    text = sharding.shard_params(model.params.text, mesh)
+    model = dataclasses.replace(model, params=dataclasses.replace(model.params, text=text))
 
   print(f"qwen2_5_vl: {model.config.text.num_params() / 1e6:.2f}M language-model parameters, "
         f"{model.config.text.num_layers} layers, {len(images)} image(s) of 448 x 448 per prompt")
@@ -109,7 +115,7 @@ def generate_vl(model, images) -> None:
   rows = [p for p in prompts for _ in range(_ROWS.value)]
   banner("generate")
   settings = llm.GenerationSettings.for_model(model.text, _MAX_NEW.value, sampling_config())
-  report(vl_sampler(model, rows, images, settings), model.tokenizer, len(rows))
+  report(vl_sampler(model, rows, images, settings, mesh), model.tokenizer, len(rows))
 
 
 def sampling_config():

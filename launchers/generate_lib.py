@@ -79,10 +79,11 @@ def vl_prompt(model, prompt, n_images: int, rng) -> list[int]:
   return run * n_images + rng.choice(words, 8).tolist()
 
 
-def vl_sampler(model, rows, images, settings):
+def vl_sampler(model, rows, images, settings, mesh=None):
   """rng -> SampleOutput of `vl_sampling.sample` (the static sampler; the engine takes no images
-  yet): every row with the same `images`."""
+  yet): every row with the same `images`; over `mesh` when it has more than one device."""
   from morse_jax.llm import vl_sampling
 
   per_row = [images] * len(rows)
-  return lambda rng: vl_sampling.sample(model, rows, per_row, settings, rng=rng)
+  mesh = mesh if mesh is not None and mesh.size > 1 else None
+  return lambda rng: vl_sampling.sample(model, rows, per_row, settings, rng=rng, mesh=mesh)

@@ -363,11 +363,9 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
   image_rows: optional (tokens [rows, p], mask [rows, p], numpy, left-padded and bucketed)
-    -> `vl.ImageRows`: the prompts' image inputs (`vl_sampling.sample`). Not over a mesh yet.
+    -> `vl.ImageRows`: the prompts' image inputs (`vl_sampling.sample`), placed as the rows.
   """
   params, config = model.params, model.config
-  if image_rows is not None and mesh is not None:
-    raise ValueError("sample: image_rows (images) over a device mesh is not supported yet")
   if not prompts:
     raise ValueError("sample: prompts is empty")
   if any(len(p) == 0 for p in prompts):
@@ -404,7 +402,9 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   if adapter is not None:
     adapter = _pad_routes(adapter, len(prompts), rows)
   if mesh is not None:
-    tokens, mask, keys, active = sharding_lib.shard_rows(mesh, rules)(tokens, mask, keys, active)
+    place = sharding_lib.shard_rows(mesh, rules)
+    tokens, mask, keys, active = place(tokens, mask, keys, active)
+    images = jax.tree.map(lambda a: place(a)[0], images)
   # Compiled for the generation length's bucket, the count itself traced; the layout chosen.
   compiled = dataclasses.replace(
       settings, max_new_tokens=bucket(settings.max_new_tokens),

@@ -44,14 +44,16 @@ def check_image_runs(config: vl.VlConfig, prompts: Sequence[Sequence[int]],
 
 def sample(model: vl.VlModel, prompts: Sequence[Sequence[int]],
            images: Sequence[Sequence[np.ndarray]], settings: GenerationSettings, *, rng,
-           adapter=None, row_keys=None) -> SampleOutput:
+           adapter=None, row_keys=None, mesh=None, rules=None) -> SampleOutput:
   """`sampling.sample` for prompts with images.
 
   prompts: token ids, each image as `config.image_tokens(grid)` image pad tokens (between the
     vision start / end tokens, as `apex_jax.agents.vision_chat.qwen_vl_text` renders them).
   images: per prompt its normalised [3, H, W] images in order (`vision.normalize`); an empty
-    sequence for a text row. settings, rng, adapter, row_keys: as `sampling.sample` (the adapter
-    is the language model's LoRA experts; the tower has none)."""
+    sequence for a text row. settings, rng, adapter, row_keys, mesh, rules: as `sampling.sample`
+    (the adapter is the language model's LoRA experts, the tower has none; over a mesh, pass
+    the language model's params placed with `sharding.shard_params`: the tower runs where its
+    params are, its tokens are then placed with the rows)."""
   pixels, grids, pads = pixels_of(model.config, images)
   check_image_runs(model.config, prompts, pads)
   params, config = model.params, model.config
@@ -61,4 +63,4 @@ def sample(model: vl.VlModel, prompts: Sequence[Sequence[int]],
     return vl.image_rows(params, config, tokens, grids, features, mask)
 
   return sample_text(model.text, prompts, settings, rng=rng, adapter=adapter, row_keys=row_keys,
-                     image_rows=inputs)
+                     mesh=mesh, rules=rules, image_rows=inputs)

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from morse_jax.llm import vision, vl, vl_sampling
+from morse_jax.llm import sharding, vision, vl, vl_sampling
 from morse_jax.llm.sampling import GREEDY, GenerationSettings, sample
 from tests.llm.test_vl_parity import image, image_run, left_padded_generate, text
 
@@ -104,3 +104,15 @@ def test_many_images_run_through_the_tower_in_passes(batch, monkeypatch):
   passes = vl.image_features(model.params, model.config, pixels, grids)
   assert passes.shape == whole.shape == (5 * 6, 64)
   np.testing.assert_allclose(np.asarray(passes), np.asarray(whole), atol=1e-5)
+
+
+@pytest.mark.parametrize("data,model_axis", [(4, 2), (2, 4)])
+def test_over_a_mesh_the_same_tokens(batch, eight_devices, data, model_axis):
+  """The language model's weights over `model`, the rows and their image inputs over `data`."""
+  model, prompts, images, ref, _ = batch
+  mesh = sharding.make_mesh(data, model_axis)
+  params = dataclasses.replace(model.params, text=sharding.shard_params(model.params.text, mesh))
+  settings = GenerationSettings(max_new_tokens=STEPS, sampling=GREEDY)
+  out = vl_sampling.sample(dataclasses.replace(model, params=params), prompts, images, settings,
+                           rng=jax.random.key(0), mesh=mesh)
+  np.testing.assert_array_equal(out.tokens, ref)
