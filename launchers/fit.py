@@ -7,6 +7,8 @@ accelerators.
       --config.train.step.micro_batches=2 --config.train.step.remat=False   # another layout
   python -m launchers.fit --config=configs/apex/paper.py --stage=planner   # or executor,
       distiller, ttrl; the paper config's mesh (4x2) and the stage's micro-batches
+  python -m launchers.fit --config=configs/apex/paper.py --stage=executor  # on the Qwen2.5-VL
+      executor (config.executor_model): rows with images, the frozen tower beside, its own pass
 
 Shapes (morse_jax.rl.aot.RunShapes): one update of `--nodes` nodes (default: the tasks of a
 batch, one node each) x B routes x M candidates, prompts of `--prompt_tokens`, the config's
@@ -63,7 +65,7 @@ def main(argv):
 
   config = _CONFIG.value
   apex = config.get("system") == "apex"
-  name, model, lora, router, step, shapes, (data, model_axis) = plan(
+  name, model, lora, router, step, shapes, (data, model_axis), vision = plan(
       config, stage=_STAGE.value, prompt_tokens=_PROMPT.value, nodes=_NODES.value,
       model=_MODEL.value, mesh=_MESH.value)
   if data * model_axis != 8:
@@ -78,6 +80,10 @@ def main(argv):
         f"{shapes.group_size}), {layout}")
   print(f"sampler: {shapes.sample_rows} rows, prompt {shapes.prompt_len} + generation "
         f"{shapes.gen_len} slots, each prompt prefilled once per {shapes.group_size} rows")
+  tower_images = shapes.sample_rows // data * shapes.images
+  if vision is not None:
+    print(f"images: {shapes.images} per row of {shapes.image_tokens} tokens (in the prompt); "
+          f"the frozen tower over a sampler call's {tower_images} per device")
   amesh = aot.abstract_mesh(data, model_axis)
   update_args, update_kwargs = aot.update_args(model, lora, router, step, shapes, amesh)
   sample_args, sample_kwargs = aot.sample_args(model, lora, shapes, amesh)
@@ -86,11 +92,17 @@ def main(argv):
                  aot.update_estimate(model, shapes, amesh, update_args, remat=remat)),
       "sampler": (aot.sampler_fn(), sample_args, sample_kwargs,
                   aot.sample_estimate(model, shapes, amesh, sample_args))}
+  if vision is not None:  # the tower's weights beside each program, and the tower's own pass
+    tower_args, tower_kwargs = aot.tower_args(vision, tower_images, amesh)
+    tower = aot.tower_estimate(vision, tower_args)
+    programs = {k: (*v[:3], aot.with_tower_weights(v[3], tower)) for k, v in programs.items()}
+    programs["tower"] = (aot.tower_fn(), tower_args, tower_kwargs, tower)
   result = {"model": name, "params_b": model.num_params() / 1e9, "mesh": [data, model_axis],
             "micro_batches": shapes.micro_batches, "remat": remat,
             "prompt_tokens": shapes.prompt_tokens, "max_new_tokens": shapes.max_new_tokens,
             "update_rows": shapes.rows, "sample_rows": shapes.sample_rows,
-            "shared_prompts": shapes.shared, "devices": jax.device_count(),
+            "shared_prompts": shapes.shared, "images_per_row": shapes.images,
+            "devices": jax.device_count(),
             "backend": jax.default_backend(), "programs": {}}
   mesh = sharding.make_mesh(data, model_axis) if _COMPILE.value else None
   banner("per-device GiB")

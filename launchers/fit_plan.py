@@ -1,5 +1,6 @@
 """What `launchers.fit` measures for a config: the backbone, adapters, update settings and
-shapes of a MoRSE run or of one APEx stage (`plan`), and the chips it is compared with. Kept
+shapes of a MoRSE run or of one APEx stage (`plan`; the executor stage on the config's
+Qwen2.5-VL executor when it names one), and the chips it is compared with. Kept
 apart from the launcher so that tests read it without defining the launcher's flags."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Plan(NamedTuple):
   step: Any  # StepConfig, with the micro-batches the run's update uses
   shapes: Any  # aot.RunShapes
   mesh: tuple[int, int]  # (data, model)
+  vision: Any = None  # the VisionConfig of a Qwen2.5-VL backbone (APEx's executor), else None
 
 
 def plan(config, *, stage: str = "planner", prompt_tokens: int = 2048, nodes: int = 0,
@@ -100,8 +102,12 @@ def _apex(config, stage_name, model_name, mesh_text):
   from apex_jax import experiment
   from morse_jax.rl import aot
 
-  name, model = _architecture(config, "Qwen3-8B", model_name)
   stage = _apex_stage(config, stage_name)
+  vl_config = _vl_executor(config) if stage_name == "executor" and not model_name else None
+  if vl_config is not None:
+    name, model = config.executor_model.get("path") or config.executor_model.preset, vl_config.text
+  else:
+    name, model = _architecture(config, "Qwen3-8B", model_name)
   response = stage.max_new_tokens
   prompt = stage.agents.max_context_tokens - response
   lora = experiment.lora_config(config)
@@ -113,8 +119,35 @@ def _apex(config, stage_name, model_name, mesh_text):
   shapes = aot.RunShapes(nodes=stage.batch_size, routes_per_node=1, group_size=stage.group_size,
                          prompt_tokens=prompt, max_new_tokens=response,
                          micro_batches=micro_batches, route_width=1,
-                         embed_dim=model.hidden_size, data=data)
-  return Plan(name, model, lora, None, step, shapes, (data, model_axis))
+                         embed_dim=model.hidden_size, data=data, **_images(config, vl_config))
+  return Plan(name, model, lora, None, step, shapes, (data, model_axis),
+              None if vl_config is None else vl_config.vision)
+
+
+def _vl_executor(config):
+  """The executor's VlConfig (config.executor_model: its folder's config.json, else its
+  preset in llm.presets.VL_HF_CONFIGS), or None when the config names no VL executor."""
+  from morse_jax.llm import vl
+  from morse_jax.llm.presets import vl_preset
+
+  executor = config.get("executor_model") or {}
+  path = os.path.expanduser(executor.get("path", "") or "")
+  if path and os.path.exists(os.path.join(path, "config.json")):
+    with open(os.path.join(path, "config.json")) as f:
+      return vl.VlConfig.from_hf_dict(json.load(f), os.path.join(path, "config.json"))
+  return vl_preset(executor["preset"]) if executor.get("preset") else None
+
+
+def _images(config, vl_config) -> dict:
+  """RunShapes' image fields: each executor row at most the question's image and the image
+  search's results (config.image_search.max_results), 448 x 448 each."""
+  from morse_jax.llm import vision
+
+  if vl_config is None:
+    return {}
+  search = config.get("image_search") or {}
+  return dict(images=1 + int(search.get("max_results", 0)),
+              image_tokens=vl_config.image_tokens(vision.image_grid(vl_config.vision)))
 
 
 def fits(total_bytes: float) -> dict[str, bool]:

@@ -1,8 +1,16 @@
 """What `launchers.generate` runs, apart from its flags so that tests import it beside other
 launchers (absl flags are process-wide): its default tiny random model and the sampler it picks
-(the engine on one device, `llm.sample` over a larger mesh)."""
+(the engine on one device, `llm.sample` over a larger mesh), and for a Qwen2.5-VL folder with
+`--image` files the images read and the prompts and sampler with them."""
 
 from __future__ import annotations
+
+import json
+import os
+
+from apex_jax.agents import vision_chat
+from apex_jax.tools import images as images_lib
+
 
 
 def tiny_random_model():
@@ -31,3 +39,51 @@ def sampler(model, rows, settings, mesh):
                         page_size=page)
   engine = Engine(model, config)  # one pool and compiled programs for both calls
   return lambda rng: engine.generate(rows, settings, rng=rng)
+
+
+def is_vl_folder(path: str) -> bool:
+  """A folder whose config.json says Qwen2.5-VL (model_type qwen2_5_vl)."""
+  config = os.path.join(os.path.expanduser(path), "config.json")
+  if not os.path.isfile(config):
+    return False
+  with open(config) as f:
+    return json.load(f).get("model_type") == "qwen2_5_vl"
+
+
+def read_images(paths):
+  """Image files -> normalised [3, 448, 448] arrays (the executor's size, `images.read`); an
+  unreadable, undecodable or oversized file is an `ImageError` naming it."""
+  from morse_jax.llm import vision
+
+  return [vision.normalize(images_lib.read(path)) for path in paths]
+
+
+def vl_prompt(model, prompt, n_images: int, rng) -> list[int]:
+  """One prompt's ids with `n_images` 448 x 448 images before the text: Qwen2.5-VL's chat as
+  `vision_chat.qwen_vl_text` renders it, or, without a tokenizer, random text ids (none of the
+  vision tokens) after one vision start, image pads, vision end run per image."""
+  from morse_jax.llm import vision
+
+  tok, config = model.tokenizer, model.config
+  per_image = config.image_tokens(vision.image_grid(config.vision))
+  if tok is not None:
+    messages = [{"role": "user", "content": images_lib.MARKER * n_images + prompt}]
+    text = vision_chat.qwen_vl_text(messages, [None] * n_images,
+                                    tokens_per_image=per_image)
+    return tok.encode(text, parse_special_tokens=True)
+  special = {config.image_token_id, config.video_token_id, config.vision_start_token_id,
+             config.vision_end_token_id}
+  words = [i for i in range(config.text.vocab_size) if i not in special]
+  run = [config.vision_start_token_id] + [config.image_token_id] * per_image + [
+      config.vision_end_token_id]
+  return run * n_images + rng.choice(words, 8).tolist()
+
+
+def vl_sampler(model, rows, images, settings, mesh=None):
+  """rng -> SampleOutput of `vl_sampling.sample` (the static sampler; the engine takes no images
+  yet): every row with the same `images`; over `mesh` when it has more than one device."""
+  from morse_jax.llm import vl_sampling
+
+  per_row = [images] * len(rows)
+  mesh = mesh if mesh is not None and mesh.size > 1 else None
+  return lambda rng: vl_sampling.sample(model, rows, per_row, settings, rng=rng, mesh=mesh)

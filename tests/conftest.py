@@ -41,3 +41,9 @@ def eight_devices():
   if len(jax.devices()) < 8:
     pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax import")
   return jax.devices()
+
+
+@pytest.fixture(scope="session")
+def vl_folder(tmp_path_factory):
+  """(folder of a saved tiny random Qwen2.5-VL, the torch model), shared by the VL tests."""
+  return tiny_models.save_hf_vl_model(str(tmp_path_factory.mktemp("qwen25vl")))

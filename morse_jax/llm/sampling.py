@@ -23,6 +23,7 @@ from morse_jax.llm import sharding as sharding_lib
 from morse_jax.llm import fused_decode
 from morse_jax.llm.model import KVCache, WeightBits, bits_view, forward, init_cache
 from morse_jax.llm.params import Params
+from morse_jax.llm.vl import ImageRows, embed_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +188,8 @@ def _choose(logits, keys, step, sampling: SamplingConfig):
 
 
 def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KVCache,
-            adapter=None, chunk: int = PREFILL_CHUNK, bits: WeightBits | None = None):
+            adapter=None, chunk: int = PREFILL_CHUNK, bits: WeightBits | None = None,
+            images: ImageRows | None = None):
   """The prompt's pass into the cache; (last-slot logits [b, 1, v], cache).
 
   A prompt longer than `chunk` runs in chunks of at most `chunk` tokens (a scan over one
@@ -195,23 +197,34 @@ def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KV
   would hold [b, h, prompt, cache slots] (a 4654-token SciCode prompt at 16 rows: 83 GB). The
   chunk is the largest power of two <= `chunk` and <= PREFILL_TOKENS / rows dividing the
   prompt's (bucketed) length: the MLP's activations and the scores grow with rows x chunk
-  (32 rows x 512 tokens of Qwen2.5-1.5B: 0.8 GB of scores and 0.6 GB per MLP activation)."""
+  (32 rows x 512 tokens of Qwen2.5-1.5B: 0.8 GB of scores and 0.6 GB per MLP activation).
+  images: a Qwen2.5-VL batch's image inputs (`vl.ImageRows`: the image pads' features, mrope
+  streams), split into the same chunks."""
   b, p = tokens.shape
   chunk = max(1, min(chunk, PREFILL_TOKENS // b))
   c = 1 << (max(1, min(chunk, p)).bit_length() - 1)
   while p % c:
     c //= 2
+  def run(cache, tokens, mask, index=None, positions=None):
+    embeds = streams = None
+    if images is not None:
+      chunk_images = ImageRows(images.features, index, positions)
+      embeds, streams = embed_rows(params.embed, tokens, chunk_images), chunk_images.streams
+    return forward(params, config, tokens, streams, mask, cache, last_only=True,
+                   adapter=adapter, bits=bits, embeds=embeds)
+
+  per_token = () if images is None else (images.index, images.positions)
   if c >= p:
-    return forward(params, config, tokens, attention_mask=attention_mask, cache=cache,
-                   last_only=True, adapter=adapter, bits=bits)
-  split = lambda a: a.reshape(b, p // c, c).transpose(1, 0, 2)
+    return run(cache, tokens, attention_mask, *per_token)
+  n = p // c
+  split = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (n, c)), -2, 0)
 
   def body(cache, xs):
-    logits, cache = forward(params, config, xs[0], attention_mask=xs[1], cache=cache,
-                            last_only=True, adapter=adapter, bits=bits)
+    logits, cache = run(cache, *xs)
     return cache, logits
 
-  cache, logits = jax.lax.scan(body, cache, (split(tokens), split(attention_mask)))
+  xs = tuple(split(a) for a in (tokens, attention_mask) + per_token)
+  cache, logits = jax.lax.scan(body, cache, xs)
   return logits[-1], cache
 
 
@@ -219,7 +232,7 @@ def prefill(params: Params, config: LlmConfig, tokens, attention_mask, cache: KV
 def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, keys, max_new,
                     settings: GenerationSettings, *, mesh=None,
                     rules: sharding_lib.ShardingRules | None = None, adapter=None, active=None,
-                    bits: WeightBits | None = None):
+                    bits: WeightBits | None = None, images: ImageRows | None = None):
   """Generates from left-padded prompts, all on device.
 
   Args:
@@ -237,6 +250,9 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
       can stop as soon as every real row has emitted an EOS id.
     bits: `model.bits_view(params)` (CPU, 16-bit weights): the prefill and the scanned decode
       read the weights through it, so XLA:CPU makes no float32 copy of them.
+    images: a Qwen2.5-VL batch's image inputs for the prefill (`vl.ImageRows`, `prefill`); the
+      decode steps go on from each row's largest prompt position + 1 (the cache's `next_pos`),
+      so a row keeps its image offset.
 
   Returns:
     tokens [b, settings.max_new_tokens], logprobs [b, same], lengths [b].
@@ -251,7 +267,8 @@ def generate_padded(params: Params, config: LlmConfig, tokens, attention_mask, k
     cache = constrain(cache)
   prefill_adapter = None if adapter is None else adapter.map_rows(firsts)
   logits, cache = prefill(params, config, firsts(tokens), firsts(attention_mask), cache,
-                          prefill_adapter, settings.prefill_chunk, bits)
+                          prefill_adapter, settings.prefill_chunk, bits,
+                          None if images is None else jax.tree.map(firsts, images))
   if r > 1:
     rep = lambda x, axis: jnp.repeat(x, r, axis=axis)
     logits = rep(logits, 0)
@@ -332,7 +349,8 @@ def _check_runs(prompts, adapter, r: int) -> None:
 
 def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationSettings, *,
            rng: jax.Array, adapter=None, row_keys=None, mesh=None,
-           rules: sharding_lib.ShardingRules | None = None) -> SampleOutput:
+           rules: sharding_lib.ShardingRules | None = None,
+           image_rows=None) -> SampleOutput:
   """Samples continuations of token-id prompts of any lengths with `model`'s params and config.
 
   settings: the call's `GenerationSettings` (`GenerationSettings.for_model` takes the model's
@@ -344,6 +362,8 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   mesh, rules: a device mesh (and ShardingRules, default ones) to run on: rows are padded to a
     multiple of the batch axis and placed over it; pass params already placed with
     `sharding.shard_params` on the same mesh.
+  image_rows: optional (tokens [rows, p], mask [rows, p], numpy, left-padded and bucketed)
+    -> `vl.ImageRows`: the prompts' image inputs (`vl_sampling.sample`), placed as the rows.
   """
   params, config = model.params, model.config
   if not prompts:
@@ -368,6 +388,7 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   rows = -(-rows // multiple) * multiple
   prompt_len = length_bucket(max(len(p) for p in prompts))  # prefill and cache grow with it
   tokens, mask = left_pad(prompts, prompt_len, rows, settings.pad_id)
+  images = None if image_rows is None else image_rows(tokens, mask)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
   if row_keys is not None:
     row_keys = jnp.asarray(row_keys)
@@ -381,7 +402,9 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   if adapter is not None:
     adapter = _pad_routes(adapter, len(prompts), rows)
   if mesh is not None:
-    tokens, mask, keys, active = sharding_lib.shard_rows(mesh, rules)(tokens, mask, keys, active)
+    place = sharding_lib.shard_rows(mesh, rules)
+    tokens, mask, keys, active = place(tokens, mask, keys, active)
+    images = jax.tree.map(lambda a: place(a)[0], images)
   # Compiled for the generation length's bucket, the count itself traced; the layout chosen.
   compiled = dataclasses.replace(
       settings, max_new_tokens=bucket(settings.max_new_tokens),
@@ -389,7 +412,7 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   out_tokens, out_logp, lengths = generate_padded(
       params, config, tokens, mask, keys, jnp.int32(settings.max_new_tokens), compiled,
       mesh=mesh, rules=None if mesh is None else rules, adapter=adapter, active=active,
-      bits=bits_view(params))
+      bits=bits_view(params), images=images)
   n, new = len(prompts), settings.max_new_tokens
   out_tokens, out_logp, lengths = sharding_lib.to_host((out_tokens, out_logp, lengths))
   return SampleOutput(tokens=out_tokens[:n, :new], logprobs=out_logp[:n, :new],

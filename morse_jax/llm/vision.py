@@ -224,6 +224,30 @@ def check_image_size(height: int, width: int, config: VisionConfig) -> None:
                      f"{config.spatial_merge_size}), e.g. 448 x 448; resize it first")
 
 
+# The processor's mean / std (Qwen2VLImageProcessor: OpenAI CLIP's), per RGB channel.
+IMAGE_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
+IMAGE_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
+
+
+def normalize(image: np.ndarray) -> np.ndarray:
+  """A uint8 RGB image [H, W, 3] (as decoded) -> float32 [3, H, W], rescaled to [0, 1] and
+  normalised by the processor's mean / std: what `patchify` takes."""
+  image = np.asarray(image)
+  if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
+    raise ValueError(f"image: expected uint8 [H, W, 3], got {image.dtype} {list(image.shape)}")
+  return ((image.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD).transpose(2, 0, 1)
+
+
+# The static path's side in px: APEx's executor resizes every image to 448 x 448.
+IMAGE_SIZE = 448
+
+
+def image_grid(config: VisionConfig, height: int = IMAGE_SIZE, width: int = IMAGE_SIZE) -> Grid:
+  """The grid (1, h, w) in patches of a height x width px image (refused as check_image_size)."""
+  check_image_size(height, width, config)
+  return (1, height // config.patch_size, width // config.patch_size)
+
+
 def patchify(image: np.ndarray, config: VisionConfig) -> tuple[np.ndarray, Grid]:
   """A normalised image [3, H, W] (float; the processor's rescale and mean / std already
   applied) -> (pixel_values [h * w, patch_dim], grid (1, h, w)) in transformers' processor

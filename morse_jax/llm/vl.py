@@ -8,10 +8,11 @@ and runs the decoder (`llm.forward` with `embeds` and [3, b, t] positions) to lo
 `load(path)` reads a folder written by transformers (`Qwen2_5_VLForConditionalGeneration`):
 config.json's `text_config` (or the older flat layout) and `vision_config`, tensors named as the
 Hub's checkpoints name them (`model.layers.*`, `visual.*`, `lm_head.weight`; the
-`model.language_model.*` / `model.visual.*` spelling of some transformers versions too).
+`model.language_model.*` / `model.visual.*` spelling of some transformers versions too), and
+the folder's tokenizer and stop ids as `hf.load` reads them.
 
-Not yet here: a batched sampler / engine path (`greedy` is a plain loop of whole passes or one
-prefill + cache), the update, checkpoints' save, video.
+The batched sampler is `vl_sampling.sample` (`greedy` here is a plain test loop of whole passes
+or one prefill + cache); not yet here: the engine path, video.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ import numpy as np
 from morse_jax.llm import hf as hf_io
 from morse_jax.llm import model as llm_model
 from morse_jax.llm import vision
+from morse_jax.llm.bundle import Model
 from morse_jax.llm.config import ConfigError, LlmConfig
 from morse_jax.llm.params import Params
+from morse_jax.llm.tokenizer import Tokenizer, load_tokenizer, stop_ids
 from morse_jax.llm.vision import Grid, VisionConfig, VisionParams
 
 
@@ -82,6 +85,15 @@ class VlModel:
   config: VlConfig
   params: VlParams
   hf_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+  tokenizer: Tokenizer | None = None
+  stop_ids: tuple[int, ...] = ()
+
+  @property
+  def text(self) -> Model:
+    """The language model alone (its params, tokenizer and stop ids): what the text sampler,
+    `GenerationSettings.for_model` and the update take; the tower stays beside it."""
+    return Model(config=self.config.text, params=self.params.text, tokenizer=self.tokenizer,
+                 stop_ids=self.stop_ids)
 
 
 # ---- loading ----
@@ -120,7 +132,9 @@ def load(path: str, dtype=jnp.float32) -> VlModel:
     return jnp.asarray(stacked)
 
   params = VlParams(text=text, vision=jax.tree.map(build, vision.VISION_WEIGHTS))
-  return VlModel(config=config, params=params, hf_config=hf_config)
+  tokenizer = load_tokenizer(path)
+  return VlModel(config=config, params=params, hf_config=hf_config, tokenizer=tokenizer,
+                 stop_ids=stop_ids(path, tokenizer))
 
 
 # ---- prompts ----
@@ -171,24 +185,33 @@ def rope_index(tokens, config: VlConfig, grids: Sequence[Grid] = (),
   return positions.astype(np.int32), deltas.astype(np.int32)
 
 
-@jax.jit
-def _embed(embed, tokens, features, image_token_id):
-  """The token embeddings [b, t, d] with the image pad tokens' rows replaced, in order, by
-  features [n, d]."""
-  x = jnp.take(embed, tokens, axis=0)
-  is_image = tokens == image_token_id
-  which = jnp.cumsum(is_image.reshape(-1)).reshape(tokens.shape) - 1
-  rows = jnp.take(features.astype(x.dtype), jnp.clip(which, 0, features.shape[0] - 1), axis=0)
-  return jnp.where(is_image[..., None], rows, x)
-
-
 _tower = jax.jit(vision.tower, static_argnums=(1, 3))
+# Images of one size per tower pass: a pass holds its images' activations (a 448 x 448 image on
+# the 7B tower: ~0.1 GiB, its full-attention blocks' [16, 1024, 1024] scores the most), so a
+# batch of many rows' images runs as a `lax.map` over passes of this many.
+TOWER_IMAGES = 16
 
 
 def image_features(params: VlParams, config: VlConfig, pixel_values, grids: Sequence[Grid]):
-  """The vision tower's merged tokens [n, d] of every image (jitted per set of grid sizes)."""
+  """The vision tower's merged tokens [n, d] of every image (jitted per set of grid sizes):
+  more than TOWER_IMAGES images of one size in passes of TOWER_IMAGES."""
   grids = tuple(tuple(int(v) for v in g) for g in grids)
-  return _tower(params.vision, config.vision, jnp.asarray(pixel_values), grids)
+  pixel_values = jnp.asarray(pixel_values)
+  if len(grids) <= TOWER_IMAGES or len(set(grids)) > 1:
+    return _tower(params.vision, config.vision, pixel_values, grids)
+  return _tower_passes(params.vision, config.vision, pixel_values, grids[0], len(grids),
+                       TOWER_IMAGES)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3, 4, 5))
+def _tower_passes(params: VisionParams, config: VisionConfig, pixel_values, grid: Grid, n: int,
+                  k: int):
+  """`vision.tower` over n images of one grid, k at a time (the last pass padded)."""
+  patches, passes = pixel_values.shape[0] // n, -(-n // k)
+  pad = passes * k * patches - pixel_values.shape[0]
+  chunks = jnp.pad(pixel_values, ((0, pad), (0, 0))).reshape(passes, k * patches, -1)
+  out = jax.lax.map(lambda x: vision.tower(params, config, x, (grid,) * k), chunks)
+  return out.reshape(-1, out.shape[-1])[:n * patches // config.merge_unit]
 
 
 def forward(params: VlParams, config: VlConfig, tokens, pixel_values=None,
@@ -209,18 +232,64 @@ def forward(params: VlParams, config: VlConfig, tokens, pixel_values=None,
   if n_pad != need:
     raise ValueError(f"{n_pad} image pad tokens in the prompt, the {len(grids)} images "
                      f"(grids {grids}) take {need}")
-  positions, _ = rope_index(tokens, config, grids, attention_mask)
-  embed = params.text.embed
-  if grids:
-    if features is None:
-      features = image_features(params, config, pixel_values, grids)
-  else:
-    features = jnp.zeros((1, embed.shape[1]), embed.dtype)
-  embeds = _embed(embed, jnp.asarray(tokens), features, config.image_token_id)
+  if grids and features is None:
+    features = image_features(params, config, pixel_values, grids)
+  images = image_rows(params, config, tokens, grids, features, attention_mask)
   mask = None if attention_mask is None else jnp.asarray(attention_mask)
-  return llm_model.forward(params.text, config.text, jnp.asarray(tokens),
-                           positions=jnp.asarray(positions), attention_mask=mask, cache=cache,
-                           embeds=embeds, **kwargs)
+  tokens = jnp.asarray(tokens)
+  return llm_model.forward(params.text, config.text, tokens, positions=images.streams,
+                           attention_mask=mask, cache=cache,
+                           embeds=embed_rows(params.text.embed, tokens, images), **kwargs)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class ImageRows:
+  """A batch's image inputs to the decoder, every array row-major (a row selection, a
+  micro-batch or a prompt's repeats split them as they split the tokens), the tower's tokens
+  kept per row rather than as [b, t, d] embeddings (an executor row: 1024 image tokens in a
+  32768-token context)."""
+
+  features: jax.Array  # [b, k, d] each row's image tokens in prompt order (zero-padded)
+  index: jax.Array  # [b, t] int32: the row's feature slot a token takes; -1: its own embedding
+  positions: jax.Array  # [b, 3, t] int32: the rotary streams (`rope_index`)
+
+  @property
+  def streams(self) -> jax.Array:
+    """The positions in `llm.forward`'s layout, [3, b, t]."""
+    return jnp.moveaxis(self.positions, 1, 0)
+
+
+@jax.jit
+def embed_rows(embed, tokens, images: ImageRows):
+  """The decoder's input embeddings [b, t, d]: each token's row of `embed`, an image pad
+  token's its feature."""
+  x = jnp.take(embed, tokens, axis=0)
+  picked = jax.vmap(lambda f, i: jnp.take(f, i, axis=0))(images.features.astype(x.dtype),
+                                                       jnp.maximum(images.index, 0))
+  return jnp.where(images.index[..., None] >= 0, picked, x)
+
+
+def image_rows(params: VlParams, config: VlConfig, tokens, grids: Sequence[Grid] = (),
+               features=None, attention_mask=None) -> ImageRows:
+  """The `ImageRows` of prompts (numpy tokens [b, t]) whose image pads stand, row after row, for
+  the images of `grids` with tower tokens `features` ([n, d], `image_features`; None: no
+  image). Feature slots per row: the most image tokens of a row, up to a power of two."""
+  tokens = np.asarray(tokens)
+  positions, _ = rope_index(tokens, config, grids, attention_mask)
+  is_image = tokens == config.image_token_id
+  counts = is_image.sum(axis=1)
+  slots = 1 << max(0, int(counts.max()) - 1).bit_length()
+  index = np.where(is_image, np.cumsum(is_image, axis=1) - 1, -1).astype(np.int32)
+  if features is None:
+    rows = jnp.zeros((tokens.shape[0], slots, params.text.embed.shape[1]), params.text.embed.dtype)
+  else:
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    gather = np.minimum(starts[:, None] + np.arange(slots)[None], features.shape[0] - 1)
+    filled = np.arange(slots)[None] < counts[:, None]
+    rows = jnp.where(filled[..., None], jnp.take(features, jnp.asarray(gather), axis=0), 0)
+  return ImageRows(features=rows, index=jnp.asarray(index),
+                   positions=jnp.asarray(np.moveaxis(positions, 0, 1)))
 
 
 def greedy(params: VlParams, config: VlConfig, tokens, pixel_values=None,

@@ -34,6 +34,10 @@ from morse_jax.llm import model as model_lib
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.model import forward, init_cache
 from morse_jax.llm.params import abstract_params
+from morse_jax.llm.vision import VisionConfig
+from morse_jax.llm.vl import ImageRows
+from morse_jax.llm import vision as vision_lib
+from morse_jax.llm import vl as vl_lib
 from morse_jax.llm.sampling import (PREFILL_CHUNK, PREFILL_TOKENS, GenerationSettings,
                                     SamplingConfig, bucket, generate_padded, length_bucket,
                                     prefill)
@@ -69,10 +73,16 @@ class RunShapes:
   route_width: int = 3  # experts per row (role + top-K subtask experts)
   embed_dim: int = 2560  # the router's input
   data: int = 1  # the mesh's data axis: row counts are multiples of it
+  images: int = 0  # Qwen2.5-VL: images per row, each `image_tokens` of its prompt tokens
+  image_tokens: int = 256  # a 448 x 448 image's
 
   @property
-  def shared(self) -> bool:
-    return self.share_prompts and self.micro_batches == 1
+  def shared(self) -> bool:  # no packed layout for rows with images (compaction.share_prefixes)
+    return self.share_prompts and self.micro_batches == 1 and not self.images
+
+  @property
+  def feature_slots(self) -> int:  # k of `vl.ImageRows`: a row's image tokens, a power of two
+    return bucket(self.images * self.image_tokens, minimum=1)
 
   @property
   def rows(self) -> int:  # n, as rl.batch.layout pads them
@@ -180,7 +190,8 @@ def update_args(config: LlmConfig, lora: LoraConfig, router: router_lib.RouterCo
   policy = PolicyBatch(tokens=rows((n, t), jnp.int32), attention_mask=rows((n, t), jnp.int32),
                        loss_mask=rows((n, t), jnp.float32), logp_old=rows((n, t), jnp.float32),
                        rewards=rows((n,), jnp.float32), route=rows((n,), jnp.int32),
-                       valid=rows((n,), jnp.float32), routes=routes(n), shared=shared)
+                       valid=rows((n,), jnp.float32), routes=routes(n), shared=shared,
+                       images=image_rows(config, shapes, mesh, n, t, dtype))
   expert_tree = experts(lora, config, mesh)
   router_params = router_batch = None
   if router is not None:
@@ -231,8 +242,54 @@ def sample_args(config: LlmConfig, lora: LoraConfig | None, shapes: RunShapes, m
           _rows(mesh, (b,), key_type), _array((), jnp.int32, NamedSharding(mesh, PartitionSpec())),
           settings)
   kwargs = dict(mesh=mesh, rules=sharding_lib.ShardingRules(), adapter=adapter,
-                active=_rows(mesh, (b,), jnp.bool_))
+                active=_rows(mesh, (b,), jnp.bool_), images=image_rows(config, shapes, mesh, b, p,
+                                                                       dtype))
   return args, kwargs
+
+
+def image_rows(config: LlmConfig, shapes: RunShapes, mesh, rows: int, tokens: int,
+               dtype=jnp.bfloat16) -> ImageRows | None:
+  """The `vl.ImageRows` of `rows` rows of `tokens` (rows over `data`); None without images."""
+  if not shapes.images:
+    return None
+  rows_of = lambda shape, dtype: _rows(mesh, shape, dtype)
+  return ImageRows(features=rows_of((rows, shapes.feature_slots, config.hidden_size), dtype),
+                   index=rows_of((rows, tokens), jnp.int32),
+                   positions=rows_of((rows, 3, tokens), jnp.int32))
+
+
+def tower_args(vision: VisionConfig, images: int, mesh, dtype=jnp.bfloat16):
+  """(args, kwargs) of the vision tower over `images` 448 x 448 images on one device's share
+  (`vl.image_features`: passes of `vl.TOWER_IMAGES`), weights and pixels replicated."""
+  params = _replicated(mesh, vision_lib.abstract_params(vision, dtype))
+  grid = vision_lib.image_grid(vision)
+  patches = images * grid[1] * grid[2]
+  pixels = _array((patches, vision.patch_dim), jnp.float32, NamedSharding(mesh, PartitionSpec()))
+  return (params, vision, pixels, grid, images, min(images, vl_lib.TOWER_IMAGES)), {}
+
+
+def tower_fn():
+  """The tower in passes, as `vl.image_features` runs many images of one size."""
+  return vl_lib._tower_passes  # pylint: disable=protected-access
+
+
+def tower_estimate(vision: VisionConfig, args) -> dict:
+  """Per-device bytes of the tower over a call's images, by hand: its weights, the pixels (f32)
+  and the merged tokens out (in the weights' dtype), and one pass's activations: per patch of
+  its images the block's working set (residual, norm, q, k, v, attention out and projection:
+  7 d; gate, up, product: 3 f) and, in a full-attention block, the image's scores (f32) and
+  probabilities over its patches."""
+  params, _, pixels, grid, images, per_pass = args
+  itemsize = np.dtype(params.patch_embed.dtype).itemsize
+  patches = grid[1] * grid[2]
+  per_patch = (itemsize * (7 * vision.hidden_size + 3 * vision.intermediate_size)
+               + (4 + itemsize) * vision.num_heads * patches)
+  activations = per_pass * patches * per_patch
+  out = images * patches // vision.merge_unit * vision.out_hidden_size * itemsize
+  weights = shard_bytes(params)
+  arguments = weights + shard_bytes(pixels)
+  return {"arguments": arguments, "weights": weights, "activations": activations,
+          "features": out, "total": arguments + activations + out}
 
 
 def cache(config: LlmConfig, rows: int, slots: int, mesh, dtype=jnp.bfloat16):
@@ -520,7 +577,8 @@ def prefill_chunk(rows: int, prompt_slots: int) -> int:
 
 
 def sample_estimate(config: LlmConfig, shapes: RunShapes, mesh, args) -> dict:
-  """Per-device bytes of one sampler call, by hand: the arguments (backbone, experts, prompts),
+  """Per-device bytes of one sampler call, by hand: the arguments (backbone, experts, prompts,
+  with images their `vl.ImageRows`),
   the KV cache of all rows at full length (`cache_row_bytes`; rows over `data`) and, while the
   prefilled cache of one row per prompt is repeated M times, that cache too; and the prefill's
   transients: one chunk's layer activations and attention working set (one block of scores,
@@ -541,9 +599,17 @@ def sample_estimate(config: LlmConfig, shapes: RunShapes, mesh, args) -> dict:
              + attention_bytes(w, prompts, chunk, slots))
   logits = 4 * b * _split(config.vocab_size, mesh, rules.vocab)
   transients = prefill + logits
-  arguments = shard_bytes(args)
+  images = image_rows(config, shapes, mesh, shapes.sample_rows, shapes.prompt_len,
+                      args[0].embed.dtype)
+  arguments = shard_bytes(args) + shard_bytes(images)
   return {"arguments": arguments, "cache": cache_bytes, "activations": transients,
           "total": arguments + cache_bytes + transients, "cache_per_row": per_row}
+
+
+def with_tower_weights(estimate: dict, tower: dict) -> dict:
+  """An update's or sampler's estimate with the frozen tower's weights held beside it."""
+  return {**estimate, "tower_weights": tower["weights"],
+          "total": estimate["total"] + tower["weights"]}
 
 
 def rows_at_full_length(estimate: dict, chip_bytes: float, group_size: int = 1) -> int:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax.llm.sampling import bucket, length_bucket
+from morse_jax.llm.vl import ImageRows
 from morse_jax.lora.mixture import Routes, uniform_routes
 from morse_jax.rl.shared_prefix import SharedPrefix
 
@@ -47,6 +48,9 @@ class PolicyBatch:
   # The rows laid out so that each group's common prompt is run once (compaction.share_prefixes);
   # None: the forward pass runs on tokens / attention_mask as they are.
   shared: SharedPrefix | None = None
+  # Qwen2.5-VL rows (rl.vl_inputs.with_images): each row's frozen tower tokens for its image
+  # pads and its rotary streams (`vl.ImageRows`, row-major); None: text rows.
+  images: ImageRows | None = None
 
 
 @jax.tree_util.register_dataclass

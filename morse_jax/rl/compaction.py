@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from morse_jax.llm.sampling import length_bucket
+from morse_jax.llm.vl import ImageRows
 from morse_jax.lora.mixture import Routes
 from morse_jax.rl.advantages import MIN_REWARD_STD, flat_nodes
 from morse_jax.rl.batch import PolicyBatch, padded_rows
@@ -66,12 +67,16 @@ def without_flat_nodes(batch: PolicyBatch, *, routes_per_node: int, aggregation:
   length = min(host.tokens.shape[1],
                length_bucket(int(host.attention_mask[keep].sum(axis=1).max())))
   cut = lambda x: x[index, :length]
+  images = None if host.images is None else ImageRows(
+      features=host.images.features[index], index=cut(host.images.index),
+      positions=host.images.positions[index, :, :length])
   out = dataclasses.replace(
       host, tokens=cut(host.tokens), attention_mask=cut(host.attention_mask),
       loss_mask=cut(host.loss_mask) * real[:, None], logp_old=cut(host.logp_old) * real[:, None],
       rewards=host.rewards[index] * real, route=host.route[index], valid=host.valid[index] * real,
       routes=jax.tree.map(lambda x: x[index], host.routes),
-      denominator=np.float32(denominator), token_count=np.float32(host.loss_mask.sum()))
+      denominator=np.float32(denominator), token_count=np.float32(host.loss_mask.sum()),
+      images=images)
   return out, dropped
 
 
@@ -85,8 +90,12 @@ def share_prefixes(batch: PolicyBatch, *, rows_multiple: int = 1,
   longest suffix's `length_bucket`): a fixed width (the trainer passes its generation budget)
   keeps the step's compiled shapes few. Rows of a group must have the same experts (a route's
   candidates do); packed rows are padded to a power of two (a multiple of rows_multiple) and
-  their length is the longest one's `length_bucket`. Invalid rows keep nothing.
+  their length is the longest one's `length_bucket`. Invalid rows keep nothing. Rows with
+  images (`images`) are refused: the packed layout has no image inputs yet.
   """
+  if batch.images is not None:
+    raise ValueError("share_prefixes: the batch has image inputs (images); the shared layout "
+                     "takes text rows only")
   host = jax.tree.map(np.asarray, batch)
   lengths = host.attention_mask.sum(axis=1).astype(int)
   groups = [_Group(rows, _common_prefix(host, lengths, route, rows))
@@ -222,7 +231,7 @@ def for_update(batch: PolicyBatch, step_config, *, routes_per_node: int, rows_mu
                flat=None) -> tuple[PolicyBatch, Compaction]:
   """The batch the step should run on: flat nodes (`flat`, see without_flat_nodes) left out
   (without a KL term), then each route's common prompt shared (with one micro-batch; `width`:
-  see share_prefixes). Same update as on `batch` (tested)."""
+  see share_prefixes; not for rows with images). Same update as on `batch` (tested)."""
   full = float(np.sum(np.asarray(batch.valid)))
   dropped = 0
   if step_config.kl_coef == 0:
@@ -230,6 +239,6 @@ def for_update(batch: PolicyBatch, step_config, *, routes_per_node: int, rows_mu
                                         aggregation=step_config.aggregation,
                                         min_std=step_config.min_reward_std,
                                         rows_multiple=rows_multiple, flat=flat)
-  if share_prompts and step_config.micro_batches == 1:
+  if share_prompts and step_config.micro_batches == 1 and batch.images is None:
     batch = share_prefixes(batch, rows_multiple=rows_multiple, width=width)
   return batch, Compaction(dropped, full, float(np.sum(np.asarray(batch.valid))))

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.model import forward, head_logits, head_of
+from morse_jax.llm.vl import ImageRows, embed_rows
 from morse_jax.lora.mixture import Adapter
 from morse_jax.rl.shared_prefix import SharedPrefix
 
@@ -77,12 +78,16 @@ def head_logprobs(hidden, head, targets, temperature: float = 1.0, chunk: int = 
 
 
 def token_logprobs(params, config: LlmConfig, adapter: Adapter | None, tokens, attention_mask,
-                   temperature: float = 1.0, remat: bool = False, chunk: int = LOGIT_CHUNK):
+                   temperature: float = 1.0, remat: bool = False, chunk: int = LOGIT_CHUNK,
+                   images: ImageRows | None = None):
   """([n, T] log p(tokens[:, t] | tokens[:, :t]), [n, T] entropy of that distribution), both 0
   at t = 0, under softmax(logits / temperature) of the adapted model. remat: see `forward`;
-  chunk: see `head_logprobs`."""
-  hidden, _ = forward(params, config, tokens, attention_mask=attention_mask, adapter=adapter,
-                      remat=remat, hidden_only=True)
+  chunk: see `head_logprobs`; images: a Qwen2.5-VL batch's (`PolicyBatch.images`)."""
+  embeds = positions = None
+  if images is not None:
+    embeds, positions = embed_rows(params.embed, tokens, images), images.streams
+  hidden, _ = forward(params, config, tokens, positions, attention_mask, adapter=adapter,
+                      remat=remat, hidden_only=True, embeds=embeds)
   picked, ent = head_logprobs(hidden[:, :-1], head_of(params), tokens[:, 1:], temperature, chunk)
   pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
   return pad(picked), pad(ent)

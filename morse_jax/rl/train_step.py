@@ -117,7 +117,7 @@ def _expert_grads(backbone, experts, policy: PolicyBatch, advantages, update):
     if batch.shared is None:
       logp, entropy = token_logprobs(backbone, config, adapter, batch.tokens,
                                      batch.attention_mask, step_config.temperature,
-                                     step_config.remat)
+                                     step_config.remat, images=batch.images)
     else:
       logp, entropy = shared_token_logprobs(backbone, config, adapter, batch.shared,
                                             step_config.temperature, step_config.remat)

@@ -16,8 +16,8 @@ IMAGE, START, END = (TOKENS["image_token_id"], TOKENS["vision_start_token_id"],
 
 
 @pytest.fixture(scope="module")
-def vl_model(tmp_path_factory):
-  folder, torch_model = tiny_models.save_hf_vl_model(str(tmp_path_factory.mktemp("qwen25vl")))
+def vl_model(vl_folder):
+  folder, torch_model = vl_folder
   return vl.load(folder), torch_model
 
 
@@ -163,6 +163,20 @@ def test_greedy_tokens_match_transformers(vl_model, use_cache):
   np.testing.assert_array_equal(ours, ref)
 
 
+def left_padded_generate(ref_model, rows, pixels, grids, steps):
+  """(ids, mask, transformers' `generate` greedy tokens [b, steps]) of rows left-padded with 0."""
+  t = max(len(r) for r in rows)
+  ids = np.array([[0] * (t - len(r)) + r for r in rows])
+  mask = np.array([[0] * (t - len(r)) + [1] * len(r) for r in rows])
+  with torch.no_grad():
+    ref = ref_model.generate(
+        torch.tensor(ids), attention_mask=torch.tensor(mask), pixel_values=torch.tensor(pixels),
+        image_grid_thw=torch.tensor(grids),
+        mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int64)), do_sample=False,
+        max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0)[:, t:].numpy()
+  return ids, mask, ref
+
+
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_greedy_batch_rows_with_their_own_image_offsets(vl_model, use_cache):
   """Three left-padded rows: a 448 x 448 image (offset 256 - 16 = 240 tokens back), a small one,
@@ -171,16 +185,8 @@ def test_greedy_batch_rows_with_their_own_image_offsets(vl_model, use_cache):
   pixels, grids = images_in(model.config, (448, 448), (56, 84))
   rows = [text(0, 2) + image_run(model.config, grids[0]) + text(1, 3),
           text(2, 5) + image_run(model.config, grids[1]) + text(3, 2), text(4, 9)]
-  t = max(len(r) for r in rows)
-  ids = np.array([[0] * (t - len(r)) + r for r in rows])
-  mask = np.array([[0] * (t - len(r)) + [1] * len(r) for r in rows])
   steps = 4
-  with torch.no_grad():
-    ref = ref_model.generate(
-        torch.tensor(ids), attention_mask=torch.tensor(mask), pixel_values=torch.tensor(pixels),
-        image_grid_thw=torch.tensor(grids),
-        mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int64)), do_sample=False,
-        max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0)[:, t:].numpy()
+  ids, mask, ref = left_padded_generate(ref_model, rows, pixels, grids, steps)
   _, deltas = vl.rope_index(ids, model.config, grids, mask)
   assert deltas[0] < deltas[1] < 0 and deltas[2] == 0
   ours = vl.greedy(model.params, model.config, ids, pixels, grids, steps=steps,

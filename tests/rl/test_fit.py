@@ -119,3 +119,52 @@ def test_apex_paper_stages_fit_an_h100(stage):
 def test_an_unknown_apex_stage_is_refused_by_name():
   with pytest.raises(Exception, match=r"--stage='critic': not in config.stages .* nor 'ttrl'"):
     fit.plan(paper.get_config("model=/m,judge=/j"), stage="critic")
+
+
+def test_apex_executor_stage_runs_on_the_vl_preset():
+  """The executor stage is measured on the paper config's Qwen2.5-VL-7B executor: rows of 4
+  images (the question's and 3 search results) of 256 tokens, their `ImageRows` in the update
+  and the sampler, the frozen tower's weights beside each, and the tower's own pass."""
+  p = fit.plan(paper.get_config("model=/m,judge=/j"), stage="executor")
+  assert p.name == paper.EXECUTOR_PRESET and p.vision is not None
+  assert (p.shapes.images, p.shapes.image_tokens, p.shapes.feature_slots) == (4, 256, 1024)
+  assert not p.shapes.shared and p.model.mrope_section is not None
+  amesh = aot.abstract_mesh(*p.mesh)
+  update_args, _ = aot.update_args(p.model, p.lora, p.router, p.step, p.shapes, amesh)
+  images = update_args[4].images
+  assert images.features.shape == (p.shapes.rows, 1024, 3584)
+  assert images.positions.shape == (p.shapes.rows, 3, p.shapes.width)
+  tower_args, _ = aot.tower_args(p.vision, 1024, amesh)
+  tower = aot.tower_estimate(p.vision, tower_args)
+  # 16 images per pass x 1024 patches: 7 x 1280 + 3 x 3420 bf16, 16 heads x 1024 f32 + bf16
+  per_patch = 2 * (7 * 1280 + 3 * 3420) + 6 * 16 * 1024
+  assert tower["activations"] == 16 * 1024 * per_patch
+  assert tower["features"] == 1024 * 256 * 3584 * 2
+  update, sampler = _estimates(p)
+  update, sampler = (aot.with_tower_weights(e, tower) for e in (update, sampler))
+  assert update["tower_weights"] == tower["weights"] > GIB
+  assert update["total"] <= H100 and tower["total"] <= H100
+  assert aot.rows_at_full_length(sampler, H100, p.shapes.group_size) >= 8
+
+
+def test_compiled_tiny_vl_update_and_tower_trace():
+  """The abstract VL arguments are the ones the code takes: a tiny update with image rows and
+  a tiny tower in passes compile (one device)."""
+  from morse_jax.llm import vision
+
+  shapes = aot.RunShapes(nodes=1, routes_per_node=1, group_size=2, prompt_tokens=32,
+                         max_new_tokens=32, route_width=1, embed_dim=TINY.hidden_size, images=1,
+                         image_tokens=4)
+  mrope = LlmConfig("qwen2", vocab_size=128, hidden_size=64, intermediate_size=128,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                    mrope_section=(2, 3, 3))
+  mesh, amesh = sharding.make_mesh(1, 1, jax.devices()[:1]), aot.abstract_mesh(1, 1)
+  args, kwargs = aot.update_args(mrope, TINY_LORA, None, StepConfig(estimator="grpo"), shapes,
+                                 amesh, dtype=jnp.float32)
+  assert args[4].images.features.shape == (2, 4, 64)
+  assert aot.memory(aot.train_step_fn(), args, kwargs, mesh)["peak"] > 0
+  small = vision.VisionConfig(depth=1, hidden_size=32, intermediate_size=48, num_heads=2,
+                              out_hidden_size=64, window_size=112, fullatt_block_indexes=(0,))
+  tower_args, _ = aot.tower_args(small, 3, amesh, jnp.float32)
+  assert tower_args[3:] == ((1, 32, 32), 3, 3)
+  assert aot.memory(aot.tower_fn(), tower_args, {}, mesh)["peak"] > 0
