@@ -110,7 +110,7 @@ def memory_build_identity(c) -> dict:
   if "data" in out:  # procedures and the image keys left out when off, so a snapshot of a
     # config without them keeps its identity
     off = {"procedures"} if not out["data"].get("procedures", True) else set()
-    off |= {"image_share", "image_results"} if not out["data"].get("image_share", 1) else set()
+    off |= {"image_share"} if not out["data"].get("image_share", 1) else set()
     out["data"] = {k: v for k, v in out["data"].items() if k not in off}
   out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
   scorer = outcome_scorer_identity(c)

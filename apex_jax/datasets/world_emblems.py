@@ -55,8 +55,8 @@ def caption(emblem: Emblem) -> str:
   """What the planner may read of the image: its look, never the entity's name."""
   marks = emblem.marks if emblem.count > 1 else _SINGULAR[emblem.marks]
   article = "an" if emblem.colour[0] in "aeiou" else "a"
-  return (f"{article} {emblem.colour} {emblem.shape} emblem with {_NUMBERS[emblem.count]} {emblem.ink} "
-          f"{marks} on a {emblem.field} field")
+  return (f"{article} {emblem.colour} {emblem.shape} emblem with {_NUMBERS[emblem.count]} "
+          f"{emblem.ink} {marks} on a {emblem.field} field")
 
 
 def shown(emblems: dict[str, Emblem], text: str | None) -> str | None:
