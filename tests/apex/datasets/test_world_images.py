@@ -210,3 +210,10 @@ def test_make_world_writes_the_image_files(tmp_path):
   bad = subprocess.run([sys.executable, "-m", "launchers.make_world", f"--out={out}",
                         "--image_share=2"], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert bad.returncode == 1 and "image_share must be a number in [0, 1]" in bad.stderr
+
+
+def test_a_procedure_world_takes_image_questions_too():
+  world = World.generate(seed=2, num_entities=60, num_questions=100, procedures=True,
+                         image_share=0.5)
+  assert any(e.images for e in world.examples)
+  world.check()
