@@ -202,7 +202,8 @@ def load_data(c) -> tuple[list, list, list]:
   kind = choice(c.data.source, "data.source", SOURCES)
   if kind == "world":
     world = World.generate(c.data.world_seed, c.data.entities, c.data.questions,
-                           procedures=c.data.get("procedures", False))
+                           procedures=c.data.get("procedures", False),
+                           image_share=c.data.get("image_share", 0.0))
     train, test = split_examples(world_questions_of(world, c.data.get("categories", ())),
                                  c.data.test_fraction, c.data.world_seed)
     passages = world.passages

@@ -107,9 +107,11 @@ def memory_build_identity(c) -> dict:
   """What memory building depends on: a snapshot taken under another is not this run's."""
   parts = ("seed", "model", "data", "search", "memory", "memory_build", "agents", "lora")
   out = {k: c.to_dict()[k] if hasattr(c, "to_dict") else c[k] for k in parts if k in c}
-  if "data" in out and not out["data"].get("procedures", True):  # left out when off, so a
-    # snapshot of a config without the key keeps its identity
-    out["data"] = {k: v for k, v in out["data"].items() if k != "procedures"}
+  if "data" in out:  # procedures and the image keys left out when off, so a snapshot of a
+    # config without them keeps its identity
+    off = {"procedures"} if not out["data"].get("procedures", True) else set()
+    off |= {"image_share"} if not out["data"].get("image_share", 1) else set()
+    out["data"] = {k: v for k, v in out["data"].items() if k not in off}
   out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
   scorer = outcome_scorer_identity(c)
   if scorer is not None:  # absent for EM, the scorer of the snapshots before it was a choice

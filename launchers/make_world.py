@@ -3,11 +3,15 @@
   python -m launchers.make_world --out=data/world --seed=0 --entities=120 --questions=400
   python -m launchers.make_world --out=data/world --holdout_categories=event,process
   python -m launchers.make_world --out=data/world_records --procedures
+  python -m launchers.make_world --out=data/world_images --image_share=0.3 --image_results=3
   python -m launchers.build_index --corpus=data/world/corpus.jsonl --out=data/world_index
 
 Writes corpus.jsonl (Search-R1 layout, one passage per entity), train.jsonl and test.jsonl (the
 question layout of apex_jax.datasets.corpus, with gold hop chains) and meta.json. The world is
 checked (gold hops, reachability, unique names) before anything is written; exit code 1 if not.
+With --image_share, that share of the chain questions ask about an entity's emblem instead of
+naming it: image_qa/train.jsonl and test.jsonl (the MIA rows, datasets.image_qa) and their
+image-search cache image_search/<id>/ (tools.image_search) are written beside the text files.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ _TEST_FRACTION = flags.DEFINE_float("test_fraction", 0.2, "Share of the question
 _PROCEDURES = flags.DEFINE_bool("procedures", False, "Career and property facts in record "
                                  "passages, the right record fixed per category "
                                  "(apex_jax.datasets.world_records).")
+_IMAGE_SHARE = flags.DEFINE_float("image_share", 0.0, "Share of the chain questions asked about "
+                                  "the entity in an image (apex_jax.datasets.world_images).")
+_IMAGE_RESULTS = flags.DEFINE_integer("image_results", 3, "Image-search results per image "
+                                      "question: the match, then distractors (1 to 3).")
 _HOLDOUT = flags.DEFINE_list("holdout_categories", [], "Categories whose questions all go to "
                              "test.jsonl.")
 
@@ -41,7 +49,8 @@ def main(argv):
 
   banner("generate")
   try:
-    world = World.generate(_SEED.value, _ENTITIES.value, _QUESTIONS.value, _PROCEDURES.value)
+    world = World.generate(_SEED.value, _ENTITIES.value, _QUESTIONS.value, _PROCEDURES.value,
+                           _IMAGE_SHARE.value)
     world.check()
   except DatasetError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -49,9 +58,12 @@ def main(argv):
   print(f"{len(world.passages)} passages, {len(world.examples)} questions")
   print("categories:", dict(collections.Counter(e.category for e in world.examples)))
   print("hops:", dict(sorted(collections.Counter(e.hops for e in world.examples).items())))
+  if world.emblems:
+    print(f"image questions: {sum(bool(e.images) for e in world.examples)}")
   banner("write")
   try:
-    meta = world.write(_OUT.value, _TEST_FRACTION.value, tuple(_HOLDOUT.value))
+    meta = world.write(_OUT.value, _TEST_FRACTION.value, tuple(_HOLDOUT.value),
+                       _IMAGE_RESULTS.value)
   except DatasetError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)

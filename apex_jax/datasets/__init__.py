@@ -12,8 +12,8 @@ synthetic multi-hop world for the CPU demo, all as `QAExample`s.
 
 Modules: records (QAExample, Hop, SupportingFact, DatasetError), categories (question ->
 memory category), hotpotqa, twowiki, corpus (corpus export, question-set JSONL), metrics
-(evaluate), world / world_questions / world_checks / world_records (the synthetic world, its
-category procedures), sources
+(evaluate), world / world_questions / world_checks / world_records / world_emblems /
+world_images (the synthetic world, its category procedures, its emblem questions), sources
 (tensorflow-datasets builders: random access by index, cached).
 """
 

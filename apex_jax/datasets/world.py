@@ -14,11 +14,14 @@ and no name word is used twice, so an answer string names one entity only.
   world.check()                              # the gold-chain checks (raises on any problem)
   World.generate(0, 120, 400, procedures=True)   # career / property facts in records (below)
   world.write("data/world", test_fraction=0.2, holdout_categories=("event",))
+  World.generate(0, 120, 400, image_share=0.3)   # 30% of the chain questions ask about an image
 
 `write` produces corpus.jsonl (for launchers/build_index.py), train.jsonl and test.jsonl (the
 question layout of `apex_jax.datasets.corpus`) and meta.json. The question templates are in
 `world_questions`, the checks in `world_checks`; with procedures, the career and property facts
 sit in record passages whose right one is fixed per world and category (`world_records`).
+With an image share, every entity has an emblem (`world_emblems`) and `write` puts the image
+questions in the MIA layout beside their image-search cache (`world_images`), not in the text files.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import os
 import random
 from typing import Any, Mapping, Sequence
 
-from apex_jax.datasets import world_checks, world_questions, world_records
+from apex_jax.datasets import world_checks, world_emblems, world_images, world_questions, \
+    world_records
 from apex_jax.datasets.corpus import write_examples, write_passages
 from apex_jax.datasets.records import DatasetError, Hop, QAExample
 from apex_jax.datasets.world_questions import split
@@ -164,6 +168,8 @@ class World:
   record_words: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
   procedure_words: dict[str, str] = dataclasses.field(default_factory=dict)
   records: dict[str, tuple] = dataclasses.field(default_factory=dict)
+  # With an image share: entity id -> its emblem (world_emblems). Empty without.
+  emblems: dict[str, world_emblems.Emblem] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     self._passage_of = {p.id: p for p in self.passages}
@@ -176,13 +182,16 @@ class World:
 
   @classmethod
   def generate(cls, seed: int, num_entities: int, num_questions: int,
-               procedures: bool = False) -> "World":
+               procedures: bool = False, image_share: float = 0.0) -> "World":
     """Entities, passages and `num_questions` distinct questions, all a function of `seed`.
     procedures: the career and property facts sit in record passages, the right record fixed per
     category (world_records); the entities, names and questions are those of the world without,
-    the record passages follow the entities' passages."""
+    the record passages follow the entities' passages.
+    image_share: that share of the chain questions ask about the entity in an image instead of
+    naming it (world_images); the rest of the world is that of the world without."""
     if not isinstance(procedures, bool):
       raise DatasetError(f"procedures must be True or False; got {procedures!r}")
+    world_images.check_share(image_share)
     rng = random.Random(seed)
     entities = _build(rng, entity_counts(num_entities))
     name = {i: e.name for i, e in entities.items()}
@@ -199,6 +208,9 @@ class World:
       world = cls(seed, entities, text, passages, [], book.record_words, book.procedure_words,
                   book.records)
     world.examples = world_questions.generate(world, rng, num_questions)
+    if image_share:
+      world.emblems = world_emblems.draw(seed, entities)
+      world.examples = world_images.ask(world, image_share)
     return world
 
   # ---- lookups used by the question templates and the checks ------------------------------
@@ -230,9 +242,14 @@ class World:
                          "; ".join(found[:10]))
 
   def write(self, folder: str, test_fraction: float = 0.2,
-            holdout_categories: Sequence[str] = ()) -> dict:
-    """corpus.jsonl, train.jsonl, test.jsonl and meta.json into `folder`; returns meta."""
+            holdout_categories: Sequence[str] = (),
+            image_results: int = world_images.RESULTS) -> dict:
+    """corpus.jsonl, train.jsonl, test.jsonl and meta.json into `folder`, and the image questions
+    (if any) with their search cache of `image_results` results each (world_images); returns
+    meta. The split is drawn over all questions, then the image ones leave the text files."""
     train, test = split(self.examples, test_fraction, self.seed, holdout_categories)
+    image_train, image_test = ([e for e in s if e.images] for s in (train, test))
+    train, test = ([e for e in s if not e.images] for s in (train, test))
     os.makedirs(folder, exist_ok=True)
     write_passages(self.passages, os.path.join(folder, "corpus.jsonl"))
     write_examples(train, os.path.join(folder, "train.jsonl"))
@@ -244,6 +261,8 @@ class World:
     if self.records:  # the words are in the passages; which one is right is not written
       meta.update(procedures=True, procedure_categories=sorted(self.record_words),
                   records_per_fact=RECORDS)
+    if image_train or image_test:
+      meta.update(world_images.write(self, folder, image_train, image_test, image_results))
     with open(os.path.join(folder, "meta.json"), "w") as f:
       json.dump(meta, f, indent=2)
     return meta

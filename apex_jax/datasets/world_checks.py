@@ -14,7 +14,10 @@
 - records (worlds with procedures, world_records): the record words are distinct, invented (no
   name word, no word of another passage, not English-like), each entity's record passages exist,
   its passage lists their words, exactly one record holds the true fact; and every gold hop onto
-  a record finds that record first with the toy's word and trigram searches (topk 2).
+  a record finds that record first with the toy's word and trigram searches (topk 2);
+- images (worlds with an image share, world_images): an image question has one image, its
+  caption is an entity's emblem's (that entity is known: the image search names it), and neither
+  the question nor the caption names a word of that entity's name.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import collections
 import re
 
 from apex_jax.datasets import world_records as R
+from apex_jax.datasets.world_emblems import shown
 from apex_jax.datasets.world_words import ENGLISH_LIKE, EVENT_TYPES
 from apex_jax.tools.overlap import NgramSearch, WordSearch
 
@@ -110,6 +114,15 @@ def _record_problems(world, name_words: set[str]) -> list[str]:
 
 
 
+def _image_problems(world, example, entity: str) -> list[str]:
+  out = [] if len(example.images) == 1 else [f"{len(example.images)} images, not 1"]
+  words = world.name(entity).lower().split()
+  text = f"{example.question} {example.caption}".lower()
+  if any(contains(text, w) for w in words):
+    out.append(f"the question or caption names the entity in its image ({world.name(entity)!r})")
+  return out
+
+
 def _example_problems(world, names, example) -> list[str]:
   out = []
   if len(example.question.split()) > MAX_QUESTION_WORDS:
@@ -121,6 +134,13 @@ def _example_problems(world, names, example) -> list[str]:
   if not 1 <= len(example.chain) <= MAX_HOPS + bool(world.records):
     out.append(f"{len(example.chain)} hops")
   known = [n for n in names if n in example.question and contains(example.question, n)]
+  if example.images:
+    entity = shown(world.emblems, example.caption)
+    if entity is None:
+      out.append(f"caption {example.caption!r} is no entity's emblem")
+    else:  # the image search names it
+      out.extend(_image_problems(world, example, entity))
+      known.append(world.name(entity))
   for k, hop in enumerate(example.chain):
     if not world.has_passage(hop.passage_id):
       out.append(f"hop {k}: passage {hop.passage_id!r} does not exist")

@@ -95,10 +95,15 @@ def check_array(image, what: str, size: int = IMAGE_SIZE) -> np.ndarray:
   return array
 
 
-def to_data_url(image: np.ndarray) -> str:
-  """uint8 [h, w, 3] -> `data:image/png;base64,...` (an OpenAI chat `image_url`)."""
+def encode_png(image: np.ndarray) -> bytes:
+  """uint8 [h, h, 3] -> PNG bytes (an image-search cache's img_NNN.png)."""
   from PIL import Image
 
   buffer = io.BytesIO()
   Image.fromarray(check_array(image, "image", np.asarray(image).shape[0])).save(buffer, "PNG")
-  return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+  return buffer.getvalue()
+
+
+def to_data_url(image: np.ndarray) -> str:
+  """uint8 [h, w, 3] -> `data:image/png;base64,...` (an OpenAI chat `image_url`)."""
+  return "data:image/png;base64," + base64.b64encode(encode_png(image)).decode("ascii")

@@ -48,8 +48,11 @@ def get_config(arg=None):
   # "world": generated in memory; "folder": train/test/corpus.jsonl as World.write writes them
   # procedures: the world's career / property facts in records whose right one only experience
   # tells (apex_jax.datasets.world_records; the committed toy was not trained on such worlds)
+  # image_share: that share of the chain questions ask about an entity's emblem instead of naming
+  # it (apex_jax.datasets.world_images; for a vision executor: the pipeline does not yet build
+  # their image-search cache, World.write / launchers.make_world --image_share write one)
   c.data = dict(source="world", folder="", world_seed=777, entities=120, questions=64,
-                test_fraction=0.25, procedures=False, categories=())
+                test_fraction=0.25, procedures=False, categories=(), image_share=0.0)
   # "ngram": the trigram search (misspelled names still find their passage); "word": exact words;
   # "index": LocalSearch over a built index
   c.search = dict(kind="ngram", index="", topk=2)

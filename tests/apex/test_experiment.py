@@ -197,6 +197,19 @@ def test_procedures_enter_the_memory_build_identity_only_when_on(tmp_path):
   assert [e.question for e in train + test] == [e.question for e in plain_train + plain_test]
 
 
+def test_image_questions_enter_the_memory_build_identity_only_when_on(tmp_path):
+  c = small_config(tmp_path)
+  c.model.path = str(tmp_path)
+  assert "image_share" not in pipeline.memory_build_identity(c)["data"]
+  c.data.image_share = 0.5
+  assert pipeline.memory_build_identity(c)["data"]["image_share"] == 0.5
+  train, test, _ = experiment.load_data(c)
+  asked = [e for e in train + test if e.images]
+  assert asked and all("in the image" in e.question and e.caption for e in asked)
+  plain_train, plain_test, _ = experiment.load_data(small_config(tmp_path))
+  assert [e.id for e in train + test] == [e.id for e in plain_train + plain_test]
+
+
 def test_evolve_temperature_is_checked(exp):
   exp.config.memory.evolve_temperature = -1.0
   with pytest.raises(ValueError, match="memory.evolve_temperature must be a number >= 0"):
