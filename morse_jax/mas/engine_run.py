@@ -16,8 +16,9 @@ widest set, zero weights after a shorter one's ids). NodeStats.merge_seconds / w
 are this node's own merge and executor calls, submission to reply.
 
 Where the engine cannot take a call the wave path runs instead: on a mesh of several devices
-(the engine does not shard) the whole batch goes through `runner.run`; a request longer than
-the engine's rows (EngineConfig.max_len) runs alone through the static sampler, logged.
+(the engine does not shard) the whole batch goes through `runner.run`; a call longer than the
+engine's rows (EngineConfig.max_len), or one the engine failed (`EngineError`: its device call,
+a non-finite row), runs alone through the static sampler with its planned key, logged.
 """
 
 from __future__ import annotations
@@ -145,15 +146,23 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
 
 @dataclasses.dataclass
 class _Call:
-  """A submitted call: when it went in, what to do with its reply."""
+  """A call to make: its node, role ("merge", "execute"), prompt, sampling, key, and what to do
+  with its reply and seconds."""
 
-  submitted: float
+  t: int
+  node: Subtask
+  role: str
+  prompt: list[int]
+  sampling: llm.SamplingConfig
+  key: jax.Array
   then: Callable
+  submitted: float = 0.0
 
 
 class Walk:
   """The batch's DAGs on one engine: submits each node's calls when their inputs are in and
-  steps the engine until every node is done. `fallbacks`: calls the engine could not hold."""
+  steps the engine until every node is done. `fallbacks`: calls that ran on the static sampler
+  (longer than the engine's rows, or failed in the engine)."""
 
   def __init__(self, agents, family, tasks, plans, engine, routes, sets, experts, sampling,
                keep_prompts):
@@ -163,7 +172,6 @@ class Walk:
     self.limit = agents.max_new_tokens
     self.settings = llm.GenerationSettings.for_model(agents.model, self.limit, sampling)
     self.live: dict[object, _Call] = {}  # handle -> call
-    self.merge_seconds: dict[tuple[int, str], float] = {}
     self.fallbacks = 0
 
   def run(self) -> None:
@@ -175,20 +183,20 @@ class Walk:
       self.engine.step()
       for handle, call in [(h, c) for h, c in self.live.items() if h.done]:
         del self.live[handle]
-        c = handle.result()
-        call.then(self.agents.reply(c.tokens, self.limit), time.perf_counter() - call.submitted)
+        if handle.error is not None:
+          self._static(call, f"the engine failed it: {handle.error}")
+        else:
+          call.then(self.agents.reply(handle.result().tokens, self.limit),
+                    time.perf_counter() - call.submitted)
 
   def _start(self, t: int, node: Subtask) -> None:
     """A node whose parents are done: its merge call, or its executor call at once."""
-    task = self.tasks[t]
-    if self.plans[t, node.id].merge_experts is None:
+    task, p = self.tasks[t], self.plans[t, node.id]
+    if p.merge_experts is None:
       return self._execute(t, node, runner.parent_context(task, node), 0.0)
-    prompt = runner.merger_prompt(self.agents, task, node)
-
-    def merged(reply, seconds):
-      self._execute(t, node, reply.text, seconds)
-
-    self._submit(t, node, prompt, "merge", llm.GREEDY, self.plans[t, node.id].merge_key, merged)
+    self._submit(_Call(t, node, "merge", runner.merger_prompt(self.agents, task, node),
+                       llm.GREEDY, p.merge_key,
+                       lambda reply, seconds: self._execute(t, node, reply.text, seconds)))
 
   def _execute(self, t: int, node: Subtask, context: str, merge_seconds: float) -> None:
     task, p = self.tasks[t], self.plans[t, node.id]
@@ -200,7 +208,7 @@ class Walk:
           merge_seconds=merge_seconds, wave_seconds=seconds, keep_prompts=self.keep_prompts)
       self._children_of(t, node.id)
 
-    self._submit(t, node, prompt, "execute", self.sampling, p.executor_key, executed)
+    self._submit(_Call(t, node, "execute", prompt, self.sampling, p.executor_key, executed))
 
   def _children_of(self, t: int, node_id: str) -> None:
     task = self.tasks[t]
@@ -209,20 +217,25 @@ class Walk:
       if node_id in parents and all(p in task.nodes for p in parents):
         self._start(t, task.graph.node(child))
 
-  def _submit(self, t, node, prompt, role, sampling, key, then) -> None:
-    start = time.perf_counter()
-    request = Request(prompt, self.limit, sampling, self.settings.eos_ids, key,
-                      self.routes.get((t, node.id, role)))
+  def _submit(self, call: _Call) -> None:
+    call.submitted = time.perf_counter()
+    request = Request(call.prompt, self.limit, call.sampling, self.settings.eos_ids, call.key,
+                      self.routes.get((call.t, call.node.id, call.role)))
     try:
       handle = self.engine.submit(request)
     except ValueError as e:
-      if len(prompt) + self.limit <= self.engine.config.max_len:
+      if len(call.prompt) + self.limit <= self.engine.config.max_len:
         raise  # not a question of size: a bug, not a fallback
-      self.fallbacks += 1
-      log.warning("engine run: node %r's %s call of %d prompt tokens goes to the static "
-                  "sampler: %s", node.id, role, len(prompt), e)
-      [reply] = self.agents.replies([prompt], None if self.sets[t, node.id, role] is None
-                                    else [self.sets[t, node.id, role]], self.experts, rng=key,
-                                    sampling=sampling)
-      return then(reply, time.perf_counter() - start)
-    self.live[handle] = _Call(start, then)
+      return self._static(call, str(e))
+    self.live[handle] = call
+
+  def _static(self, call: _Call, why: str) -> None:
+    """The call on the static sampler, with its planned key as the row's own."""
+    self.fallbacks += 1
+    log.warning("engine run: node %r's %s call of %d prompt tokens goes to the static "
+                "sampler: %s", call.node.id, call.role, len(call.prompt), why)
+    experts = self.sets[call.t, call.node.id, call.role]
+    [reply] = self.agents.replies([call.prompt], None if experts is None else [experts],
+                                  self.experts, rng=call.key, row_keys=call.key[None],
+                                  sampling=call.sampling)
+    call.then(reply, time.perf_counter() - call.submitted)

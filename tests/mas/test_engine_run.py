@@ -1,25 +1,24 @@
 """MoRSE's evaluation on the engine: the wave path's outcomes, node for node, on a tiny random
 model with routed experts; no wave barrier (a scripted engine); the static sampler for a call
-longer than the engine's rows."""
+longer than the engine's rows or failed in it; the wave path on a mesh."""
 
 from __future__ import annotations
+
+import types
 
 import jax
 import numpy as np
 import pytest
 
 from morse_jax import llm, lora
-from morse_jax.llm.engine import Completion
-from morse_jax.lora import embedders, router
+from morse_jax.llm.engine import Completion, EngineError
+from morse_jax.lora import router
 from morse_jax.mas import engine_run, runner
 from morse_jax.mas.agents import Agents
 from morse_jax.mas.graph import SubtaskGraph
 from morse_jax.tasks.base import Problem
-from tests import tiny_models
-from tests.mas.test_runner import WordFamily  # node "b" fails: a blocked parent in the mix
-
-LORA = lora.LoraConfig(last_n_layers=1, rank=4, alpha=8.0, num_subtask_experts=4)
-RCFG = router.RouterConfig(dim=8, top_k=2)
+# agents: the tiny model with routed experts; WordFamily: node "b" fails (a blocked parent).
+from tests.mas.test_runner import LORA, RCFG, WordFamily, agents  # noqa: F401 (a fixture)
 
 
 def node(i, *parents):
@@ -31,15 +30,6 @@ GRAPHS = [[node("a"), node("b", "a"), node("c", "a"), node("d", "b", "c")],
           [node("1"), node("2", "1")],
           [node("s")],
           [node("x"), node("y", "x"), node("u", "x"), node("v", "y"), node("z", "v", "u")]]
-
-
-@pytest.fixture(scope="module")
-def agents(tmp_path_factory):
-  folder, _ = tiny_models.save_hf_model("llama", str(tmp_path_factory.mktemp("engine_run")))
-  model = llm.load(folder)
-  embed = embedders.BackboneMeanEmbedder(model.params.embed, model.tokenizer)
-  return Agents(model=model, lora=LORA, router=RCFG, embed=embed, max_new_tokens=6,
-                kernel="gather")
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +92,18 @@ def test_the_bare_backbone_runs_on_the_engine_too(agents):
 
 
 class ScriptedEngine:
-  """Each call ends after one step, a prompt that holds "w88" after eight; records events."""
+  """Each call ends after one step, a prompt that holds "w88" after eight; records events.
+  fail: a call whose prompt holds this word ends in an engine error."""
 
-  def __init__(self, agents):
-    self.agents, self.steps, self.events, self.live = agents, 0, [], []
+  def __init__(self, agents, fail=None):
+    self.agents, self.steps, self.events, self.live, self.fail = agents, 0, [], [], fail
     self.config = engine_run.EngineConfig(max_len=256)
 
   def submit(self, request):
     text = self.agents.model.tokenizer.decode(list(request.prompt))
     handle = ScriptedHandle(text, self.steps + (8 if "w88" in text else 1))
+    if self.fail and self.fail in text:
+      handle.error = EngineError("decode failed for 1 rows")
     self.events.append(("submit", text, self.steps))
     self.live.append(handle)
     return handle
@@ -125,7 +118,7 @@ class ScriptedEngine:
 
 class ScriptedHandle:
   def __init__(self, text, end):
-    self.text, self.end, self.done = text, end, False
+    self.text, self.end, self.done, self.error = text, end, False, None
 
   def result(self):
     return Completion(np.asarray([6], np.int32), np.zeros(1, np.float32), "length")
@@ -163,3 +156,32 @@ def test_a_call_longer_than_the_engines_rows_runs_on_the_static_sampler(agents, 
     engine = engine_run.run(agents, WordFamily(), probs, graphs, experts, rparams, **call)
   assert essentials(engine) == essentials(waves)
   assert "goes to the static sampler" in caplog.text
+
+
+def test_a_call_the_engine_fails_runs_on_the_static_sampler(agents, monkeypatch, caplog):
+  """Task B's executor call fails in the engine: its node gets the static sampler's reply (the
+  wave path's), task A the scripted engine's."""
+  engine = ScriptedEngine(agents, fail="w88")
+  monkeypatch.setattr(engine_run, "build_engine", lambda *a: (engine, {}))
+  bare = Agents(model=agents.model, lora=None, router=None, embed=None, max_new_tokens=6)
+  probs = [Problem("A", "words", "c", "w40"), Problem("B", "words", "c", "w88")]
+  graphs = [SubtaskGraph.from_obj([node("1")]), SubtaskGraph.from_obj([node("s")])]
+  with caplog.at_level("WARNING"):
+    out = engine_run.run(bare, WordFamily(), probs, graphs, None, None, rng=jax.random.key(0))
+  [waves] = runner.run(bare, WordFamily(), probs[1:], graphs[1:], None, None,
+                       rng=jax.random.key(0))
+  assert out[1].nodes["s"].artifact == waves.nodes["s"].artifact != bare.decode([6])
+  assert out[0].nodes["1"].artifact == bare.decode([6])
+  assert "the engine failed it" in caplog.text
+
+
+def test_agents_on_a_mesh_of_several_devices_keep_the_wave_path(agents, monkeypatch):
+  """The engine does not shard: such a batch goes to `runner.run` with the same call."""
+  calls = []
+  monkeypatch.setattr(runner, "run", lambda *a, **k: calls.append((a, k)) or "waves")
+  on_mesh = Agents(model=agents.model, lora=None, router=None, embed=None,
+                   mesh=types.SimpleNamespace(size=2))
+  probs, graphs = batch()
+  assert engine_run.run(on_mesh, WordFamily(), probs, graphs, None, None,
+                        rng=jax.random.key(0), seed=5) == "waves"
+  assert calls[0][0][2] == probs and calls[0][1]["seed"] == 5
