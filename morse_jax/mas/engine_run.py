@@ -89,9 +89,11 @@ def expert_sets(agents: Agents, plans: dict) -> dict[tuple[int, str, str], list[
   return out
 
 
-def build_engine(agents: Agents, experts, sets: dict, slots: int, max_len: int):
-  """(an engine for these calls, {call: its Request.route}). The adapter's kernel is a per-row
-  one: "merged" (one route for the whole call) cannot hold several routes."""
+def build_engine(agents: Agents, experts, sets: dict, slots: int, max_len: int, typical: int):
+  """(an engine for these calls, {call: its Request.route}): rows of `max_len` tokens, a pool
+  for every slot at `typical` tokens plus one full row (admission waits for pages beyond), about
+  what the wave path's calls hold. The adapter's kernel is a per-row one: "merged" (one route
+  for the whole call) cannot hold several routes."""
   adapter, routes = None, {}
   if agents.lora is not None:
     calls = list(sets)
@@ -100,7 +102,10 @@ def build_engine(agents: Agents, experts, sets: dict, slots: int, max_len: int):
     adapter = adapter_of(experts, uniform_routes(checked, max(map(len, checked))), agents.lora,
                          agents.model.config, kernel)
     routes = dict(zip(calls, routes_of(adapter)))
-  config = EngineConfig(slots=slots, max_len=max_len, page_size=PAGE_SIZE)
+  pages = lambda tokens: -(-tokens // PAGE_SIZE)
+  config = EngineConfig(slots=slots, max_len=max_len, page_size=PAGE_SIZE,
+                        num_pages=min(slots * pages(typical), (slots - 1) * pages(max_len))
+                        + pages(max_len) + 1)  # + the trash page
   return Engine(agents.model, config, adapter=adapter), routes
 
 
@@ -109,16 +114,18 @@ def runs_on_engine(agents: Agents) -> bool:
   return agents.mesh is None or agents.mesh.size == 1
 
 
-def row_capacity(agents: Agents, family: TaskFamily, tasks, limit: int) -> int:
-  """Tokens per engine row: the longest executor prompt without context plus room for the
-  largest merge (each parent's artifact, then the merge's own reply) and the reply, within the
-  model's positions; a longer request falls back to the static sampler."""
+def row_sizes(agents: Agents, family: TaskFamily, tasks, limit: int) -> tuple[int, int]:
+  """(tokens per engine row, a typical row's tokens). A row: the longest executor prompt
+  without context plus room for the largest merge (each parent's artifact, then the merge's
+  own reply) and the reply, within the model's positions (a longer call falls back to the
+  static sampler). Typical: that prompt with a context of `limit` tokens, and its reply."""
   base = max(len(runner.executor_prompt(agents, family, task, task.graph.node(i), ""))
              for task in tasks for i in task.graph.topological_order())
   parents = max(len(task.graph.node(i).depends_on) for task in tasks
                 for i in task.graph.topological_order())
   want = base + (max(parents, 1) + 2) * (limit + PAGE_SIZE)
-  return min(-(-want // PAGE_SIZE) * PAGE_SIZE, agents.model.config.max_position_embeddings)
+  row = min(-(-want // PAGE_SIZE) * PAGE_SIZE, agents.model.config.max_position_embeddings)
+  return row, min(base + 2 * limit, row)
 
 
 def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
@@ -138,7 +145,7 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
   waves = max(len(g.waves()) for g in graphs)
   widest = max(len(runner.wave_items(tasks, w)) for w in range(waves))
   engine, routes = build_engine(agents, experts, sets, slots or widest,
-                                row_capacity(agents, family, tasks, agents.max_new_tokens))
+                                *row_sizes(agents, family, tasks, agents.max_new_tokens))
   Walk(agents, family, tasks, plans, engine, routes, sets, experts, sampling,
        keep_prompts).run()
   return runner.finish(family, tasks)

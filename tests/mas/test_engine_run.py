@@ -151,7 +151,8 @@ def test_a_call_longer_than_the_engines_rows_runs_on_the_static_sampler(agents, 
   # Rows that hold the roots' executor calls, not the longer merge and child prompts.
   root = max(len(runner.executor_prompt(agents, WordFamily(), t, t.graph.node(i), ""))
              for t in waves for i in t.graph.topological_order() if not t.graph.parents(i))
-  monkeypatch.setattr(engine_run, "row_capacity", lambda *a: root + agents.max_new_tokens)
+  row = root + agents.max_new_tokens
+  monkeypatch.setattr(engine_run, "row_sizes", lambda *a: (row, row))
   with caplog.at_level("WARNING"):
     engine = engine_run.run(agents, WordFamily(), probs, graphs, experts, rparams, **call)
   assert essentials(engine) == essentials(waves)
@@ -185,3 +186,13 @@ def test_agents_on_a_mesh_of_several_devices_keep_the_wave_path(agents, monkeypa
   assert engine_run.run(on_mesh, WordFamily(), probs, graphs, None, None,
                         rng=jax.random.key(0), seed=5) == "waves"
   assert calls[0][0][2] == probs and calls[0][1]["seed"] == 5
+
+
+def test_the_pool_holds_every_slot_at_a_typical_size_and_one_full_row(agents):
+  bare = Agents(model=agents.model, lora=None, router=None, embed=None, max_new_tokens=6)
+  engine, routes = engine_run.build_engine(bare, None, {}, 4, 256, 64)
+  page = engine_run.PAGE_SIZE
+  assert engine.config.num_pages == 4 * 64 // page + 256 // page + 1 and routes == {}
+  # Rows that are all full-sized need no more than the default pool.
+  engine, _ = engine_run.build_engine(bare, None, {}, 2, 256, 256)
+  assert engine.config.num_pages == 2 * 256 // page + 1
