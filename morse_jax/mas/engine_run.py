@@ -61,9 +61,9 @@ def plan(agents: Agents, tasks: Sequence[runner.TaskOutcome], router_params, rng
   pick = np.random.default_rng(seed)
   waves = max(len(task.graph.waves()) for task in tasks)
   items = [runner.wave_items(tasks, w) for w in range(waves)]
-  flat = [node for wave in items for _, node in wave]
-  routes = iter(agents.greedy_routes(router_params, flat))
-  route_of = {(t, node.id): next(routes) for wave in items for t, node in wave}
+  # Per wave, as the wave path routes: the router's batch shapes, and so its sums, are its.
+  route_of = {(t, node.id): route for wave in items for (t, node), route in
+              zip(wave, agents.greedy_routes(router_params, [node for _, node in wave]))}
   out = {}
   for w, wave in enumerate(items):
     merges = 0
