@@ -16,7 +16,7 @@ from morse_jax.baselines import run as baselines
 from morse_jax.checkpoint.steps import Checkpoints, files_fingerprint, fingerprint
 from morse_jax.experiments import evaluation, experiment, plots, records
 from morse_jax.lora import embedders
-from morse_jax.mas import planner, runner
+from morse_jax.mas import engine_run, planner, runner
 from morse_jax.rl import distributed, metrics
 from morse_jax.rl.run import record, Run
 from morse_jax.tasks import humaneval, scicode
@@ -135,10 +135,11 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
                                 experiment.baseline_config(config), seed=config.seed,
                                 keep_prompts=prompts)
     else:
-      outcomes += runner.run(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],
-                             experts, router, rng=jax.random.key(config.seed),
-                             merge_mode=config.router.merge_experts, seed=config.seed,
-                             keep_prompts=prompts)
+      walk = engine_run.run if config.eval.get("engine", False) else runner.run
+      outcomes += walk(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],
+                       experts, router, rng=jax.random.key(config.seed),
+                       merge_mode=config.router.merge_experts, seed=config.seed,
+                       keep_prompts=prompts)
     # The records so far after every batch: a run stopped part way keeps what it finished.
     records.write(path, outcomes, prompts)
     print(f"{len(outcomes)}/{len(problems)} problems run, "

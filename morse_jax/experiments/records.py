@@ -8,7 +8,8 @@ token limit cut the reply) and what each call cost, not only the summary's rates
            limit), reward, passed, reason (the verifier's; None when passed), reply, code (what
            the verifier took; None: none found), details (the family's other details),
            merge_seconds / wave_seconds (the wave's merge and executor sampler calls, shared by
-           the wave's nodes; a new shape's first call includes compiling), score_seconds (this
+           the wave's nodes; on the engine (eval.engine) the node's own calls, submission to
+           reply; a new shape's first call includes compiling), score_seconds (this
            node's verifier), prompt (only on request)
   problem  problem_id, passed, steps_passed, steps, metrics (the family's)
 Fields `run` did not measure (outcomes of `runner.train`) are null."""

@@ -70,9 +70,9 @@ class Agents:
 
   def replies(self, prompts: Sequence[list[int]], expert_sets: Sequence[list[int]] | None,
               experts=None, *, rng: jax.Array, sampling: llm.SamplingConfig = llm.GREEDY,
-              max_new_tokens: int | None = None) -> list[Reply]:
+              max_new_tokens: int | None = None, row_keys=None) -> list[Reply]:
     """`generate` with what the sampler also reports: tokens generated and whether the token
-    limit, not a stop token, ended the reply."""
+    limit, not a stop token, ended the reply. row_keys: each row's own key (`llm.sample`)."""
     if not prompts:
       return []
     adapter = None
@@ -81,14 +81,14 @@ class Agents:
     limit = max_new_tokens or self.max_new_tokens
     settings = llm.GenerationSettings.for_model(self.model, limit, sampling)
     out = llm.sample(self.model, list(prompts), settings, rng=rng, mesh=self.mesh,
-                     adapter=adapter)
-    stops = {int(t) for t in self.model.stop_ids}
-    replies = []
-    for i in range(len(prompts)):
-      n = int(out.lengths[i])
-      cut = n >= limit and int(out.tokens[i, n - 1]) not in stops
-      replies.append(Reply(self.decode(out.tokens[i, :n]), n, cut))
-    return replies
+                     adapter=adapter, row_keys=row_keys)
+    return [self.reply(out.tokens[i, :int(out.lengths[i])], limit) for i in range(len(prompts))]
+
+  def reply(self, tokens, limit: int) -> Reply:
+    """A row's generated tokens (a final stop included) as a `Reply` under a limit of `limit`."""
+    n = len(tokens)
+    cut = n >= limit and int(tokens[n - 1]) not in {int(t) for t in self.model.stop_ids}
+    return Reply(self.decode(tokens), n, cut)
 
   def decode(self, ids) -> str:
     return self.model.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)

@@ -91,7 +91,7 @@ class TaskOutcome:
     return {i: (o.artifact if o.score.passed else None) for i, o in self.nodes.items()}
 
 
-def _node_dict(node: Subtask) -> dict[str, Any]:
+def node_dict(node: Subtask) -> dict[str, Any]:
   return node.to_dict()
 
 
@@ -113,7 +113,7 @@ def upstream(task: TaskOutcome, node_id: str) -> dict[str, str]:
           if task.nodes[i].score.passed}
 
 
-def _wave_items(tasks: Sequence[TaskOutcome], wave: int):
+def wave_items(tasks: Sequence[TaskOutcome], wave: int):
   return [(t, task.graph.node(i)) for t, task in enumerate(tasks)
           for i in (task.graph.waves()[wave] if wave < len(task.graph.waves()) else [])]
 
@@ -125,21 +125,37 @@ def _merge_inputs(agents: Agents, tasks: Sequence[TaskOutcome], items, merge_mod
   out = []
   for t, node in items:
     task, parents = tasks[t], node.depends_on
-    if not parents:
-      out.append(("", None))
-    elif len(parents) == 1:
-      parent = task.nodes[parents[0]]
-      out.append((parent.artifact if parent.score.passed else (
-          f"(missing: the result of '{task.graph.node(parents[0]).title}' failed verification)"),
-          None))
+    if len(parents) < 2:
+      out.append((parent_context(task, node), None))
     else:
-      shown = [(task.graph.node(p).title, task.artifacts()[p]) for p in parents]
-      draw = lambda: router_lib.merge_node_experts(
-          [task.nodes[p].subtask_experts for p in parents], merge_mode,
-          agents.router.top_k if agents.router else 0, rng)
-      out.append((None, (agents.tokens(prompts.merger(node, shown)),
-                         [draw() for _ in range(routes)])))
+      out.append((None, (merger_prompt(agents, task, node),
+                         [merge_experts(agents, [task.nodes[p].subtask_experts for p in parents],
+                                        merge_mode, rng) for _ in range(routes)])))
   return out
+
+
+def parent_context(task: TaskOutcome, node: Subtask) -> str:
+  """A node's context without a merge (at most one parent): "" or the parent's artifact, or a
+  note that it failed verification."""
+  if not node.depends_on:
+    return ""
+  [parent_id] = node.depends_on
+  parent = task.nodes[parent_id]
+  return parent.artifact if parent.score.passed else (
+      f"(missing: the result of '{task.graph.node(parent_id).title}' failed verification)")
+
+
+def merger_prompt(agents: Agents, task: TaskOutcome, node: Subtask) -> list[int]:
+  shown = [(task.graph.node(p).title, task.artifacts()[p]) for p in node.depends_on]
+  return agents.tokens(prompts.merger(node, shown))
+
+
+def merge_experts(agents: Agents, parent_experts, merge_mode: str,
+                  rng: np.random.Generator) -> list[int]:
+  """One draw of a merge node's 0-based subtask experts from its parents' (in random_subset
+  mode, `rng` is consumed: callers draw in wave order to get the same subsets)."""
+  return router_lib.merge_node_experts(parent_experts, merge_mode,
+                                       agents.router.top_k if agents.router else 0, rng)
 
 
 def merge_contexts(agents: Agents, tasks: Sequence[TaskOutcome], items, experts, merge_mode: str,
@@ -161,23 +177,23 @@ def reply_prefix(family: TaskFamily, problem: Problem, node: Subtask) -> str:
   """The start of the executor's reply that the family writes for the model (its optional
   `reply_prefix`): the prompt ends with it and the artifact begins with it."""
   prefix = getattr(family, "reply_prefix", None)
-  return prefix(problem, _node_dict(node)) if prefix else ""
+  return prefix(problem, node_dict(node)) if prefix else ""
 
 
-def _executor_prompt(agents, family, task: TaskOutcome, node: Subtask, context: str) -> list[int]:
+def executor_prompt(agents, family, task: TaskOutcome, node: Subtask, context: str) -> list[int]:
   tokens = agents.tokens(prompts.executor(task.problem.statement, node, context,
                                           family.executor_instructions(task.problem,
-                                                                       _node_dict(node))))
+                                                                       node_dict(node))))
   prefix = reply_prefix(family, task.problem, node)
   return tokens + agents.model.tokenizer.encode(prefix) if prefix else tokens
 
 
 def _executor_prompts(agents, family, tasks, items, contexts):
-  return [_executor_prompt(agents, family, tasks[t], node, contexts[k])
+  return [executor_prompt(agents, family, tasks[t], node, contexts[k])
           for k, (t, node) in enumerate(items)]
 
 
-def _finish(family: TaskFamily, tasks: Sequence[TaskOutcome]) -> list[TaskOutcome]:
+def finish(family: TaskFamily, tasks: Sequence[TaskOutcome]) -> list[TaskOutcome]:
   for task in tasks:
     task.score = family.score_problem(task.problem, task.artifacts())
   return list(tasks)
@@ -191,9 +207,8 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
   `NodeStats`; keep_prompts also keeps the executor prompt's text in them."""
   tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
   pick = np.random.default_rng(seed)
-  tokenizer = agents.model.tokenizer
   for wave in range(max(len(g.waves()) for g in graphs)):
-    items = _wave_items(tasks, wave)
+    items = wave_items(tasks, wave)
     merging = any(len(node.depends_on) > 1 for _, node in items)
     start = time.perf_counter()
     contexts = merge_contexts(agents, tasks, items, experts, merge_mode, pick)
@@ -206,21 +221,28 @@ def run(agents: Agents, family: TaskFamily, problems: Sequence[Problem],
                              sampling=sampling)
     wave_seconds = time.perf_counter() - start
     for k, (t, node) in enumerate(items):
-      start = time.perf_counter()
-      text = reply_prefix(family, tasks[t].problem, node) + replies[k].text
-      score = family.score_node(tasks[t].problem, _node_dict(node), text,
-                                upstream(tasks[t], node.id))
-      score_seconds = time.perf_counter() - start
-      stats = NodeStats(
-          wave=wave, prompt_tokens=len(token_prompts[k]),
-          context_tokens=len(tokenizer.encode(contexts[k])) if contexts[k] else 0,
-          generated_tokens=replies[k].tokens, cut=replies[k].cut, merge_seconds=merge_seconds,
-          wave_seconds=wave_seconds, score_seconds=score_seconds,
-          prompt=tokenizer.decode(token_prompts[k], skip_special_tokens=False)
-          if keep_prompts else None)
-      tasks[t].nodes[node.id] = NodeOutcome(node.id, list(routes[k]), contexts[k], text,
-                                            score, stats)
-  return _finish(family, tasks)
+      tasks[t].nodes[node.id] = node_outcome(
+          agents, family, tasks[t], node, routes[k], contexts[k], token_prompts[k], replies[k],
+          wave=wave, merge_seconds=merge_seconds, wave_seconds=wave_seconds,
+          keep_prompts=keep_prompts)
+  return finish(family, tasks)
+
+
+def node_outcome(agents: Agents, family: TaskFamily, task: TaskOutcome, node: Subtask,
+                 route: Sequence[int], context: str, prompt: list[int], reply, *, wave: int,
+                 merge_seconds: float, wave_seconds: float, keep_prompts: bool) -> NodeOutcome:
+  """A node's executor reply verified, with what was measured of it (`NodeStats`)."""
+  tokenizer = agents.model.tokenizer
+  start = time.perf_counter()
+  text = reply_prefix(family, task.problem, node) + reply.text
+  score = family.score_node(task.problem, node_dict(node), text, upstream(task, node.id))
+  stats = NodeStats(
+      wave=wave, prompt_tokens=len(prompt),
+      context_tokens=len(tokenizer.encode(context)) if context else 0,
+      generated_tokens=reply.tokens, cut=reply.cut, merge_seconds=merge_seconds,
+      wave_seconds=wave_seconds, score_seconds=time.perf_counter() - start,
+      prompt=tokenizer.decode(prompt, skip_special_tokens=False) if keep_prompts else None)
+  return NodeOutcome(node.id, list(route), context, text, score, stats)
 
 
 def _blocked_parent(task: TaskOutcome, node_id: str) -> str | None:
@@ -244,7 +266,7 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
   pick = np.random.default_rng(seed)
   history = []
   for wave in range(max(len(g.waves()) for g in graphs)):
-    items = _wave_items(tasks, wave)
+    items = wave_items(tasks, wave)
     if skip_blocked:
       live = []
       for t, node in items:
@@ -266,10 +288,10 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
                                                   merge_mode, pick)]
     merge_texts: dict[int, dict[int, str]] = {}  # item -> executor row in the node -> merge
 
-    def executor_prompt(k, j, merge_tokens):
+    def merged_prompt(k, j, merge_tokens):
       t, node = items[k]
       merge_texts.setdefault(k, {})[j] = text = agents.decode(merge_tokens)
-      return _executor_prompt(agents, family, tasks[t], node, text)
+      return executor_prompt(agents, family, tasks[t], node, text)
 
     # A fixed mixture has the role expert only, nothing to route.
     embeddings = agents.embeddings([node for _, node in items]) if agents.router else None
@@ -277,11 +299,11 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
     for k, ((t, node), (context, merge)) in enumerate(zip(items, inputs)):
       route = dict(experts=[]) if embeddings is None else dict(embedding=embeddings[k])
       if merge is None:
-        nodes.append(TrainNode(prompt=_executor_prompt(agents, family, tasks[t], node, context),
+        nodes.append(TrainNode(prompt=executor_prompt(agents, family, tasks[t], node, context),
                                role="execute", **route))
       else:
         nodes.append(TrainNode(role="execute", merge=MergeCall(
-            merge[0], merge[1], functools.partial(executor_prompt, k)), **route))
+            merge[0], merge[1], functools.partial(merged_prompt, k)), **route))
     scored: dict[int, tuple[str, NodeScore]] = {}
 
     def reward_fn(rollout):
@@ -290,7 +312,7 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
         k = rollout.node_of_row(r)
         t, node = items[k]
         text = reply_prefix(family, tasks[t].problem, node) + agents.decode(completion)
-        score = family.score_node(tasks[t].problem, _node_dict(node), text,
+        score = family.score_node(tasks[t].problem, node_dict(node), text,
                                   upstream(tasks[t], node.id))
         scored[r] = (text, score)
         out.append(score.reward)
@@ -311,4 +333,4 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
     metrics["wave"] = wave
     metrics["best_candidate_pass"] = passed / len(items)
     history.append(metrics)
-  return state, _finish(family, tasks), history
+  return state, finish(family, tasks), history

@@ -346,7 +346,7 @@ def test_reply_prefix_ends_the_prompt_and_starts_the_artifact(agents, monkeypatc
   out = runner.run(bare, family, probs[:1], single, None, None, rng=jax.random.key(0))
   prefix = bare.model.tokenizer.encode("w50 w51 ")
   assert seen[0][-len(prefix):] == prefix
-  assert seen[0][:-len(prefix)] == runner._executor_prompt(
+  assert seen[0][:-len(prefix)] == runner.executor_prompt(
       bare, WordFamily(), out[0], single[0].nodes[0], "")
   assert out[0].nodes["1"].artifact == "w50 w51 w52"
   assert family.calls[0][3] == pytest.approx(2 / 3)  # scored with the prefix: w50, w52 even

@@ -52,7 +52,7 @@ def executor_prompt(name, text):
   task, ag = diamond(text), agents(name)
   [(context, _)] = runner._merge_inputs(ag, [task], [(0, task.graph.node("b"))], "union",
                                         np.random.default_rng(0))
-  return runner._executor_prompt(ag, Family(), task, task.graph.node("b"), context)
+  return runner.executor_prompt(ag, Family(), task, task.graph.node("b"), context)
 
 
 def planner_retry_prompt(name, text):
