@@ -29,6 +29,16 @@ def _sandbox_for_tests():
 _sandbox_for_tests()
 
 
+@pytest.fixture(autouse=True)
+def _isolation_chosen_in_code_is_per_test():
+  """`experiment.check` of a config with `verifier.isolation` chooses the isolation for the whole
+  process (`sandbox.set_isolation`); one test's choice must not run the next test's code."""
+  from morse_jax.execution import sandbox  # pylint: disable=import-outside-toplevel
+
+  yield
+  sandbox.set_isolation(None)
+
+
 @pytest.fixture(scope="session")
 def hf_folders(tmp_path_factory):
   """family -> (folder of a saved tiny random transformers model, the torch model)."""

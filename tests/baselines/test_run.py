@@ -17,7 +17,6 @@ from morse_jax.mas.agents import Reply
 def config(variant="macnet", **baseline):
   c = common.apply(common.base(), f"{variant},qwen25_coder_15b,cpu", "humaneval")
   c.baseline.update(baseline)
-  c.verifier.isolation = "reduced"
   return c
 
 

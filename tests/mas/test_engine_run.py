@@ -83,6 +83,7 @@ def test_the_engine_walk_gives_the_wave_paths_outcomes(agents, weights, merge_mo
   assert len(replies) > 5  # the replies differ: the comparison is not between empty texts
 
 
+@pytest.mark.slow  # 18 s: the experts' case above covers the same walk
 def test_the_bare_backbone_runs_on_the_engine_too(agents):
   bare = Agents(model=agents.model, lora=None, router=None, embed=None, max_new_tokens=6)
   probs, graphs = batch()
@@ -141,6 +142,7 @@ def test_a_task_advances_while_another_tasks_slow_node_runs(agents, monkeypatch)
   assert [n.stats.wave for n in out[0].nodes.values()] == [0, 1, 2]
 
 
+@pytest.mark.slow  # 14 s: a static sampler compile of its own
 def test_a_call_longer_than_the_engines_rows_runs_on_the_static_sampler(agents, weights,
                                                                         monkeypatch, caplog):
   experts, rparams = weights
