@@ -16,6 +16,7 @@ import jax
 import pytest
 
 from apex_jax.agents import AgentConfig, Distiller, Executor, Planner, run_episode
+from apex_jax.baselines import Parts, expel, run_system
 from apex_jax.judges import (AlignJudge, Candidate, LlmJudge, NoGtJudge, SkillItem, SkillJudge,
                              serving)
 from apex_jax.judges.inprocess import Completion, InProcessChat
@@ -204,3 +205,29 @@ def test_raw_completions_parse_the_callers_templated_prompt(chat_server):
   n, prompt = post(chat_server, "/v1/completions", {"prompt": PROBE})
   assert prompt == tok.hf.encode(PROBE, add_special_tokens=False) and n == len(prompt)
   assert len(specials(tok, prompt)) == 3
+
+
+@functools.lru_cache(maxsize=None)
+def baseline_prompts(system, name, text, folder):
+  """The token prompts of one `system` episode (apex_jax.baselines) whose bank's memories,
+  questions, plans and rules carry `text` (RAG's trajectories, ExpeL's rules, Memento's cases)."""
+  folder.mkdir(parents=True)
+  bank = MemoryBank(str(folder / "m.db"), HashEmbedder(), config=MemoryConfig())
+  for i in range(4):
+    bank.add(f"where is {text} {i}", f"1. search {text}", i % 2 == 0, category=expel.OTHERS)
+  replies = lambda module, prompt, call: ("<think>w</think>Plan: search" if module == "planner"
+                                          else "<think>t</think><answer>x</answer>")
+  gen = fakes.ScriptedGenerator(replies, tok=tokenizer(name))
+  run_system(system, Parts(gen, Searcher(text), AgentConfig(), bank), [f"where is {text}"],
+             rng=RNG)
+  bank.close()
+  return gen.prompts
+
+
+@pytest.mark.parametrize("name", CHATML[:1])
+@pytest.mark.parametrize("system", ["rag", "expel", "memento"])
+def test_baseline_prompts_hold_retrieved_memories_as_text(name, system, tmp_path_factory):
+  tmp = tmp_path_factory.getbasetemp() / "text_is_text_baselines"
+  probe = baseline_prompts(system, name, PROBE, tmp / f"{system}-{name}-probe")
+  benign = baseline_prompts(system, name, BENIGN, tmp / f"{system}-{name}-benign")
+  assert_text_is_text(tokenizer(name), probe, benign, SPELLED)
