@@ -21,6 +21,11 @@ A row's draws use `fold_in(its key, tokens generated so far)`, as `sampling.samp
 so a request's samples do not depend on arrival order, slot or the rows around it; greedy rows
 give `sample`'s tokens (tested, up to float near-ties between two summation orders).
 
+Qwen2.5-VL: an engine built on a `vl.VlModel` takes requests with `images` (`engine_images`):
+the tower runs at a request's first prefill chunk, each chunk puts its image tokens in place of
+the image pads and rotates by the prompt's three position streams, and decoding rotates each row
+at slot + its rope delta. A text model's engine runs the programs it ran before.
+
 Errors: bad requests are refused at submission naming the field and value; a device call that
 fails fails the requests it carried; a row whose log-prob comes back non-finite (a NaN route)
 fails alone, the others go on.
@@ -38,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from morse_jax.llm import engine_steps, fused_decode, paged
+from morse_jax.llm import engine_images, engine_steps, fused_decode, paged, vl
 from morse_jax.llm.bundle import Model
 from morse_jax.llm.pages import TRASH_PAGE, PageAllocator
 from morse_jax.llm.paged import PagedRows
@@ -114,6 +119,8 @@ class Request:
   route: this row of the engine adapter's per-row data (`Adapter.row_data` without the row
     axis, e.g. a `lora.Routes` of [e] ids and weights; `routes_of` splits an adapter's rows);
     required when the engine has an adapter, refused when it has none.
+  images: Qwen2.5-VL only: the prompt's images in order, each normalised [3, H, W]
+    (`vision.normalize`), as many image pad tokens in the prompt as they take.
   """
 
   prompt: Sequence[int]
@@ -122,6 +129,7 @@ class Request:
   stop_ids: Sequence[int] | None = None
   rng: jax.Array | None = None
   route: Any = None
+  images: Sequence[np.ndarray] = ()
 
 
 @dataclasses.dataclass
@@ -191,6 +199,7 @@ class _Row:
   route: list | None  # leaves of the row's route
   reserved: int  # pages it may still allocate
   order: int  # admission order: prefill goes oldest first
+  images: engine_images.RowImages | None  # a VL engine's row: its streams, rope delta, images
   state: str = "prefill"  # "prefill", "wait" (a group member before its leader's prompt), "decode"
   prefilled: int = 0
   length: int = 0  # tokens in the pool
@@ -206,7 +215,11 @@ class _Row:
 class Engine:
   """S slots over a paged KV cache; see the module docstring."""
 
-  def __init__(self, model: Model, config: EngineConfig = EngineConfig(), *, adapter=None):
+  def __init__(self, model: Model | vl.VlModel, config: EngineConfig = EngineConfig(), *,
+               adapter=None):
+    # A VL model: its language model runs the programs, the tower runs per request.
+    self.vl = model if isinstance(model, vl.VlModel) else None
+    model = model.text if self.vl is not None else model
     mc = model.config
     if config.max_len > mc.max_position_embeddings:
       raise ValueError(f"EngineConfig.max_len {config.max_len} is more than the model's "
@@ -246,6 +259,7 @@ class Engine:
       raise ValueError(f"submit_group: n must be an int in [1, {self.config.slots}] (the "
                        f"engine's slots), got {n!r}")
     prompt, stops, route, key = self._check(request)
+    images = self._images(request, prompt)
     if n > 1:
       keys = [jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(key), j))
               for j in range(n)]
@@ -253,8 +267,17 @@ class Engine:
     else:
       key_data = [key]
     handles = [Handle(self, request, k) for k in key_data]
-    self.waiting.append((prompt, stops, route, handles))
+    self.waiting.append((prompt, stops, route, handles, images))
     return handles
+
+  def _images(self, request: Request, prompt: np.ndarray):
+    """A VL engine's `RowImages` of the request; images refused by a text model's engine."""
+    if self.vl is None:
+      if len(request.images):
+        raise ValueError(f"Request.images: {len(request.images)} image(s) given, but the "
+                         f"engine's model has no vision tower (a Qwen2.5-VL model takes them)")
+      return None
+    return engine_images.prepare(self.vl, prompt, request.images)
 
   def _check(self, request: Request):
     vocab = self.model.config.vocab_size
@@ -337,16 +360,18 @@ class Engine:
       pass
 
   def generate(self, prompts: Sequence[Sequence[int]], settings: GenerationSettings, *,
-               rng: jax.Array, routes: Sequence | None = None,
-               row_keys=None) -> SampleOutput:
+               rng: jax.Array, routes: Sequence | None = None, row_keys=None,
+               images: Sequence[Sequence[np.ndarray]] | None = None) -> SampleOutput:
     """`sampling.sample`'s call on the engine: same settings, rows, keys (row i draws with
-    fold_in(rng, i) or row_keys[i]) and output layout (pad_id after the end)."""
+    fold_in(rng, i) or row_keys[i]) and output layout (pad_id after the end); `images`: each
+    prompt's (a VL engine's), as `vl_sampling.sample` takes them."""
     handles = []
     for i, prompt in enumerate(prompts):
       key = jax.random.fold_in(rng, i) if row_keys is None else row_keys[i]
       handles.append(self.submit(Request(prompt, settings.max_new_tokens, settings.sampling,
                                          settings.eos_ids, key,
-                                         None if routes is None else routes[i])))
+                                         None if routes is None else routes[i],
+                                         () if images is None else images[i])))
     self.run()
     n, new = len(prompts), settings.max_new_tokens
     tokens = np.full((n, new), settings.pad_id, np.int32)
@@ -380,7 +405,7 @@ class Engine:
   def _admit(self) -> None:
     psize = self.config.page_size
     while self.waiting:
-      prompt, stops, route, handles = self.waiting[0]
+      prompt, stops, route, handles, images = self.waiting[0]
       free = [i for i, r in enumerate(self.slots) if r is None]
       n = len(handles)
       if len(free) < n:
@@ -395,7 +420,7 @@ class Engine:
       rows = []
       for j, (slot, handle) in enumerate(zip(free, handles)):
         row = _Row(handle, prompt, stops, route, worst if j == 0 else worst - shared,
-                   self._admitted, "prefill" if j == 0 else "wait")
+                   self._admitted, images, "prefill" if j == 0 else "wait")
         self._admitted += 1
         self.slots[slot] = row
         rows.append(row)
@@ -486,7 +511,8 @@ class Engine:
     self.pool, self.pending = engine_steps.prefill(
         self.model.params, self.fused, self._adapter_for(rows, r), self.pool, self.pending,
         self._slot_index(rows, r), tokens, PagedRows(self._table(rows, r), start, count), last,
-        config=self.model.config, block_pages=cfg.block_pages)
+        *self._image_chunk(rows, chunks, r, t), config=self.model.config,
+        block_pages=cfg.block_pages)
     self.stats["prefill_calls"] += 1
     self.stats["prefill_computed"] += r * t
     self.stats["prefill_tokens"] += sum(chunks)
@@ -497,6 +523,16 @@ class Engine:
         row.state = "decode"
         if row.members:
           self._fork(row)
+
+  def _image_chunk(self, rows: list[_Row], chunks: list[int], r: int, t: int) -> tuple:
+    """A VL engine's (rope, image) for the chunk (the tower run for rows starting); ()."""
+    if self.vl is None:
+      return ()
+    for row in rows:
+      engine_images.ensure_features(self.vl, row.images)
+    return engine_images.chunk_inputs(
+        [(row.images, row.prefilled, c) for row, c in zip(rows, chunks)], r, t,
+        self.model.config.hidden_size)
 
   def _fork(self, leader: _Row) -> None:
     """The leader's prompt into its members' tables: full pages shared, the last one copied."""
@@ -548,9 +584,14 @@ class Engine:
     # Host arrays go to the program as they are (keys as their data, wrapped inside it): a
     # jnp.asarray per array compiled a small program per shape.
     settings = engine_steps.RowSettings(keys, temperature, top_p, top_k, stops, budget)
+    offset = None
+    if self.vl is not None:
+      offset = np.zeros((r,), np.int32)
+      offset[:len(rows)] = [row.images.delta for row in rows]
     self.pool, self.pending, out = engine_steps.decode(
         self.model.params, self.fused, self._adapter_for(rows, r), self.pool, self.pending,
-        self._slot_index(rows, r), active, self._table(rows, r), length, generated, settings, config=self.model.config, steps=cfg.steps_per_call,
+        self._slot_index(rows, r), active, self._table(rows, r), length, generated, settings,
+        offset, config=self.model.config, steps=cfg.steps_per_call,
         block_pages=cfg.block_pages)
     out = jax.device_get(out)
     emitted = (out.tokens >= 0).sum(axis=1)

@@ -152,13 +152,17 @@ def _layer(x, lp, lora, adapter, project, config: LlmConfig, cos, sin, pool: Pag
 
 
 def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, pool: PagePool, *,
-                  adapter=None, fused=None, block_pages: int = 16):
+                  adapter=None, fused=None, block_pages: int = 16, rope=None, image=None):
   """tokens [b, t] (each row's `rows.count` real tokens first) through the decoder over pages;
   (logits [b, v] float32 at each row's last real token, the pool with this pass's k and v).
 
   fused: `fused_decode.decode_layers(params.layers)` (made once by the engine: the CPU layout),
     or None to read the stored stacked layers. Layers run in a Python loop, each writing its
-    layer of the pool, as `fused_decode.run_layers` does."""
+    layer of the pool, as `fused_decode.run_layers` does.
+  rope: the rotary positions, [b, t] or Qwen2.5-VL's three streams [b, 3, t]; None: the slots
+    (a text model's). The slots still say where k / v go and what each query sees.
+  image: (features [b, t, d], is_image [b, t] bool): the vision tower's tokens replacing the
+    image pad tokens' embeddings."""
   b, t = tokens.shape
   psize = pool.page_size
   idx = jnp.arange(t)
@@ -167,8 +171,12 @@ def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, po
   entry = jnp.clip(positions // psize, 0, rows.pages.shape[1] - 1)
   page = jnp.where(real, jnp.take_along_axis(rows.pages, entry, axis=1), TRASH_PAGE)
   where = (page, positions % psize)
-  cos, sin = model._rope_tables(positions, config)
+  rope = positions if rope is None else rope if rope.ndim == 2 else jnp.moveaxis(rope, 1, 0)
+  cos, sin = model._rope_tables(rope, config)
   x = jnp.take(params.embed, tokens, axis=0)
+  if image is not None:
+    features, is_image = image
+    x = jnp.where(is_image[..., None], features.astype(x.dtype), x)
   project = model.STORED if fused is None else fused_decode.FUSED
   for i in range(config.num_layers):
     lp = jax.tree.map(lambda a: a[i], params.layers) if fused is None else fused[i]
