@@ -8,9 +8,9 @@
 
 On one device the rows run on the generation engine (`llm.engine`: a slot per row, a paged
 cache); over a mesh on `llm.sample`, the static sampler, until the engine shards its pool. A
-Qwen2.5-VL folder (model_type qwen2_5_vl) runs on `vl_sampling.sample` (the static sampler, over
-the mesh when given), every prompt with the `--image` files before its text (a file that is not a
-readable image is refused by name).
+Qwen2.5-VL folder (model_type qwen2_5_vl) runs on the engine too (the tower once per row), over a
+mesh on `vl_sampling.sample`, every prompt with the `--image` files before its text (a file that
+is not a readable image is refused by name).
 """
 
 from __future__ import annotations

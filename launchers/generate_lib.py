@@ -1,7 +1,8 @@
 """What `launchers.generate` runs, apart from its flags so that tests import it beside other
 launchers (absl flags are process-wide): its default tiny random model and the sampler it picks
 (the engine on one device, `llm.sample` over a larger mesh), and for a Qwen2.5-VL folder with
-`--image` files the images read and the prompts and sampler with them."""
+`--image` files the images read and the prompts and sampler with them (the engine with images on
+one device, `vl_sampling.sample` over a larger mesh)."""
 
 from __future__ import annotations
 
@@ -28,17 +29,23 @@ def sampler(model, rows, settings, mesh):
   """rng -> SampleOutput for `rows`: the engine on one device (row i draws with fold_in(rng, i),
   as `llm.sample`), `llm.sample` over a larger mesh."""
   from morse_jax import llm
-  from morse_jax.llm.engine import Engine, EngineConfig
+  from morse_jax.llm.engine import Engine
 
   if mesh.size > 1:
     return lambda rng: llm.sample(model, rows, settings, rng=rng, mesh=mesh)
+  engine = Engine(model, engine_config(rows, settings, model.config.max_position_embeddings))
+  return lambda rng: engine.generate(rows, settings, rng=rng)
+
+
+def engine_config(rows, settings, max_positions: int):
+  """An engine with a slot per row, each as long as the longest row needs (one pool and
+  compiled programs for both of `report`'s calls)."""
+  from morse_jax.llm.engine import EngineConfig
+
   page = 16
   longest = max(map(len, rows)) + settings.max_new_tokens
-  config = EngineConfig(slots=len(rows), max_len=min(-(-longest // page) * page,
-                                                     model.config.max_position_embeddings),
-                        page_size=page)
-  engine = Engine(model, config)  # one pool and compiled programs for both calls
-  return lambda rng: engine.generate(rows, settings, rng=rng)
+  return EngineConfig(slots=len(rows), max_len=min(-(-longest // page) * page, max_positions),
+                      page_size=page)
 
 
 def is_vl_folder(path: str) -> bool:
@@ -80,10 +87,14 @@ def vl_prompt(model, prompt, n_images: int, rng) -> list[int]:
 
 
 def vl_sampler(model, rows, images, settings, mesh=None):
-  """rng -> SampleOutput of `vl_sampling.sample` (the static sampler; the engine takes no images
-  yet): every row with the same `images`; over `mesh` when it has more than one device."""
+  """rng -> SampleOutput, every row with the same `images`: the engine on one device,
+  `vl_sampling.sample` (the static sampler) over `mesh` when it has more than one device."""
   from morse_jax.llm import vl_sampling
+  from morse_jax.llm.engine import Engine
 
   per_row = [images] * len(rows)
-  mesh = mesh if mesh is not None and mesh.size > 1 else None
-  return lambda rng: vl_sampling.sample(model, rows, per_row, settings, rng=rng, mesh=mesh)
+  if mesh is not None and mesh.size > 1:
+    return lambda rng: vl_sampling.sample(model, rows, per_row, settings, rng=rng, mesh=mesh)
+  positions = model.config.text.max_position_embeddings
+  engine = Engine(model, engine_config(rows, settings, positions))
+  return lambda rng: engine.generate(rows, settings, rng=rng, images=per_row)

@@ -1,5 +1,6 @@
 """`launchers.generate --image=FILE` with a tiny Qwen2.5-VL folder the test writes: the printed
-rows are `vl_sampling.sample`'s for the same prompts and images; bad images refused by name."""
+rows (the engine's, on one device) are `vl_sampling.sample`'s for the same prompts and images;
+bad images refused by name."""
 
 import os
 import re
@@ -62,6 +63,26 @@ def test_generate_with_images_prints_the_vl_samplers_rows(vl_folder, tmp_path):
   settings = llm.GenerationSettings.for_model(model.text, 4, llm.GREEDY)
   want = vl_sampling.sample(model, rows, [images] * 2, settings, rng=jax.random.key(1))
   assert printed == want.tokens.tolist()
+
+
+def test_vl_sampler_on_one_device_is_the_engine(vl_folder, monkeypatch):
+  """The rows the launcher prints come from `Engine.generate` with the images (the static
+  sampler, made to fail here, is not called), equal to the static sampler's."""
+  from morse_jax.llm import engine as engine_lib
+
+  model = vl.load(vl_folder[0])
+  images = [np.random.RandomState(0).randn(3, 448, 448).astype(np.float32)]
+  rows = [generate_lib.vl_prompt(model, p, 1, np.random.RandomState(1)) for p in ("x", "y")]
+  settings = llm.GenerationSettings.for_model(model.text, 3, llm.GREEDY)
+  want = vl_sampling.sample(model, rows, [images] * 2, settings, rng=jax.random.key(0))
+  calls = []
+  real = engine_lib.Engine.generate
+  monkeypatch.setattr(engine_lib.Engine, "generate",
+                      lambda self, *a, **k: calls.append(k["images"]) or real(self, *a, **k))
+  monkeypatch.setattr(vl_sampling, "sample", None)
+  out = generate_lib.vl_sampler(model, rows, images, settings)(jax.random.key(0))
+  np.testing.assert_array_equal(out.tokens, want.tokens)
+  assert len(calls) == 1 and [len(i) for i in calls[0]] == [1, 1]
 
 
 @pytest.mark.parametrize("case", ["undecodable", "not_vl"])
