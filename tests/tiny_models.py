@@ -115,10 +115,10 @@ VL_TOKENS = dict(image_token_id=120, video_token_id=121, vision_start_token_id=1
                  vision_end_token_id=123)
 
 
-def vl_hf_config(**vision_overrides):
+def vl_hf_config(vocab_size: int = VL_VOCAB, tokens: dict = VL_TOKENS, **vision_overrides):
   from transformers import Qwen2_5_VLConfig
 
-  text = dict(vocab_size=VL_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+  text = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
               bos_token_id=None, eos_token_id=None, initializer_range=0.2,
               rope_parameters=dict(rope_type="default", rope_theta=10000.0,
@@ -127,16 +127,17 @@ def vl_hf_config(**vision_overrides):
              window_size=112, fullatt_block_indexes=[1], patch_size=14, spatial_merge_size=2,
              temporal_patch_size=2, initializer_range=0.2, **vision_overrides)
   return Qwen2_5_VLConfig(text_config=text, vision_config=vis, initializer_range=0.2,
-                          **VL_TOKENS)
+                          **tokens)
 
 
-def make_torch_vl_model(seed: int = 0, **vision_overrides):
+def make_torch_vl_model(seed: int = 0, config=None, **vision_overrides):
   """A random Qwen2_5_VLForConditionalGeneration, norms and biases randomised too."""
   import torch
   from transformers import Qwen2_5_VLForConditionalGeneration
 
   torch.manual_seed(seed)
-  model = Qwen2_5_VLForConditionalGeneration(vl_hf_config(**vision_overrides)).eval()
+  config = config or vl_hf_config(**vision_overrides)
+  model = Qwen2_5_VLForConditionalGeneration(config).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
       if "norm" in name or "ln_q" in name or "bias" in name:
@@ -148,3 +149,33 @@ def save_hf_vl_model(folder: str, seed: int = 0, **vision_overrides):
   model = make_torch_vl_model(seed, **vision_overrides)
   model.save_pretrained(folder)
   return folder, model
+
+
+# Qwen2.5-VL-7B-Instruct's chat template (tokenizer_config.json), its video branch and
+# add_vision_id left out: an image part is <|vision_start|><|image_pad|><|vision_end|>.
+VL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content %}"
+    "{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def save_hf_vl_chat_model(folder: str, seed: int = 0) -> str:
+  """A tiny random Qwen2.5-VL folder with a chat tokenizer (the byte tokenizer, Qwen2.5-VL's
+  vision tokens and image template): what the chat server loads."""
+  tok = make_byte_tokenizer()
+  names = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+  tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *names]})
+  tok.chat_template = VL_TEMPLATE
+  ids = tok.convert_tokens_to_ids(list(names))
+  tokens = dict(vision_start_token_id=ids[0], image_token_id=ids[1], vision_end_token_id=ids[2],
+                video_token_id=ids[3])
+  config = vl_hf_config(vocab_size=len(tok), tokens=tokens)
+  config.eos_token_id = tok.eos_token_id
+  make_torch_vl_model(seed, config).save_pretrained(folder)
+  tok.save_pretrained(folder)
+  return folder

@@ -17,6 +17,9 @@ as `Engine.submit_group` does): a function of the seed, the prompt index and the
 whatever else runs. Without one, from the route's seed and call counter
 (`InProcessChat.call_key`).
 
+Images: a request's `image_url` parts (`ChatRequest.images`, on a Qwen2.5-VL chat) go with its
+engine request, normalised for the tower.
+
 Errors: a request the engine refuses at submission fails alone; a device call that fails fails
 the requests whose rows it carried (`Engine._guarded`); anything else that goes wrong in a step
 fails that engine's requests and the engine is built afresh for the next ones. The server keeps
@@ -31,7 +34,7 @@ import logging
 
 import jax
 
-from morse_jax.llm import SamplingConfig
+from morse_jax.llm import SamplingConfig, vision
 from morse_jax.llm.engine import Engine, EngineConfig, Request, routes_of
 from morse_jax.lora.experts import make_adapter
 from morse_jax.serving.http import QueueWorker, settle
@@ -69,7 +72,7 @@ def build_engine(chat: InProcessChat, slots: int, cache_tokens: int,
     r = chat.route
     adapter = make_adapter(r.experts, r.lora, chat.model.config, [list(r.expert_ids)], r.kernel)
     route = routes_of(adapter)[0]
-  return Engine(chat.model, config, adapter=adapter), route
+  return Engine(chat.vl or chat.model, config, adapter=adapter), route
 
 
 def submit_choices(engine: Engine, request: Request, n: int) -> list:
@@ -185,7 +188,8 @@ class EngineBatcher(QueueWorker):
       rng = (seeded_keys(job.req.seed, job.tag, 1)[0] if job.req.seed is not None
              else job.chat.call_key())
       sampling = SamplingConfig(temperature=float(job.req.temperature), top_p=float(job.req.top_p))
-      request = Request(job.prompt, job.req.max_tokens, sampling, None, rng, route)
+      images = [vision.normalize(pixels) for _, pixels in job.req.images]
+      request = Request(job.prompt, job.req.max_tokens, sampling, None, rng, route, images)
       n = job.req.n
       job.handles = submit_choices(engine, request, n)
     except Exception as e:  # noqa: BLE001 -- refused at submission: this request alone fails

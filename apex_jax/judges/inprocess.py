@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from morse_jax import llm
+from morse_jax.llm import vision
+from morse_jax.llm import vl as vl_lib
 from morse_jax.lora.experts import ExpertWeights, LoraConfig, make_adapter
 from apex_jax.judges.chat import JudgeError, JudgeRequestError
 
@@ -60,16 +62,23 @@ def turn_key(row_key: jax.Array, offset: int) -> jax.Array:
   return jax.random.fold_in(row_key, offset)
 
 
-def check_messages(messages) -> list[dict]:
-  """A chat as a list of {"role": str, "content": str}; JudgeRequestError naming what is wrong."""
+def check_messages(messages, parts: bool = False) -> list[dict]:
+  """A chat as a list of {"role": str, "content": str}; JudgeRequestError naming what is wrong.
+  parts: a content may also be a list of {"type": "text", "text": str} and {"type": "image"}
+  parts (the HF chat form of a message with images)."""
   if not isinstance(messages, list) or not messages:
     raise JudgeRequestError(f"messages must be a non-empty list, got {str(messages)[:60]}")
   for i, m in enumerate(messages):
     if not isinstance(m, dict):
       raise JudgeRequestError(f"messages[{i}] must be an object, got {type(m).__name__}")
-    for key in ("role", "content"):
-      if not isinstance(m.get(key), str):
-        raise JudgeRequestError(f"messages[{i}].{key} must be a string, got {m.get(key)!r:.40}")
+    if not isinstance(m.get("role"), str):
+      raise JudgeRequestError(f"messages[{i}].role must be a string, got {m.get('role')!r:.40}")
+    content = m.get("content")
+    if not (isinstance(content, str) or parts and isinstance(content, list) and all(
+        p == {"type": "image"} or isinstance(p, dict) and p.get("type") == "text"
+        and isinstance(p.get("text"), str) and len(p) == 2 for p in content)):
+      what = "a string or a list of text and image parts" if parts else "a string"
+      raise JudgeRequestError(f"messages[{i}].content must be {what}, got {content!r:.40}")
   return messages
 
 
@@ -85,9 +94,12 @@ class InProcessChat:
   """`complete` / `complete_many` on a model in this process (thread-safe; calls run one at a
   time). Sampling keys come from `seed` and a call counter, so a run is reproducible."""
 
-  def __init__(self, model: llm.Model, adapter_route: AdapterRoute | None = None, *,
-               seed: int = 0, max_context: int | None = None, mesh=None,
+  def __init__(self, model: llm.Model | vl_lib.VlModel, adapter_route: AdapterRoute | None = None,
+               *, seed: int = 0, max_context: int | None = None, mesh=None,
                chat_template_kwargs: dict | None = None):
+    # A Qwen2.5-VL model: its language model runs the text; its images go to the engine.
+    self.vl = model if isinstance(model, vl_lib.VlModel) else None
+    model = model.text if self.vl is not None else model
     if model.tokenizer is None:
       raise ValueError("InProcessChat: the model was loaded without a tokenizer")
     self.model, self.route, self.mesh = model, adapter_route, mesh
@@ -97,14 +109,36 @@ class InProcessChat:
     self._calls = itertools.count()
     self._lock = threading.Lock()
 
-  def prompt_tokens(self, messages, chat_template_kwargs: dict | None = None) -> list[int]:
-    messages = check_messages(messages)
+  def prompt_tokens(self, messages, chat_template_kwargs: dict | None = None,
+                    images: int = 0) -> list[int]:
+    """The chat's prompt ids. images: how many {"type": "image"} parts the messages hold (a VL
+    model's): the template's image pad for each is expanded to a 448 x 448 image's tokens."""
+    messages = check_messages(messages, parts=images > 0)
     kwargs = {**self.chat_template_kwargs, **(chat_template_kwargs or {})}
     try:
-      return self.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      **kwargs)
+      ids = self.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     **kwargs)
     except Exception as e:  # noqa: BLE001 -- jinja and tokenizer errors come in many types
       raise JudgeRequestError(f"chat template failed: {type(e).__name__}: {e}") from None
+    return self._expand_images(ids, images) if images else ids
+
+  def _expand_images(self, ids: list[int], images: int) -> list[int]:
+    """As Qwen2.5-VL's processor: each image pad the template wrote becomes the image's
+    merged tokens (256 for 448 x 448)."""
+    if self.vl is None:
+      raise JudgeRequestError(f"{images} image(s) given, but this model takes no images (a "
+                              f"text-only model; a Qwen2.5-VL folder does)")
+    config = self.vl.config
+    written = ids.count(config.image_token_id)
+    if written != images:
+      raise JudgeRequestError(f"the chat template wrote {written} image pad tokens for "
+                              f"{images} image(s): it must render {{'type': 'image'}} parts as "
+                              f"Qwen2.5-VL's template does")
+    per_image = config.image_tokens(vision.image_grid(config.vision))
+    out = []
+    for token in ids:
+      out += [token] * per_image if token == config.image_token_id else [token]
+    return out
 
   def check_length(self, prompt: Sequence[int], max_tokens: int) -> None:
     if not isinstance(max_tokens, int) or max_tokens < 1:

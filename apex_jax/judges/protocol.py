@@ -23,6 +23,8 @@ import math
 
 from morse_jax.serving.http import HttpLimits, check_text, describe, load_json
 
+from apex_jax.tools import images as images_lib
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4
 MAX_STOP_CHARS = 256
@@ -74,6 +76,9 @@ class ChatRequest:
   include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
   prompts: tuple[str, ...] = ()  # /v1/completions: the plain-text prompts (no chat template)
   seed: int | None = None  # reproducible samples (a signed 64-bit integer, as vLLM's)
+  # `image_url` parts in message order: (field, uint8 [448, 448, 3]); their messages' content
+  # is then a list of {"type": "text", "text"} and {"type": "image"} parts (the HF chat form)
+  images: tuple = ()
 
 
 # OpenAI's chat/completions request fields this server does not implement, with the value(s)
@@ -161,24 +166,57 @@ def _seed(req: dict) -> int | None:
   return _integer(req, "seed", None, 2**63 - 1, low=-2**63)
 
 
-def _content(value, where: str) -> str:
-  """A message's content: a string, or OpenAI's list of {"type": "text", "text"} parts."""
+def _content(value, where: str, images: list) -> str | list[dict]:
+  """A message's content: a string, or OpenAI's list of {"type": "text", "text"} and
+  {"type": "image_url", "image_url": {"url": data URL}} parts; text only: the joined text, else
+  the parts (each image decoded into `images` as (field, pixels))."""
   if isinstance(value, str):
     return _text(value, f"{where}.content", "messages")
   if isinstance(value, list):
-    texts = []
+    parts = []
     for j, part in enumerate(value):
+      field = f"{where}.content[{j}]"
+      if isinstance(part, dict) and part.get("type") == "image_url":
+        images.append((f"{field}.image_url.url", _image(part, field)))
+        parts.append({"type": "image"})
+        continue
       if not (isinstance(part, dict) and part.get("type") == "text"
               and isinstance(part.get("text"), str)):
-        raise ApiError(400, f"{where}.content[{j}] must be a text part "
-                            f"{{\"type\": \"text\", \"text\": str}}, got {_describe(part)}",
-                       "messages")
-      texts.append(_text(part["text"], f"{where}.content[{j}].text", "messages"))
-    return "".join(texts)
+        raise ApiError(400, f"{field} must be a text part {{\"type\": \"text\", \"text\": str}} "
+                            f"or an image_url part, got {_describe(part)}", "messages")
+      parts.append({"type": "text", "text": _text(part["text"], f"{field}.text", "messages")})
+    if any(p["type"] == "image" for p in parts):
+      return parts
+    return "".join(p["text"] for p in parts)
   raise ApiError(400, f"{where}.content must be a string, got {_describe(value)}", "messages")
 
 
-def _messages(req: dict, limits: ChatLimits) -> list[dict]:
+def _image(part: dict, field: str):
+  """An `image_url` part's image, uint8 [448, 448, 3] (any size is resized, as the APEx
+  authors' executor resizes its images); 400 naming the field for a URL that is not a base64
+  image data URL (nothing is fetched), an undecodable or too large image."""
+  extra = sorted(set(part) - {"type", "image_url"})
+  if extra:
+    raise ApiError(400, f"{field}: unknown key {extra[0][:40]!r} in an image_url part", field)
+  spec = part.get("image_url")
+  if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
+    raise ApiError(400, f"{field}.image_url must be an object {{\"url\": str}}, got "
+                        f"{_describe(spec)}", f"{field}.image_url")
+  if spec.get("detail", "auto") not in ("auto", None) or set(spec) - {"url", "detail"}:
+    raise ApiError(400, f"{field}.image_url takes \"url\" and \"detail\": \"auto\" only (images "
+                        f"run at 448 x 448), got {_describe(spec)}", f"{field}.image_url")
+  try:
+    return images_lib.decode_base64(spec["url"], f"{field}.image_url.url")
+  except images_lib.ImageError as e:
+    raise ApiError(400, str(e)[:500], f"{field}.image_url.url") from None
+
+
+def _chars(content) -> int:
+  return len(content) if isinstance(content, str) else sum(len(p.get("text", ""))
+                                                          for p in content)
+
+
+def _messages(req: dict, limits: ChatLimits, images: list) -> list[dict]:
   if "messages" not in req:
     raise ApiError(400, "missing field 'messages' (a list of {role, content})", "messages")
   messages = req["messages"]
@@ -195,8 +233,8 @@ def _messages(req: dict, limits: ChatLimits) -> list[dict]:
     if m.get("role") not in ROLES:
       raise ApiError(400, f"{where}.role must be one of {ROLES}, got {_describe(m.get('role'))}",
                      "messages")
-    out.append({"role": m["role"], "content": _content(m.get("content"), where)})
-    chars += len(out[-1]["content"])
+    out.append({"role": m["role"], "content": _content(m.get("content"), where, images)})
+    chars += _chars(out[-1]["content"])
     if chars > limits.max_prompt_chars:  # before any tokenizing: the cheap bound first
       raise ApiError(400, f"messages have more than {limits.max_prompt_chars} characters (at "
                           f"{where}); the prompt is too long", "messages")
@@ -264,13 +302,15 @@ def parse_chat_request(body: bytes, default_max_tokens: int, max_n: int | None =
   kwargs = _template_kwargs(req)
   field = "max_tokens" if req.get("max_tokens") is not None else "max_completion_tokens"
   stream, include_usage = _stream(req)
+  images = []
   return ChatRequest(
-      messages=_messages(req, limits),
+      messages=_messages(req, limits, images),
       max_tokens=_integer(req, field, default_max_tokens, max_tokens_limit),
       temperature=_number(req, "temperature", 1.0, 0.0, 2.0),
       top_p=_number(req, "top_p", 1.0, 0.0, 1.0, low_open=True),
       n=_integer(req, "n", 1, max_n), stop=_stop(req), model=_model(req),
-      chat_template_kwargs=kwargs, stream=stream, include_usage=include_usage, seed=_seed(req))
+      chat_template_kwargs=kwargs, stream=stream, include_usage=include_usage, seed=_seed(req),
+      images=tuple(images))
 
 
 def parse_completion_request(body: bytes, default_max_tokens: int, max_n: int | None = None,

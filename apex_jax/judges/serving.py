@@ -14,7 +14,13 @@ GET /v1/models  -> {"object": "list", "data": [{"id", "object": "model", "create
 GET /health     -> {"status": "ok", "model": ...}
 
 Message content is text: `<|im_end|>` inside a message is encoded as the tokens of its
-characters, so only the chat template's own markers are control tokens (`Tokenizer`). The raw
+characters, so only the chat template's own markers are control tokens (`Tokenizer`). A
+Qwen2.5-VL model on the engine also takes `{"type": "image_url", "image_url": {"url":
+"data:image/png;base64,..."}}` parts (as OpenAI's API and the APEx authors' client send them):
+each decoded and resized to 448 x 448, rendered by the model's chat template as an image part and
+expanded to its 256 image tokens. A URL that is not a base64 image data URL (nothing is fetched),
+an undecodable or too large image, or images for a text-only model: 400 naming the part's field
+(`messages[1].content[0].image_url.url`). The raw
 `prompt` of /v1/completions is the caller's already templated prompt and is parsed, special
 tokens included (as vLLM does): a client that builds one from untrusted text must use the chat
 endpoint instead.
@@ -276,11 +282,13 @@ class ChatServer(JsonServer):
     name = req.model if req.model in self.adapters else self.model_name
     chat = self.adapters.get(name, self.chat)
     field = "prompt" if req.prompts else "messages"
+    if req.images:
+      self.check_images(req, chat, name)
     try:
       if req.prompts:
         prompts = [chat.model.tokenizer.encode(p, parse_special_tokens=True) for p in req.prompts]
       else:
-        prompts = [chat.prompt_tokens(req.messages, req.chat_template_kwargs)]
+        prompts = [chat.prompt_tokens(req.messages, req.chat_template_kwargs, len(req.images))]
     except JudgeRequestError as e:
       raise ApiError(400, str(e)[:500], field) from None
     for prompt in prompts:
@@ -292,6 +300,17 @@ class ChatServer(JsonServer):
         too_long = len(prompt) >= chat.max_context
         raise ApiError(400, str(e), field if too_long else "max_tokens") from None
     return name, chat, prompts
+
+  def check_images(self, req: ChatRequest, chat: InProcessChat, name: str) -> None:
+    """A request with images needs a Qwen2.5-VL model on the engine: 400 naming the first
+    image's field otherwise."""
+    field = req.images[0][0]
+    if getattr(chat, "vl", None) is None:
+      raise ApiError(400, f"{field}: the model {name!r} takes no images (a text-only model)",
+                     field)
+    if not isinstance(self.batcher, EngineBatcher):
+      raise ApiError(400, f"{field}: images run on the engine (one device); this server "
+                          f"generates with merged sampler calls, which take no images", field)
 
   def start(self, req: ChatRequest, chat: InProcessChat, prompts: list[list[int]],
             updates: queue.SimpleQueue | None = None) -> list[concurrent.futures.Future]:
