@@ -7,7 +7,8 @@
   # the official client works: openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
 
 Any folder `morse_jax.llm.load` reads works (safetensors + config.json + a tokenizer with a chat
-template). On one device requests are generated on the engine (continuous batching: each
+template); a Qwen2.5-VL folder (model_type qwen2_5_vl) also takes OpenAI `image_url` parts with
+base64 data URLs (each resized to 448 x 448; other URLs refused, never fetched). On one device requests are generated on the engine (continuous batching: each
 enters a free slot between steps and is answered when its own tokens are done; --max_batch
 slots, --step_tokens per row per step, --cache_tokens of KV per route). Judges connect with
 `apex_jax.judges.ChatClient("http://127.0.0.1:8000", model=...)`.
@@ -74,13 +75,23 @@ def build_server(model_dir: str, *, served_model_name: str | None = None, dtype:
                  limits=None):
   """The bound chat server `main` serves (what tests start in-process): the model folder, its
   adapters, `serving.make_server`."""
+  import jax.numpy as jnp
+
   from apex_jax.judges import InProcessChat, serving
   from apex_jax.judges.protocol import ChatLimits
+  from launchers.generate_lib import is_vl_folder
   from morse_jax import llm
+  from morse_jax.llm import vl
 
-  model = llm.load(model_dir, dtype=dtype)
+  vision = is_vl_folder(model_dir)
+  if vision and lora_modules:
+    raise app.UsageError("--lora_modules: adapters on a Qwen2.5-VL folder are not served yet")
+  model = (vl.load(model_dir, dtype=jnp.dtype(dtype or "float32")) if vision
+           else llm.load(model_dir, dtype=dtype))
   name = served_model_name or os.path.basename(os.path.normpath(model_dir))
-  print(f"{model_dir}: {model.config.num_layers} layers, vocab {model.config.vocab_size}")
+  text = model.config.text if vision else model.config
+  print(f"{model_dir}: {text.num_layers} layers, vocab {text.vocab_size}"
+        + (", Qwen2.5-VL: image_url parts taken" if vision else ""))
   chat = InProcessChat(model, seed=seed)
   adapters = adapter_chats(model, lora_modules, seed)
   limits = limits or ChatLimits(max_batch=max_batch)

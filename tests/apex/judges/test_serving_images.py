@@ -25,8 +25,13 @@ MAX_TOKENS = 5
 
 
 @pytest.fixture(scope="module")
-def vl_model(tmp_path_factory):
-  return vl.load(tiny_models.save_hf_vl_chat_model(str(tmp_path_factory.mktemp("vlchat"))))
+def vl_folder_chat(tmp_path_factory):
+  return tiny_models.save_hf_vl_chat_model(str(tmp_path_factory.mktemp("vlchat")))
+
+
+@pytest.fixture(scope="module")
+def vl_model(vl_folder_chat):
+  return vl.load(vl_folder_chat)
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +162,22 @@ def test_text_only_requests_on_the_vl_server(server, vl_model):
                               "max_tokens": MAX_TOKENS, "temperature": 0.0})
   assert status == 200, out
   assert out["choices"][0]["message"]["content"] == static_answer(vl_model, "hi", [])[0]
+
+
+def test_serve_launcher_loads_a_vl_folder(vl_folder_chat, server):
+  """`launchers.serve` on a Qwen2.5-VL folder: the chat carries the VL model, so image parts
+  reach the engine with the tower; adapters on it are refused by name."""
+  from absl import app
+
+  from launchers import serve
+
+  srv = serve.build_server(vl_folder_chat, port=0, max_batch=2, default_max_tokens=MAX_TOKENS,
+                           limits=LIMITS)
+  assert isinstance(srv.chat.vl, vl.VlModel)
+  parts = [image_part(png_url(rgb(3, 448, 448))), {"type": "text", "text": "and?"}]
+  with running(srv):
+    status, mine = post(srv, chat_body(*parts))
+  _, theirs = post(server, chat_body(*parts))
+  assert status == 200 and mine["choices"] == theirs["choices"]
+  with pytest.raises(app.UsageError, match="adapters on a Qwen2.5-VL folder"):
+    serve.build_server(vl_folder_chat, port=0, lora_modules=["ex=/nowhere"])
