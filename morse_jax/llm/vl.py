@@ -11,8 +11,9 @@ Hub's checkpoints name them (`model.layers.*`, `visual.*`, `lm_head.weight`; the
 `model.language_model.*` / `model.visual.*` spelling of some transformers versions too), and
 the folder's tokenizer and stop ids as `hf.load` reads them.
 
-The batched sampler is `vl_sampling.sample` (`greedy` here is a plain test loop of whole passes
-or one prefill + cache); not yet here: the engine path, video.
+The batched samplers are `vl_sampling.sample` and the engine (`engine.Engine` on a `VlModel`,
+`engine_images`); `greedy` here is a plain test loop of whole passes or one prefill + cache. Not
+yet here: video.
 """
 
 from __future__ import annotations

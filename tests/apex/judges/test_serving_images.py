@@ -154,6 +154,16 @@ def test_a_text_model_given_an_image_is_400_and_the_server_goes_on(model):  # no
     assert status == 200, out
 
 
+def test_images_on_the_merged_call_batcher_are_400(vl_model):
+  """A server that generates with merged sampler calls (a chat on a mesh) takes no images."""
+  srv = serving.make_server(InProcessChat(vl_model), "tiny-vl", port=0, limits=LIMITS,
+                            default_max_tokens=MAX_TOKENS, engine=False)
+  with running(srv):
+    status, out = post(srv, chat_body(image_part(png_url(rgb(0, 28, 28)))))
+  assert status == 400 and out["error"]["param"] == "messages[1].content[0].image_url.url"
+  assert "merged sampler calls, which take no images" in out["error"]["message"]
+
+
 def test_text_only_requests_on_the_vl_server(server, vl_model):
   """A text chat (string or text parts) needs no image and answers as the static sampler."""
   status, out = post(server, {"messages": [{"role": "system", "content": "Look."},
