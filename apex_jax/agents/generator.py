@@ -101,10 +101,14 @@ def _generation(model: llm.Model, tokens, logprobs) -> Generation:
                     finished=bool(len(tokens) and int(tokens[-1]) in stops))
 
 
-def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max_new_tokens,
-            sampling, mesh, row_keys=None) -> list[Generation]:
+def _check_tokenizer(model: llm.Model) -> None:
   if model.tokenizer is None:
     raise ValueError("the model has no tokenizer; agents need one to render chats and decode")
+
+
+def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max_new_tokens,
+            sampling, mesh, row_keys=None) -> list[Generation]:
+  _check_tokenizer(model)
   out = llm.sample(model, [list(p) for p in prompts],
                    llm.GenerationSettings.for_model(model, max_new_tokens, sampling), rng=rng,
                    mesh=mesh, adapter=adapter, row_keys=row_keys)
@@ -119,6 +123,7 @@ def _on_engine(generator) -> bool:
 def _engine_rows(generator, model, prompts, keys, max_new_tokens, sampling, experts, lora, role):
   """The rows on the generator's engines, each with its key; a row the engine cannot take runs
   alone on the static sampler with that key."""
+  _check_tokenizer(model)
 
   def static(prompt, key):
     adapter = None if experts is None else make_adapter(experts, lora, model.config, [[role]],

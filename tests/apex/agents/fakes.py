@@ -94,8 +94,8 @@ class KeyedEngineGenerator:
   """A generator with both paths: `generate` (the lockstep one: row i draws with fold_in(rng, i))
   and `submit` / `step` (an engine: a row ends `steps(module, prompt)` steps after submission).
   reply(module, prompt_text, number) -> text, number: the key's (`key_number`) when sampled, the
-  sum of the prompt ids when greedy (a greedy reply depends on the prompt alone). `events`: ("submit" | "done", name) in order,
-  name(prompt_text) naming the row."""
+  sum of the prompt ids when greedy (a greedy reply depends on the prompt alone). `events`:
+  ("submit" | "done", name) in order, name(prompt_text) naming the row."""
 
   def __init__(self, reply, steps=lambda module, prompt: 1, name=lambda prompt: "?"):
     self.tokenizer = tokenizer()

@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Executor
+from apex_jax.agents import (APEX_ROLES, AdapterGenerator, AgentConfig, Executor,
+                             SeparateGenerator)
 from apex_jax.agents.engines import AgentEngines
 from apex_jax.agents.generator import with_experts
 from morse_jax import llm
@@ -82,6 +83,9 @@ def test_generate_calls_new_experts_and_long_rows(model):
   assert_same(static.generate("executor", prompts[:3], **kw),
               on_engine.generate("executor", prompts[:3], **kw))
   assert len(engines._engines) == 1  # one engine for the backbone throughout
+  bare = [SeparateGenerator({"planner": (model, None, None)}, engines=e)
+          for e in (None, AgentEngines(slots=2, max_len=48))]
+  assert_same(*(g.generate("planner", prompts[:3], **kw) for g in bare))
 
 
 def test_a_mesh_of_several_devices_keeps_the_static_path(model):
