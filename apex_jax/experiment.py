@@ -255,9 +255,9 @@ def build(config, *, model: llm.Model | None = None, generator=None,
   train, test, passages = load_data(c)
   lora = lora_config(c)
   experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
-  generator = generator or AdapterGenerator(model, experts, lora)
-  training = train_config(c)
   agents = settings(AgentConfig, c.agents, "agents")
+  generator = generator or AdapterGenerator(model, experts, lora, engines=agents.engines())
+  training = train_config(c)
   updater = ModuleUpdater(model, lora, training.step, recompute_logp_old=agents.top_p < 1.0)
   os.makedirs(c.workdir, exist_ok=True)
   bank = MemoryBank(c.memory.path or fresh_bank_path(c.workdir), embedder or _embedder(c, model),

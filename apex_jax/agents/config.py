@@ -13,6 +13,7 @@ import dataclasses
 
 from morse_jax import llm
 
+from apex_jax.agents import engines as engines_lib
 from apex_jax.agents.prompts import STYLES as PROMPT_STYLES, PromptStyle
 ON_FORMAT_ERROR = ("end", "feedback")
 SUMMARIES = ("distiller", "rule")
@@ -50,11 +51,16 @@ class AgentConfig:
   # run) or "rule" (prompts.rule_workflow: the run's searches and answer, for a backbone too
   # small to copy names; ARCHITECTURE's deviations table)
   summaries: str = "distiller"
+  # issue 55: the agents' calls on one generation engine per backbone (apex_jax.agents.engines;
+  # an episode's next turn goes in as soon as its tool call returns), `engine_slots` rows decoded
+  # together; False: the static sampler, the executor's turns in lockstep. Same trajectories.
+  engine: bool = False
+  engine_slots: int = 16
 
   def __post_init__(self):
     for name in ("max_turns", "max_llm_calls", "max_tool_tokens", "max_context_tokens",
                  "plan_word_limit", "replan_word_limit", "topk", "planner_max_new_tokens",
-                 "executor_max_new_tokens", "distiller_max_new_tokens"):
+                 "executor_max_new_tokens", "distiller_max_new_tokens", "engine_slots"):
       _positive_int(name, getattr(self, name))
     if self.max_queries is not None:
       _positive_int("max_queries", self.max_queries)
@@ -75,7 +81,7 @@ class AgentConfig:
                              f"{tuple(PROMPT_STYLES)}")
     if self.summaries not in SUMMARIES:
       raise AgentConfigError(f"AgentConfig.summaries {self.summaries!r} not in {SUMMARIES}")
-    for name in ("enforce_word_limit", "replan_memories"):
+    for name in ("enforce_word_limit", "replan_memories", "engine"):
       if not isinstance(getattr(self, name), bool):
         raise AgentConfigError(f"AgentConfig.{name} must be a bool, got "
                                f"{getattr(self, name)!r}")
@@ -88,6 +94,12 @@ class AgentConfig:
   def prompt_style(self) -> PromptStyle:
     """The style `prompts` names: every prompt the three agents build (checked above)."""
     return PROMPT_STYLES[self.prompts]
+
+  def engines(self):
+    """The generators' engines these settings ask for (None: the static sampler); rows hold a
+    whole executor context."""
+    return engines_lib.AgentEngines(self.engine_slots, self.max_context_tokens) if self.engine \
+        else None
 
   def max_new_tokens(self, module: str) -> int:
     return getattr(self, f"{module}_max_new_tokens")

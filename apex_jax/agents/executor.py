@@ -1,4 +1,5 @@
-"""The Executor: multi-turn search over a batch of questions, one sampler call per round.
+"""The Executor: multi-turn search over a batch of questions, one sampler call per round (or, on
+a generator's engine, each question's next turn as soon as its tool call returns: `_flow`).
 
 Each assistant turn is `<think>...</think>` then one `<tool_call>{"name": "search", "arguments":
 {"query_list": [...]}}</tool_call>` or `<answer>...</answer>` (apex_jax.tools.parse_turn). Every
@@ -34,6 +35,7 @@ from apex_jax.agents import prompts
 from apex_jax.agents.config import AgentConfig
 from apex_jax.agents.conversation import ChatDeltas, Conversation
 from apex_jax.agents.trajectory import Trajectory
+from apex_jax.agents.turn_keys import TurnKeys
 from apex_jax.tools import Answer, FormatError, Searcher, ToolCall, format_results, parse_turn
 from apex_jax.tools import image_search as image_search_lib
 from apex_jax.tools import images as images_lib
@@ -141,9 +143,15 @@ class Executor:
   # ----------------------------------------------------------------------------------- loop
 
   def _loop(self, runs: list[_Run], rng) -> list[Trajectory]:
-    cfg = self.config
     for r in runs:
       self._check_budget(r)
+    on_engine = getattr(self.generator, "on_engine", None)
+    (self._flow if on_engine is not None and on_engine() else self._lockstep)(runs, rng)
+    return [self._trajectory(r) for r in runs]
+
+  def _lockstep(self, runs: list[_Run], rng) -> None:
+    """Every round, all active runs' turns in one sampler call, then all their searches."""
+    cfg = self.config
     round_ = 0
     while active := [r for r in runs if not r.done]:
       gens = self.generator.generate("executor", [r.conv.tokens() for r in active],
@@ -154,16 +162,42 @@ class Executor:
         raise RuntimeError(f"generator returned {len(gens)} generations for {len(active)} "
                            f"prompts")
       round_ += 1
-      calls = []
-      for r, gen in zip(active, gens):
-        call = self._take_turn(r, gen)
-        if call is not None:
-          calls.append((r, call))
-      self._search(calls)
-      for r in active:
-        if not r.done:
-          self._check_budget(r)
-    return [self._trajectory(r) for r in runs]
+      self._after_turns(list(zip(active, gens)))
+
+  def _flow(self, runs: list[_Run], rng) -> None:
+    """The generator's engine: a run's next turn is submitted as soon as its tool call returns
+    (no round barrier), with the key the lockstep loop gives it (`TurnKeys`); the searches of
+    the turns that end at one engine step go to the searcher in one call."""
+    cfg = self.config
+    keys = TurnKeys(rng, len(runs), cfg.sampling.greedy)
+    for i, r in enumerate(runs):
+      if r.done:
+        keys.end(i)
+    pending = {}  # run index -> its turn on the engine
+    while True:
+      for i, r in enumerate(runs):
+        if not r.done and i not in pending and (key := keys.key(i)) is not None:
+          [pending[i]] = self.generator.submit("executor", [r.conv.tokens()], keys=[key],
+                                               max_new_tokens=cfg.executor_max_new_tokens,
+                                               sampling=cfg.sampling)
+      if not pending:
+        return
+      self.generator.step()
+      ended = [i for i, p in pending.items() if p.done]
+      self._after_turns([(runs[i], pending.pop(i).result()) for i in ended])
+      for i in ended:
+        keys.record(i, runs[i].done)
+
+  def _after_turns(self, turns: list) -> None:
+    """(run, its generation) pairs: turns recorded, their searches run, budgets checked."""
+    calls = []
+    for r, gen in turns:
+      call = self._take_turn(r, gen)
+      if call is not None:
+        calls.append((r, call))
+    self._search(calls)
+    for r, _ in turns:
+      self._check_budget(r)
 
   def _take_turn(self, r: _Run, gen) -> ToolCall | None:
     """Records the turn; returns the tool call to run, or None (the run ended or goes on)."""

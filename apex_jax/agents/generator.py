@@ -8,20 +8,27 @@ Two backends behind one protocol:
 - `SeparateGenerator`: one backbone per module, each with its own experts (or none).
 Log-probs are those of the distribution each token was drawn from, as `rollout()` records them;
 when top-k / top-p filter, the trainer recomputes them (see morse_jax.rl.rollout).
+
+With `engines` (`apex_jax.agents.engines`, issue 55) both run their rows on one generation engine
+per backbone instead of the static sampler, row i of a `generate` still drawing with
+fold_in(rng, i); `submit` / `step` let the executor advance each episode on its own.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from typing import Mapping, Protocol, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from morse_jax import llm
 from morse_jax.lora.experts import LoraConfig, make_adapter
 
+from apex_jax.agents import engines as engines_lib
 from apex_jax.agents.trajectory import MODULES
 
 APEX_ROLES = ("planner", "executor", "distiller")
@@ -85,23 +92,49 @@ def _check_module(module: str) -> None:
     raise ValueError(f"module {module!r} not in {MODULES}")
 
 
-def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max_new_tokens,
-            sampling, mesh) -> list[Generation]:
+def _generation(model: llm.Model, tokens, logprobs) -> Generation:
+  """A row's tokens and log-probs as a Generation (finished: it ends with a stop id)."""
+  tokens = np.asarray(tokens, np.int32)
+  stops = set(int(s) for s in model.stop_ids)
+  return Generation(tokens, np.asarray(logprobs, np.float32),
+                    model.tokenizer.decode([int(t) for t in tokens], skip_special_tokens=True),
+                    finished=bool(len(tokens) and int(tokens[-1]) in stops))
+
+
+def _check_tokenizer(model: llm.Model) -> None:
   if model.tokenizer is None:
     raise ValueError("the model has no tokenizer; agents need one to render chats and decode")
+
+
+def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max_new_tokens,
+            sampling, mesh, row_keys=None) -> list[Generation]:
+  _check_tokenizer(model)
   out = llm.sample(model, [list(p) for p in prompts],
                    llm.GenerationSettings.for_model(model, max_new_tokens, sampling), rng=rng,
-                   mesh=mesh, adapter=adapter)
-  stops = set(int(s) for s in model.stop_ids)
-  gens = []
-  for i in range(len(prompts)):
-    n = int(out.lengths[i])
-    tokens = np.asarray(out.tokens[i, :n], np.int32)
-    gens.append(Generation(
-        tokens, np.asarray(out.logprobs[i, :n], np.float32),
-        model.tokenizer.decode([int(t) for t in tokens], skip_special_tokens=True),
-        finished=bool(n and int(tokens[-1]) in stops)))
-  return gens
+                   mesh=mesh, adapter=adapter, row_keys=row_keys)
+  return [_generation(model, out.tokens[i, :int(out.lengths[i])],
+                      out.logprobs[i, :int(out.lengths[i])]) for i in range(len(prompts))]
+
+
+def _on_engine(generator) -> bool:
+  return generator.engines is not None and engines_lib.runs_on_engine(generator.mesh)
+
+
+def _engine_rows(generator, model, prompts, keys, max_new_tokens, sampling, experts, lora, role):
+  """The rows on the generator's engines, each with its key; a row the engine cannot take runs
+  alone on the static sampler with that key."""
+  _check_tokenizer(model)
+
+  def static(prompt, key):
+    adapter = None if experts is None else make_adapter(experts, lora, model.config, [[role]],
+                                                        kernel=generator.kernel)
+    [gen] = _sample(model, [prompt], adapter, rng=key, max_new_tokens=max_new_tokens,
+                    sampling=sampling, mesh=None, row_keys=jnp.stack([key]))
+    return gen
+
+  return generator.engines.submit(model, prompts, keys, max_new_tokens, sampling,
+                                  experts=experts, lora=lora, role=role, kernel=generator.kernel,
+                                  reply=functools.partial(_generation, model), static=static)
 
 
 @dataclasses.dataclass
@@ -116,6 +149,7 @@ class AdapterGenerator:
   lora: LoraConfig
   kernel: str = "auto"
   mesh: object = None
+  engines: engines_lib.AgentEngines | None = None  # None: the static sampler
 
   def __post_init__(self):
     missing = [m for m in MODULES if m not in self.lora.roles]
@@ -138,10 +172,31 @@ class AdapterGenerator:
     _check_module(module)
     if not prompts:
       return []
+    if _on_engine(self):
+      return self.engines.wait(self.submit(module, prompts, keys=engines_lib.row_keys(
+          rng, len(prompts)), max_new_tokens=max_new_tokens, sampling=sampling, experts=experts))
     sets = [[self.lora.role_index(module)]] * len(prompts)
-    adapter = make_adapter(self.experts if experts is None else experts, self.lora, self.model.config, sets, kernel=self.kernel)
+    adapter = make_adapter(self.experts if experts is None else experts, self.lora,
+                           self.model.config, sets, kernel=self.kernel)
     return _sample(self.model, prompts, adapter, rng=rng, max_new_tokens=max_new_tokens,
                    sampling=sampling, mesh=self.mesh)
+
+  def submit(self, module: str, prompts: Sequence[list[int]], *, keys: Sequence[jax.Array],
+             max_new_tokens: int, sampling: llm.SamplingConfig,
+             experts=None) -> list[engines_lib.Pending]:
+    """Each prompt on the engine drawing with its key (`generate`'s row i: fold_in(rng, i));
+    `step` advances them. Needs `engines`."""
+    _check_module(module)
+    return _engine_rows(self, self.model, prompts, keys, max_new_tokens, sampling,
+                        self.experts if experts is None else experts, self.lora,
+                        self.lora.role_index(module))
+
+  def on_engine(self) -> bool:
+    """Whether `submit` / `step` may be used (engines given, one device)."""
+    return _on_engine(self)
+
+  def step(self) -> None:
+    self.engines.step()
 
 
 @dataclasses.dataclass
@@ -154,6 +209,7 @@ class SeparateGenerator:
   modules: Mapping[str, tuple]
   kernel: str = "auto"
   mesh: object = None
+  engines: engines_lib.AgentEngines | None = None  # None: the static sampler
 
   def __post_init__(self):
     if not self.modules:
@@ -191,10 +247,30 @@ class SeparateGenerator:
     model, experts, lora = self._entry(module)
     if not prompts:
       return []
+    if _on_engine(self):
+      return self.engines.wait(self.submit(module, prompts, keys=engines_lib.row_keys(
+          rng, len(prompts)), max_new_tokens=max_new_tokens, sampling=sampling))
     adapter = None
     if experts is not None:
-      role = lora.role_index(module) if module in lora.roles else 0
-      adapter = make_adapter(experts, lora, model.config, [[role]] * len(prompts),
+      adapter = make_adapter(experts, lora, model.config, [[self._role(module)]] * len(prompts),
                              kernel=self.kernel)
     return _sample(model, prompts, adapter, rng=rng, max_new_tokens=max_new_tokens,
                    sampling=sampling, mesh=self.mesh)
+
+  def _role(self, module: str) -> int:
+    lora = self._entry(module)[2]
+    return lora.role_index(module) if module in lora.roles else 0
+
+  def submit(self, module: str, prompts: Sequence[list[int]], *, keys: Sequence[jax.Array],
+             max_new_tokens: int, sampling: llm.SamplingConfig) -> list[engines_lib.Pending]:
+    """As AdapterGenerator.submit, on the module's backbone (one engine per backbone)."""
+    model, experts, lora = self._entry(module)
+    return _engine_rows(self, model, prompts, keys, max_new_tokens, sampling, experts, lora,
+                        0 if experts is None else self._role(module))
+
+  def on_engine(self) -> bool:
+    """Whether `submit` / `step` may be used (engines given, one device)."""
+    return _on_engine(self)
+
+  def step(self) -> None:
+    self.engines.step()

@@ -246,6 +246,18 @@ class Engine:
     self._admitted = 0
     self.stats = collections.Counter()
 
+  def set_adapter(self, adapter) -> None:
+    """Another adapter with the same row layout (a trainer's new weights): the compiled
+    programs stay. Refused while requests are waiting or live (their rows ran the old one)."""
+    if self.busy:
+      raise RuntimeError("Engine.set_adapter: requests are waiting or live; finish them first")
+    if (adapter is None) != (self.adapter is None):
+      raise ValueError("Engine.set_adapter: an engine built with(out) an adapter keeps one "
+                       "(with) or none (without)")
+    if adapter is not None and getattr(adapter, "kernel", None) == "merged":
+      adapter = dataclasses.replace(adapter, kernel="auto")  # as in __init__
+    self.adapter = adapter
+
   # -- submission ---------------------------------------------------------------------------
 
   def submit(self, request: Request) -> Handle:

@@ -645,3 +645,14 @@ def test_run_uses_the_configs_compilation_cache_before_it_builds(monkeypatch):
   with pytest.raises(Built):
     pipeline.run(config)
   assert calls == ["~/.cache/morse_jax/xla", "build"]
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_agents_engine_switch_gives_the_generator_its_engines(tiny_model, tmp_path, engine):
+  c = small_config(tmp_path)
+  c.agents.update(engine=engine, engine_slots=8)
+  exp = experiment.build(c, model=tiny_model, embedder=HashEmbedder(64))
+  engines = exp.generator.engines
+  assert (engines is not None) == engine
+  if engine:
+    assert (engines.slots, engines.max_len) == (8, c.agents.max_context_tokens)

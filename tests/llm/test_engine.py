@@ -245,3 +245,17 @@ def test_bad_engine_settings_and_groups_are_refused_by_name(model, adapter):
   with pytest.raises(ValueError, match="Request.route: leaves"):
     Engine(model, ENGINE, adapter=adapter).submit(
         Request([1, 2], 4, route=lora.Routes(idx=np.zeros(5, np.int32), w=np.zeros(5))))
+
+
+def test_set_adapter_between_requests_only(model, adapter):
+  """A trainer's new weights go in between requests (same routes); refused while rows run."""
+  engine = Engine(model, ENGINE, adapter=adapter)
+  with pytest.raises(ValueError, match="keeps one"):
+    engine.set_adapter(None)
+  [route] = routes_of(adapter)[:1]
+  engine.submit(Request([1, 2], 4, route=route))
+  with pytest.raises(RuntimeError, match="requests are waiting or live"):
+    engine.set_adapter(adapter)
+  engine.run()
+  engine.set_adapter(dataclasses.replace(adapter, kernel="merged"))
+  assert engine.adapter.kernel == "auto"  # the per-row kernel: "merged" holds one route

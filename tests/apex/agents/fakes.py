@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
 from apex_jax.agents.generator import Generation
@@ -67,3 +68,71 @@ class FakeSearcher:
     k = topk or 3
     return [[Passage(f"{q}#{i}", '"w1"\n' + " ".join(f"w{j % 80 + 5}" for j in range(self.words)))
              for i in range(k)] for q in queries]
+
+
+def key_number(key) -> int:
+  """A key's bits as one number: what a keyed script draws from."""
+  return int(np.asarray(jax.random.key_data(key)).astype(np.uint64).sum())
+
+
+class _Turn:
+  """A scripted engine row: done after `steps` engine steps."""
+
+  def __init__(self, generation: Generation, steps: int, name: str):
+    self.generation, self.left, self.name = generation, steps, name
+
+  @property
+  def done(self) -> bool:
+    return self.left <= 0
+
+  def result(self) -> Generation:
+    assert self.done, f"{self.name} read before it ended"
+    return self.generation
+
+
+class KeyedEngineGenerator:
+  """A generator with both paths: `generate` (the lockstep one: row i draws with fold_in(rng, i))
+  and `submit` / `step` (an engine: a row ends `steps(module, prompt)` steps after submission).
+  reply(module, prompt_text, number) -> text, number: the key's (`key_number`) when sampled, the
+  sum of the prompt ids when greedy (a greedy reply depends on the prompt alone). `events`:
+  ("submit" | "done", name) in order, name(prompt_text) naming the row."""
+
+  def __init__(self, reply, steps=lambda module, prompt: 1, name=lambda prompt: "?"):
+    self.tokenizer = tokenizer()
+    self.reply, self.steps, self.name = reply, steps, name
+    self.events: list[tuple[str, str]] = []
+    self.live: list[_Turn] = []
+
+  def tokenizer_of(self, module: str):
+    return self.tokenizer
+
+  def on_engine(self) -> bool:
+    return True
+
+  def _generation(self, module, prompt, key, sampling) -> Generation:
+    text = self.reply(module, self.tokenizer.decode(prompt, skip_special_tokens=False),
+                      int(sum(prompt)) if sampling.greedy else key_number(key))
+    ids = self.tokenizer.encode(text) + [EOS]
+    return Generation(np.asarray(ids, np.int32), np.full(len(ids), -0.5, np.float32), text)
+
+  def generate(self, module, prompts, *, rng, max_new_tokens, sampling):
+    return [self._generation(module, p, jax.random.fold_in(rng, i), sampling)
+            for i, p in enumerate(prompts)]
+
+  def submit(self, module, prompts, *, keys, max_new_tokens, sampling):
+    out = []
+    for prompt, key in zip(prompts, keys):
+      text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+      turn = _Turn(self._generation(module, prompt, key, sampling), self.steps(module, text),
+                   self.name(text))
+      self.events.append(("submit", turn.name))
+      self.live.append(turn)
+      out.append(turn)
+    return out
+
+  def step(self) -> None:
+    for turn in self.live:
+      turn.left -= 1
+      if turn.done:
+        self.events.append(("done", turn.name))
+    self.live = [t for t in self.live if not t.done]

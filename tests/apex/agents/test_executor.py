@@ -159,7 +159,8 @@ def test_resume_strips_the_answer_and_adds_the_revised_plan():
 
 @pytest.mark.parametrize("field,value", [("max_turns", 0), ("temperature", -1.0),
                                          ("on_format_error", "retry"),
-                                         ("max_queries", 0), ("top_p", 0.0)])
+                                         ("max_queries", 0), ("top_p", 0.0), ("engine", 1),
+                                         ("engine_slots", 0)])
 def test_config_errors_name_the_field(field, value):
   with pytest.raises(ValueError, match=field):
     AgentConfig(**{field: value})
