@@ -150,6 +150,7 @@ class InProcessChat:
     self._lock = threading.Lock()
     self.engine = engine  # False: `generate` runs `llm.sample` on one device too (the oracle)
     self._engine: tuple[Engine, object] | None = None  # (engine, route row), see `generate`
+    self._engine_of: tuple = ()  # the (params, route) it was built with
 
   def prompt_tokens(self, messages, chat_template_kwargs: dict | None = None,
                     images: int = 0) -> list[int]:
@@ -234,17 +235,20 @@ class InProcessChat:
 
   def _engine_for(self, prompts, max_tokens) -> tuple[Engine, object]:
     """The chat's engine, built (again) when this batch has more rows than its slots or a row
-    longer than its rows: a slot per row, rows of a power of two of tokens (few sizes, each a
-    set of compiled programs), a pool holding every slot full."""
+    longer than its rows, or the chat's params or route were replaced (the engine holds what
+    it was built with): a slot per row, rows of a power of two of tokens (few sizes, each a set
+    of compiled programs), a pool holding every slot full."""
     longest = max(len(p) + m for p, m in zip(prompts, max_tokens))
     slots = bucket(len(prompts), minimum=1)
     max_len = min(bucket(longest, minimum=PAGE_SIZE), self.max_context)
-    if self._engine is not None:
+    source = (self.model.params, self.route)
+    if self._engine is not None and all(a is b for a, b in zip(source, self._engine_of)):
       config = self._engine[0].config
       if slots <= config.slots and longest <= config.max_len:
         return self._engine
       slots, max_len = max(slots, config.slots), max(max_len, config.max_len)
     self._engine = build_engine(self, slots, slots * max_len, max_len=max_len)
+    self._engine_of = source
     return self._engine
 
   def call_key(self) -> jax.Array:

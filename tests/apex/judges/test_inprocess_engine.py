@@ -6,6 +6,8 @@ several devices keeps the static call; a refused row leaves no request behind.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -83,6 +85,15 @@ def test_one_engine_for_the_chat_rebuilt_only_when_a_batch_outgrows_it(model):
   assert bigger is not first and (bigger.config.slots, bigger.config.max_len) == (8, 32)
   chat.generate(prompts[:1], [2], temperature=0.0)
   assert chat._engine[0] is bigger and bigger.pages.used == 0 and not bigger.busy
+  # New params (the chat's model replaced): a new engine that generates with them.
+  other = dataclasses.replace(model, params=llm.init_random(
+      model.config, jax.random.PRNGKey(1), scale=0.3, norm_jitter=0.2))
+  chat.model = other
+  got = chat.generate(prompts, LIMITS, temperature=0.0)
+  assert chat._engine[0] is not bigger
+  oracle = lambda m: [c.token_ids for c in InProcessChat(m, engine=False).generate(
+      prompts, LIMITS, temperature=0.0)]
+  assert [c.token_ids for c in got] == oracle(other) != oracle(model)
 
 
 def test_a_mesh_of_several_devices_keeps_the_static_call(model, monkeypatch):
