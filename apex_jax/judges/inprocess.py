@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import threading
 from typing import Sequence
 
@@ -24,12 +25,14 @@ import jax.numpy as jnp
 from morse_jax import llm
 from morse_jax.llm import vision
 from morse_jax.llm import vl as vl_lib
-from morse_jax.llm.engine import Engine, EngineConfig, Request, routes_of
+from morse_jax.llm.engine import Engine, EngineConfig, EngineError, Request, routes_of
 from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import ExpertWeights, LoraConfig, make_adapter
-from apex_jax.judges.chat import JudgeError, JudgeRequestError
+from apex_jax.judges.chat import JudgeError, JudgeRequestError, JudgeResponseError
 
+log = logging.getLogger(__name__)
 PAGE_SIZE = 16  # tokens per KV page of the chats' engines
+
 
 @dataclasses.dataclass(frozen=True)
 class AdapterRoute:
@@ -273,7 +276,9 @@ class InProcessChat:
 
   def complete_many(self, conversations: Sequence[list[dict]], *, max_tokens: int,
                     temperature: float) -> list[str | JudgeError]:
-    """All valid conversations in one sampler call; an invalid one gets its JudgeRequestError."""
+    """All valid conversations in one generation call; an invalid one gets its
+    JudgeRequestError; a call the engine fails (a non-finite row: broken weights) gives every
+    row of it a JudgeResponseError, which the judges count as failures."""
     out: list[str | JudgeError] = [None] * len(conversations)  # type: ignore[list-item]
     rows, prompts = [], []
     for i, messages in enumerate(conversations):
@@ -285,7 +290,11 @@ class InProcessChat:
         continue
       rows.append(i)
       prompts.append(prompt)
-    done = self.generate(prompts, [max_tokens] * len(prompts), temperature=temperature)
+    try:
+      done = self.generate(prompts, [max_tokens] * len(prompts), temperature=temperature)
+    except EngineError as e:
+      log.warning("in-process chat: %d rows failed: %.200s", len(rows), e)
+      done = [JudgeResponseError(f"generation failed: {e}")] * len(rows)
     for i, completion in zip(rows, done):
-      out[i] = completion.text
+      out[i] = completion if isinstance(completion, JudgeError) else completion.text
     return out

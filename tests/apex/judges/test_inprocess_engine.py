@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from apex_jax.judges import InProcessChat
+from apex_jax.judges.chat import JudgeRequestError, JudgeResponseError
 from apex_jax.judges.inprocess import seeded_keys
 from morse_jax import llm
 from tests.apex.agents import fakes
@@ -124,3 +125,15 @@ def test_a_refused_row_leaves_nothing_queued_for_the_next_call(model):
   want._calls = iter(range(1, 9))  # the refused call took the chat's first key
   assert [c.token_ids for c in got] == [c.token_ids for c in want.generate(
       prompts[:2], [4, 4], temperature=0.0)]
+
+
+def test_broken_weights_are_counted_judge_failures_not_a_crash(model):
+  """Non-finite log-probs (NaN weights) fail the engine's rows: `complete_many` answers each
+  conversation with a JudgeResponseError (the judges count it), a bad one still with its own."""
+  broken = dataclasses.replace(model, params=jax.tree.map(lambda x: x * float("nan"),
+                                                           model.params))
+  chat = InProcessChat(broken, max_context=32)
+  out = chat.complete_many([[{"role": "user", "content": "w1 w2"}], [{"role": "robot"}],
+                            [{"role": "user", "content": "w3"}]], max_tokens=4, temperature=0.0)
+  assert isinstance(out[0], JudgeResponseError) and "non-finite" in str(out[0])
+  assert isinstance(out[1], JudgeRequestError) and isinstance(out[2], JudgeResponseError)
