@@ -29,23 +29,13 @@ def sampler(model, rows, settings, mesh):
   """rng -> SampleOutput for `rows`: the engine on one device (row i draws with fold_in(rng, i),
   as `llm.sample`), `llm.sample` over a larger mesh."""
   from morse_jax import llm
-  from morse_jax.llm.engine import Engine
+  from morse_jax.llm.engine import Engine, config_for_rows
 
   if mesh.size > 1:
     return lambda rng: llm.sample(model, rows, settings, rng=rng, mesh=mesh)
-  engine = Engine(model, engine_config(rows, settings, model.config.max_position_embeddings))
+  engine = Engine(model, config_for_rows(rows, settings.max_new_tokens,
+                                         model.config.max_position_embeddings))
   return lambda rng: engine.generate(rows, settings, rng=rng)
-
-
-def engine_config(rows, settings, max_positions: int):
-  """An engine with a slot per row, each as long as the longest row needs (one pool and
-  compiled programs for both of `report`'s calls)."""
-  from morse_jax.llm.engine import EngineConfig
-
-  page = 16
-  longest = max(map(len, rows)) + settings.max_new_tokens
-  return EngineConfig(slots=len(rows), max_len=min(-(-longest // page) * page, max_positions),
-                      page_size=page)
 
 
 def is_vl_folder(path: str) -> bool:
@@ -90,11 +80,11 @@ def vl_sampler(model, rows, images, settings, mesh=None):
   """rng -> SampleOutput, every row with the same `images`: the engine on one device,
   `vl_sampling.sample` (the static sampler) over `mesh` when it has more than one device."""
   from morse_jax.llm import vl_sampling
-  from morse_jax.llm.engine import Engine
+  from morse_jax.llm.engine import Engine, config_for_rows
 
   per_row = [images] * len(rows)
   if mesh is not None and mesh.size > 1:
     return lambda rng: vl_sampling.sample(model, rows, per_row, settings, rng=rng, mesh=mesh)
   positions = model.config.text.max_position_embeddings
-  engine = Engine(model, engine_config(rows, settings, positions))
+  engine = Engine(model, config_for_rows(rows, settings.max_new_tokens, positions))
   return lambda rng: engine.generate(rows, settings, rng=rng, images=per_row)

@@ -35,44 +35,13 @@ import logging
 import jax
 
 from morse_jax.llm import SamplingConfig, vision
-from morse_jax.llm.engine import Engine, EngineConfig, Request, routes_of
-from morse_jax.lora.experts import make_adapter
+from morse_jax.llm.engine import Engine, Request
 from morse_jax.serving.http import QueueWorker, settle
 
-from apex_jax.judges.inprocess import InProcessChat, seeded_keys
+from apex_jax.judges.inprocess import InProcessChat, build_engine, seeded_keys
 from apex_jax.judges.protocol import ChatRequest
 
 log = logging.getLogger(__name__)
-PAGE_SIZE = 16
-
-
-def runs_on_engine(chat) -> bool:
-  """Whether `chat` can generate on the engine: an InProcessChat on one device (the engine does
-  not shard; a larger mesh keeps `ChatBatcher`'s merged sampler calls)."""
-  mesh = getattr(chat, "mesh", None)
-  return isinstance(chat, InProcessChat) and (mesh is None or mesh.size == 1)
-
-
-def build_engine(chat: InProcessChat, slots: int, cache_tokens: int,
-                 step_tokens: int = 8) -> tuple[Engine, object]:
-  """(an engine for `chat`'s route, the route row each of its requests carries: None without
-  an adapter). Rows hold up to `chat.max_context` tokens; the pool `cache_tokens` (at least
-  one full row), so admission waits for pages when long requests fill it; `step_tokens` new
-  tokens per row per step."""
-  max_len = chat.max_context
-  tokens = max(cache_tokens, max_len)
-  # Decode programs per multiple of slots / 8 live rows (at least 4): as a ragged load's rows
-  # end one by one, powers of two would pad 17 live rows to 32 (a quarter of the work wasted
-  # on average); 8 or so programs more to compile.
-  config = EngineConfig(slots=slots, max_len=max_len, page_size=PAGE_SIZE,
-                        num_pages=-(-tokens // PAGE_SIZE) + 1,  # + the trash page
-                        steps_per_call=step_tokens, decode_row_step=max(4, slots // 8))
-  adapter = route = None
-  if chat.route is not None:
-    r = chat.route
-    adapter = make_adapter(r.experts, r.lora, chat.model.config, [list(r.expert_ids)], r.kernel)
-    route = routes_of(adapter)[0]
-  return Engine(chat.vl or chat.model, config, adapter=adapter), route
 
 
 def submit_choices(engine: Engine, request: Request, n: int) -> list:

@@ -1,17 +1,21 @@
-"""A loaded `morse_jax.llm.Model` as a chat backend: chat template -> one `llm.sample` call for a
+"""A loaded `morse_jax.llm.Model` as a chat backend: chat template -> one generation call for a
 whole batch of conversations -> text, optionally through a fixed LoRA route.
 
-`generate` is what `serving.py` runs for merged HTTP requests: each row keeps its own token limit
-and stop strings inside one sampler call (the call runs to the largest limit; a row's surplus
-tokens are dropped, which leaves its own tokens unchanged because row i draws with
-fold_in(rng, i) whatever the batch around it). A row may bring its own key instead (a seeded
-request's, `seeded_keys`): its draws then depend on that key alone, not on its place in the call.
+`generate` is what the in-process judges and `serving.ChatBatcher` run: each row keeps its own
+token limit and stop strings. Row i draws with fold_in(rng, i) whatever the batch around it, or
+with its own key (a seeded request's, `seeded_keys`): its draws then depend on that key alone.
+On one device the rows are requests on the chat's engine (`llm.engine`, built at the first call,
+rebuilt larger when a batch outgrows it), each ending at its own limit or stop id; over a mesh
+of several devices (the engine does not shard), and with `engine=False` (the test oracle), one
+`llm.sample` call runs to the largest limit and a row's surplus tokens are dropped (its own
+tokens unchanged, by the key rule). Stop strings cut the text afterwards either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import threading
 from typing import Sequence
 
@@ -21,8 +25,13 @@ import jax.numpy as jnp
 from morse_jax import llm
 from morse_jax.llm import vision
 from morse_jax.llm import vl as vl_lib
+from morse_jax.llm.engine import Engine, EngineConfig, EngineError, Request, routes_of
+from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import ExpertWeights, LoraConfig, make_adapter
-from apex_jax.judges.chat import JudgeError, JudgeRequestError
+from apex_jax.judges.chat import JudgeError, JudgeRequestError, JudgeResponseError
+
+log = logging.getLogger(__name__)
+PAGE_SIZE = 16  # tokens per KV page of the chats' engines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +91,46 @@ def check_messages(messages, parts: bool = False) -> list[dict]:
   return messages
 
 
+def _keys(rng: jax.Array, keys, rows: int) -> list[jax.Array]:
+  """Each row's key: its own, or fold_in(rng, row) (what `sample` gives a row without one)."""
+  keys = keys or [None] * rows
+  return [jax.random.fold_in(rng, i) if k is None else k for i, k in enumerate(keys)]
+
+
 def _row_keys(rng: jax.Array, keys) -> jax.Array | None:
-  """`sample`'s row_keys: each row's own key, or fold_in(rng, row) (what `sample` gives a row
-  without one); None when no row has its own."""
+  """`sample`'s row_keys (`_keys`); None when no row has its own."""
   if keys is None or all(k is None for k in keys):
     return None
-  return jnp.stack([jax.random.fold_in(rng, i) if k is None else k for i, k in enumerate(keys)])
+  return jnp.stack(_keys(rng, keys, len(keys)))
+
+
+def runs_on_engine(chat) -> bool:
+  """Whether `chat` can generate on the engine: an InProcessChat on one device (the engine does
+  not shard; a larger mesh keeps the merged `llm.sample` calls)."""
+  mesh = getattr(chat, "mesh", None)
+  return isinstance(chat, InProcessChat) and (mesh is None or mesh.size == 1)
+
+
+def build_engine(chat: "InProcessChat", slots: int, cache_tokens: int, step_tokens: int = 8,
+                 max_len: int | None = None) -> tuple[Engine, object]:
+  """(an engine for `chat`'s route, the route row each of its requests carries: None without
+  an adapter). Rows hold up to `max_len` tokens (None: `chat.max_context`); the pool
+  `cache_tokens` (at least one full row), so admission waits for pages when long requests fill
+  it; `step_tokens` new tokens per row per step."""
+  max_len = max_len or chat.max_context
+  tokens = max(cache_tokens, max_len)
+  # Decode programs per multiple of slots / 8 live rows (at least 4): as a ragged load's rows
+  # end one by one, powers of two would pad 17 live rows to 32 (a quarter of the work wasted
+  # on average); 8 or so programs more to compile.
+  config = EngineConfig(slots=slots, max_len=max_len, page_size=PAGE_SIZE,
+                        num_pages=-(-tokens // PAGE_SIZE) + 1,  # + the trash page
+                        steps_per_call=step_tokens, decode_row_step=max(4, slots // 8))
+  adapter = route = None
+  if chat.route is not None:
+    r = chat.route
+    adapter = make_adapter(r.experts, r.lora, chat.model.config, [list(r.expert_ids)], r.kernel)
+    route = routes_of(adapter)[0]
+  return Engine(chat.vl or chat.model, config, adapter=adapter), route
 
 
 class InProcessChat:
@@ -96,7 +139,7 @@ class InProcessChat:
 
   def __init__(self, model: llm.Model | vl_lib.VlModel, adapter_route: AdapterRoute | None = None,
                *, seed: int = 0, max_context: int | None = None, mesh=None,
-               chat_template_kwargs: dict | None = None):
+               chat_template_kwargs: dict | None = None, engine: bool = True):
     # A Qwen2.5-VL model: its language model runs the text; its images go to the engine.
     self.vl = model if isinstance(model, vl_lib.VlModel) else None
     model = model.text if self.vl is not None else model
@@ -108,6 +151,9 @@ class InProcessChat:
     self._key = jax.random.PRNGKey(seed)
     self._calls = itertools.count()
     self._lock = threading.Lock()
+    self.engine = engine  # False: `generate` runs `llm.sample` on one device too (the oracle)
+    self._engine: tuple[Engine, object] | None = None  # (engine, route row), see `generate`
+    self._engine_of: tuple = ()  # the (params, route) it was built with
 
   def prompt_tokens(self, messages, chat_template_kwargs: dict | None = None,
                     images: int = 0) -> list[int]:
@@ -151,9 +197,9 @@ class InProcessChat:
                temperature: float, top_p: float = 1.0,
                stops: Sequence[Sequence[str]] | None = None,
                keys: Sequence[jax.Array | None] | None = None) -> list[Completion]:
-    """Completions of token-id prompts, all in one sampler call. keys: per row, a key of its
-    own (its tokens then depend on that key, not on the call) or None (the call's key folded
-    with the row's index, as without keys)."""
+    """Completions of token-id prompts, all in one generation call (see the module docstring).
+    keys: per row, a key of its own (its tokens then depend on that key, not on the call) or
+    None (the call's key folded with the row's index, as without keys)."""
     if not prompts:
       return []
     try:
@@ -161,17 +207,52 @@ class InProcessChat:
     except (TypeError, ValueError) as e:
       raise JudgeRequestError(str(e)) from None
     stops = stops or [()] * len(prompts)
+    with self._lock:
+      rng = self.call_key()
+      run = self._on_engine if self.engine and runs_on_engine(self) else self._sampled
+      rows = run(list(prompts), list(max_tokens), sampling, rng, keys)
+    return [self.completion(rows[i], len(prompts[i]), stops[i]) for i in range(len(prompts))]
+
+  def _sampled(self, prompts, max_tokens, sampling, rng, keys) -> list:
+    """Each row's tokens from one `llm.sample` call to the largest limit, cut at its own."""
     adapter = None
     if self.route is not None:
       adapter = make_adapter(self.route.experts, self.route.lora, self.model.config,
                              [list(self.route.expert_ids)] * len(prompts), self.route.kernel)
     settings = llm.GenerationSettings.for_model(self.model, max(max_tokens), sampling)
-    with self._lock:
-      rng = self.call_key()
-      out = llm.sample(self.model, list(prompts), settings, rng=rng, mesh=self.mesh,
-                       adapter=adapter, row_keys=_row_keys(rng, keys))
-    return [self.completion(out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])],
-                            len(prompts[i]), stops[i]) for i in range(len(prompts))]
+    out = llm.sample(self.model, prompts, settings, rng=rng, mesh=self.mesh, adapter=adapter,
+                     row_keys=_row_keys(rng, keys))
+    return [out.tokens[i, :min(int(out.lengths[i]), max_tokens[i])] for i in range(len(prompts))]
+
+  def _on_engine(self, prompts, max_tokens, sampling, rng, keys) -> list:
+    """Each row's tokens as a request on the chat's engine, with its own limit and key."""
+    engine, route = self._engine_for(prompts, max_tokens)
+    try:
+      handles = [engine.submit(Request(p, m, sampling, None, k, route))
+                 for p, m, k in zip(prompts, max_tokens, _keys(rng, keys, len(prompts)))]
+      engine.run()
+      return [h.result().tokens for h in handles]
+    except Exception:
+      self._engine = None  # requests of this call may be left in it: a fresh one next call
+      raise
+
+  def _engine_for(self, prompts, max_tokens) -> tuple[Engine, object]:
+    """The chat's engine, built (again) when this batch has more rows than its slots or a row
+    longer than its rows, or the chat's params or route were replaced (the engine holds what
+    it was built with): a slot per row, rows of a power of two of tokens (few sizes, each a set
+    of compiled programs), a pool holding every slot full."""
+    longest = max(len(p) + m for p, m in zip(prompts, max_tokens))
+    slots = bucket(len(prompts), minimum=1)
+    max_len = min(bucket(longest, minimum=PAGE_SIZE), self.max_context)
+    source = (self.model.params, self.route)
+    if self._engine is not None and all(a is b for a, b in zip(source, self._engine_of)):
+      config = self._engine[0].config
+      if slots <= config.slots and longest <= config.max_len:
+        return self._engine
+      slots, max_len = max(slots, config.slots), max(max_len, config.max_len)
+    self._engine = build_engine(self, slots, slots * max_len, max_len=max_len)
+    self._engine_of = source
+    return self._engine
 
   def call_key(self) -> jax.Array:
     """The next call's key: the seed folded with a call counter (a reproducible run)."""
@@ -195,7 +276,9 @@ class InProcessChat:
 
   def complete_many(self, conversations: Sequence[list[dict]], *, max_tokens: int,
                     temperature: float) -> list[str | JudgeError]:
-    """All valid conversations in one sampler call; an invalid one gets its JudgeRequestError."""
+    """All valid conversations in one generation call; an invalid one gets its
+    JudgeRequestError; a call the engine fails (a non-finite row: broken weights) gives every
+    row of it a JudgeResponseError, which the judges count as failures."""
     out: list[str | JudgeError] = [None] * len(conversations)  # type: ignore[list-item]
     rows, prompts = [], []
     for i, messages in enumerate(conversations):
@@ -207,7 +290,11 @@ class InProcessChat:
         continue
       rows.append(i)
       prompts.append(prompt)
-    done = self.generate(prompts, [max_tokens] * len(prompts), temperature=temperature)
+    try:
+      done = self.generate(prompts, [max_tokens] * len(prompts), temperature=temperature)
+    except EngineError as e:
+      log.warning("in-process chat: %d rows failed: %.200s", len(rows), e)
+      done = [JudgeResponseError(f"generation failed: {e}")] * len(rows)
     for i, completion in zip(rows, done):
-      out[i] = completion.text
+      out[i] = completion if isinstance(completion, JudgeError) else completion.text
     return out

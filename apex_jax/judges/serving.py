@@ -76,8 +76,9 @@ from morse_jax.serving.http import (HANGUP_POLL_S, BodyError, JsonHandler, JsonS
                                     Unavailable, settle)
 
 from apex_jax.judges.chat import JudgeRequestError
-from apex_jax.judges.engine_batcher import EngineBatcher, runs_on_engine
-from apex_jax.judges.inprocess import Completion, InProcessChat, seeded_keys, turn_key
+from apex_jax.judges.engine_batcher import EngineBatcher
+from apex_jax.judges.inprocess import (Completion, InProcessChat, runs_on_engine, seeded_keys,
+                                       turn_key)
 from apex_jax.judges.protocol import (ApiError, ChatLimits, ChatRequest, parse_chat_request,
                                       parse_completion_request)
 from apex_jax.judges.streaming import ChunkWriter, Deltas

@@ -44,6 +44,7 @@ from apex_jax.tools.overlap import NgramSearch, WordSearch
 from apex_jax.toy import build, reading
 from apex_jax.toy.judge_eval import judge_metrics
 from morse_jax import llm
+from morse_jax.llm.engine import Engine, config_for_rows
 from morse_jax.tasks import synthetic
 from morse_jax.toy import corpus
 
@@ -71,6 +72,14 @@ _SPACED = flags.DEFINE_bool("spaced_copies", False, "The reading check's gold ru
                             "pretrain_toy --config.corpus.spaced_copies=True).")
 _DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
                                        "cap (0: skip the distiller check).")
+
+
+def greedy_replies(model, prompts, max_new_tokens: int) -> llm.SampleOutput:
+  """`prompts`' greedy replies (`llm.sample`'s output) from one `Engine.generate` call on an
+  engine with a slot per prompt: each row ends at its own stop id, not the slowest row's."""
+  settings = llm.GenerationSettings.for_model(model, max_new_tokens, llm.GREEDY)
+  config = config_for_rows(prompts, max_new_tokens, model.config.max_position_embeddings)
+  return Engine(model, config).generate(prompts, settings, rng=jax.random.key(0))
 
 
 def executor_metrics(trajectories, examples) -> dict:
@@ -126,9 +135,7 @@ def reading_metrics(model, world_seed: int, questions: int, topk: int,
   examples = world.examples[:questions]
   rows = reading.reading_prompts(examples, WordSearch(world.passages, topk),
                          AgentConfig(prompts=prompts, topk=topk), model.tokenizer, spaced)
-  out = llm.sample(model, [r[0] for r in rows],
-                   llm.GenerationSettings.for_model(model, 96, llm.GREEDY),
-                   rng=jax.random.key(0))
+  out = greedy_replies(model, [r[0] for r in rows], 96)
   query_ok, answers, by_hops, samples = [], {}, collections.defaultdict(list), []
   for i, (_, kind, gold, ex) in enumerate(rows):
     text = model.tokenizer.decode([int(x) for x in out.tokens[i, :int(out.lengths[i])]])
@@ -162,9 +169,7 @@ def distiller_metrics(model, world_seed: int, questions: int, topk: int,
     return {"prompts": 0}
   prompts = [model.tokenizer.apply_chat_template(t["messages"], add_generation_prompt=True)
              for t in turns]
-  out = llm.sample(model, prompts,
-                   llm.GenerationSettings.for_model(model, max_new_tokens, llm.GREEDY),
-                   rng=jax.random.key(0))
+  out = greedy_replies(model, prompts, max_new_tokens)
   kinds, texts, dropped, with_dropped = collections.Counter(), [], 0, 0
   overwrites, with_overwrites = 0, 0
   for i, t in enumerate(turns):
@@ -194,9 +199,7 @@ def morse_metrics(model, problems: int) -> dict:
   turns = [t for t in corpus.turns(probs) if t["role"] == "execute"]
   prompts = [model.tokenizer.apply_chat_template(t["messages"], add_generation_prompt=True)
              for t in turns]
-  out = llm.sample(model, prompts,
-                   llm.GenerationSettings.for_model(model, 320, llm.GREEDY),
-                   rng=jax.random.key(0))
+  out = greedy_replies(model, prompts, 320)
   by_id, passed = {p.id: p for p in probs}, 0
   for i, t in enumerate(turns):
     problem = by_id[t["problem_id"]]

@@ -624,6 +624,15 @@ class Engine:
         self._finish(row, "stop" if toks and toks[-1] in row.stops else "length")
 
 
+def config_for_rows(prompts: Sequence[Sequence[int]], max_new_tokens: int, max_positions: int,
+                    page_size: int = 16) -> EngineConfig:
+  """An engine for one `generate` call of these rows: a slot per row, each as long as the
+  longest row needs (rounded up to a page, at most `max_positions`)."""
+  longest = max(map(len, prompts)) + max_new_tokens
+  return EngineConfig(slots=len(prompts), page_size=page_size,
+                      max_len=min(-(-longest // page_size) * page_size, max_positions))
+
+
 def routes_of(adapter) -> list:
   """Each row of `adapter.row_data` as one request's `route` (the per-row mixture `sample`
   takes as one adapter, split by row)."""
