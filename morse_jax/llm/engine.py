@@ -239,14 +239,19 @@ class Engine:
     """Queues `request`; its handle. Refuses a bad request (ValueError naming the field)."""
     return self.submit_group(request, 1)[0]
 
-  def submit_group(self, request: Request, n: int) -> list[Handle]:
+  def submit_group(self, request: Request, n: int, keys: Sequence | None = None) -> list[Handle]:
     """n samples of `request` that share its prompt's pages: member j draws with
-    fold_in(request.rng, j) (as `sample`'s row j of one rng)."""
+    fold_in(request.rng, j) (as `sample`'s row j of one rng), or with keys[j] when given (a
+    rollout's rows keep the keys the static sampler gives them)."""
     if not isinstance(n, numbers.Integral) or not 1 <= n <= self.config.slots:
       raise ValueError(f"submit_group: n must be an int in [1, {self.config.slots}] (the "
                        f"engine's slots), got {n!r}")
     prompt, stops, route, key = self._check(request)
-    if n > 1:
+    if keys is not None:
+      if len(keys) != n:
+        raise ValueError(f"submit_group: keys holds {len(keys)} keys for n = {n} samples")
+      key_data = [self._check(dataclasses.replace(request, rng=k))[3] for k in keys]
+    elif n > 1:
       keys = [jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(key), j))
               for j in range(n)]
       key_data = [np.asarray(k) for k in keys]
@@ -340,13 +345,20 @@ class Engine:
                rng: jax.Array, routes: Sequence | None = None,
                row_keys=None) -> SampleOutput:
     """`sampling.sample`'s call on the engine: same settings, rows, keys (row i draws with
-    fold_in(rng, i) or row_keys[i]) and output layout (pad_id after the end)."""
+    fold_in(rng, i) or row_keys[i]) and output layout (pad_id after the end). Runs of
+    `settings.prompt_repeats` rows (equal prompts and routes, as `sample` checks them) are one
+    group each: they share their prompt's pages."""
+    r = settings.prompt_repeats
+    if len(prompts) % r:
+      raise ValueError(f"Engine.generate: prompt_repeats={r} does not divide the "
+                       f"{len(prompts)} prompts")
     handles = []
-    for i, prompt in enumerate(prompts):
-      key = jax.random.fold_in(rng, i) if row_keys is None else row_keys[i]
-      handles.append(self.submit(Request(prompt, settings.max_new_tokens, settings.sampling,
-                                         settings.eos_ids, key,
-                                         None if routes is None else routes[i])))
+    for i in range(0, len(prompts), r):
+      keys = [jax.random.fold_in(rng, j) if row_keys is None else row_keys[j]
+              for j in range(i, i + r)]
+      request = Request(prompts[i], settings.max_new_tokens, settings.sampling,
+                        settings.eos_ids, keys[0], None if routes is None else routes[i])
+      handles += self.submit_group(request, r, keys) if r > 1 else [self.submit(request)]
     self.run()
     n, new = len(prompts), settings.max_new_tokens
     tokens = np.full((n, new), settings.pad_id, np.int32)
@@ -357,6 +369,25 @@ class Engine:
       tokens[i, :len(c.tokens)], logprobs[i, :len(c.tokens)] = c.tokens, c.logprobs
       lengths[i] = len(c.tokens)
     return SampleOutput(tokens=tokens, logprobs=logprobs, lengths=lengths)
+
+  def set_adapter(self, adapter) -> None:
+    """New adapter weights between runs (a trainer's experts after an update): the pages and
+    the compiled programs stay. Refused while requests are in the engine, or for an adapter
+    whose rows differ in shape from the engine's (a program of its own: another engine)."""
+    if self.busy:
+      raise ValueError("Engine.set_adapter: requests are still in the engine")
+    if (adapter is None) != (self.adapter is None):
+      raise ValueError("Engine.set_adapter: an engine built without an adapter takes none, and "
+                       "one built with an adapter needs one")
+    if adapter is not None:
+      rows = [(np.asarray(a)[0].shape, np.asarray(a).dtype)
+              for a in jax.tree.leaves(adapter.row_data)]
+      want = [(a.shape, a.dtype) for a in self._route_template]
+      if rows != want:
+        raise ValueError(f"Engine.set_adapter: rows of {rows}, the engine's are {want}")
+      if getattr(adapter, "kernel", None) == "merged":
+        adapter = dataclasses.replace(adapter, kernel="auto")
+    self.adapter = adapter
 
   # -- accounting ---------------------------------------------------------------------------
 
