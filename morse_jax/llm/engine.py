@@ -64,6 +64,8 @@ class EngineConfig:
     server's ragged load: 17 live rows cost 20 rows with k = 4, not 32).
   prefill_chunk: prompt tokens per row per prefill pass (a power of two).
   prefill_rows: rows prefilled per step.
+  min_prefill_rows: the smallest prefill program (a power of two): fewer programs (compiles)
+    for padding rows in a pass.
   block_pages: pages per block of the paged attention's online softmax.
   unstack: the CPU decode layout (`fused_decode`, one copy of the layers for the engine's
     life); None: `sampling.default_unstack`.
@@ -78,16 +80,17 @@ class EngineConfig:
   decode_row_step: int = 0
   prefill_chunk: int = 128
   prefill_rows: int = 4
+  min_prefill_rows: int = 1
   block_pages: int = 16
   unstack: bool | None = None
 
   def __post_init__(self):
     for name in ("slots", "max_len", "page_size", "steps_per_call", "min_decode_rows",
-                 "prefill_chunk", "prefill_rows", "block_pages"):
+                 "prefill_chunk", "prefill_rows", "min_prefill_rows", "block_pages"):
       value = getattr(self, name)
       if not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
-    for name in ("prefill_chunk", "min_decode_rows"):
+    for name in ("prefill_chunk", "min_decode_rows", "min_prefill_rows"):
       value = getattr(self, name)
       if value & (value - 1):
         raise ValueError(f"EngineConfig.{name} must be a power of two, got {value!r}")
@@ -501,7 +504,7 @@ class Engine:
 
   def _prefill(self, rows: list[_Row]) -> None:
     cfg = self.config
-    r = bucket(len(rows), minimum=1)
+    r = bucket(len(rows), minimum=cfg.min_prefill_rows)
     chunks = [min(cfg.prefill_chunk, len(row.prompt) - row.prefilled) for row in rows]
     # Two chunk lengths only (a prompt's tail, the rest): each is one more compiled program.
     short = max(1, cfg.prefill_chunk // 4)

@@ -110,14 +110,16 @@ def test_engine_rollouts_give_the_static_paths_updates(model, sampling):
   assert static.sampler is None
 
 
+@pytest.mark.slow  # three engines' programs
 def test_a_wider_or_longer_call_rebuilds_the_engine_larger(model):
   sampler = EngineSampler(model)
   settings = llm.GenerationSettings.for_model(model, 8, SAMPLED)
-  for rows, prompt in ((4, 5), (12, 5), (2, 300)):
+  for rows, prompt in ((4, 5), (12, 5), (40, 5), (2, 1100)):
     out = sampler(model, [[1] * prompt] * rows, settings, rng=jax.random.key(0))
     assert out.tokens.shape == (rows, 8)
-  assert sampler.builds == 3
-  assert (sampler.engine.config.slots, sampler.engine.config.max_len) == (16, 512)
+  assert sampler.builds == 3  # 32 x 1024 held 4 and 12 rows
+  config = sampler.engines[False].config  # the bare backbone's
+  assert (config.slots, config.max_len) == (64, 2048)
 
 
 def test_a_call_the_engine_fails_goes_to_the_static_sampler(model, monkeypatch):
@@ -132,7 +134,7 @@ def test_a_call_the_engine_fails_goes_to_the_static_sampler(model, monkeypatch):
   monkeypatch.setattr(Engine, "generate", fail)
   got = sampler(model, prompts, settings, rng=jax.random.key(2))
   np.testing.assert_array_equal(got.tokens, want.tokens)
-  assert sampler.fallbacks == 1 and sampler.engine is None  # rebuilt at the next call
+  assert sampler.fallbacks == 1 and not sampler.engines  # rebuilt at the next call
   with pytest.raises(ValueError, match="another model"):
     sampler(llm.Model(model.config, model.params), prompts, settings, rng=jax.random.key(2))
 
@@ -176,3 +178,11 @@ def test_the_engine_switch_leaves_a_runs_identity_alone(model):
   static, engine = trainers(model)
   assert static.metadata() == engine.metadata()
   assert "engine" not in static.metadata()["rollout"]
+
+
+def test_min_prefill_rows_pads_a_pass_to_one_program(model):
+  engine = Engine(model, EngineConfig(slots=4, max_len=64, min_prefill_rows=4))
+  engine.generate([[1, 2, 3]], llm.GenerationSettings.for_model(model, 2), rng=jax.random.key(0))
+  assert engine.stats["prefill_computed"] == 4 * 32  # one row in a 4-row pass of short chunks
+  with pytest.raises(ValueError, match="min_prefill_rows must be a power of two, got 3"):
+    EngineConfig(min_prefill_rows=3)
