@@ -77,8 +77,10 @@ class EngineSampler:
 
   def _engine_for(self, rows: int, need: int, adapter):
     """(the kept engine, `adapter` in it), or a larger engine when the kept one cannot hold
-    the call. An adapter narrower than the engine's rows (a rollout's routes after a merge's
-    wider ones) is padded with zero weights: it adds the same."""
+    the call. Routes are padded with zero weights (adding the same) to every expert's width,
+    so a wave's merges (role + the parents' union) and executors (role + top-k) share one."""
+    if adapter is not None:
+      adapter = widened(adapter, max(adapter.routes.idx.shape[1], experts_of(adapter)))
     engine = self.engines.get(adapter is not None)
     slots = bucket(rows, minimum=MIN_SLOTS)
     max_len = min(bucket(need, MIN_LEN), self.model.config.max_position_embeddings)
@@ -99,6 +101,11 @@ class EngineSampler:
     self.engines[adapter is not None] = engine
     self.builds += 1
     return engine, adapter
+
+
+def experts_of(adapter) -> int:
+  """The experts an adapter holds (K of its [layers, K, d, r] weights)."""
+  return next(iter(adapter.experts.values())).a.shape[1]
 
 
 def widened(adapter, width: int):

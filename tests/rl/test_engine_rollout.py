@@ -88,6 +88,8 @@ def test_an_engine_rollout_equals_the_static_one(model, sampling):
     lengths |= {len(c) for c in engine.completions}
   assert len(lengths) > 1  # ragged rows: some ended before others
   assert sampler.builds == 1 and sampler.fallbacks == 0
+  # Routes padded to every expert (zero weights): a merge's wider route needs no other engine.
+  assert sampler.engine.adapter.routes.idx.shape[1] == shapes.LORA.num_experts
 
 
 @pytest.mark.slow
