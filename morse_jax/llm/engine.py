@@ -43,7 +43,7 @@ from morse_jax.llm.bundle import Model
 from morse_jax.llm.pages import TRASH_PAGE, PageAllocator
 from morse_jax.llm.paged import PagedRows
 from morse_jax.llm.sampling import (GenerationSettings, SampleOutput, SamplingConfig, bucket,
-                                    default_unstack)
+                                    check_runs, default_unstack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,9 +352,8 @@ class Engine:
     `settings.prompt_repeats` rows (equal prompts and routes, as `sample` checks them) are one
     group each: they share their prompt's pages."""
     r = settings.prompt_repeats
-    if len(prompts) % r:
-      raise ValueError(f"Engine.generate: prompt_repeats={r} does not divide the "
-                       f"{len(prompts)} prompts")
+    rows = None if routes is None else jax.tree.map(lambda *xs: np.stack(xs), *routes)
+    check_runs(prompts, rows, r, "Engine.generate")  # every run before any row is submitted
     handles = []
     for i in range(0, len(prompts), r):
       keys = [jax.random.fold_in(rng, j) if row_keys is None else row_keys[j]

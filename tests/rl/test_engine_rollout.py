@@ -152,8 +152,11 @@ def test_generate_runs_prompt_repeats_as_groups_with_the_static_keys(model):
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
   assert engine.stats["prefill_tokens"] == 6  # each run's prompt once
-  with pytest.raises(ValueError, match="prompt_repeats=3 does not divide the 4 prompts"):
+  with pytest.raises(ValueError, match="prompt_repeats=3 must be an int >= 1 dividing the 4"):
     engine.generate(prompts[:4], settings, rng=jax.random.key(5))
+  with pytest.raises(ValueError, match="row 4 differs from row 3 of its run .prompt."):
+    engine.generate(prompts[:4] + [[9]] + prompts[5:], settings, rng=jax.random.key(5))
+  assert not engine.busy  # refused before any row was submitted
   with pytest.raises(ValueError, match="keys holds 1 keys for n = 2"):
     engine.submit_group(Request([1, 2], 4), 2, [jax.random.key(0)])
 
