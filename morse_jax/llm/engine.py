@@ -48,7 +48,7 @@ from morse_jax.llm.bundle import Model
 from morse_jax.llm.pages import TRASH_PAGE, PageAllocator
 from morse_jax.llm.paged import PagedRows
 from morse_jax.llm.sampling import (GenerationSettings, SampleOutput, SamplingConfig, bucket,
-                                    default_unstack)
+                                    check_runs, default_unstack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,8 @@ class EngineConfig:
     server's ragged load: 17 live rows cost 20 rows with k = 4, not 32).
   prefill_chunk: prompt tokens per row per prefill pass (a power of two).
   prefill_rows: rows prefilled per step.
+  min_prefill_rows: the smallest prefill program (a power of two): fewer programs (compiles)
+    for padding rows in a pass.
   block_pages: pages per block of the paged attention's online softmax.
   unstack: the CPU decode layout (`fused_decode`, one copy of the layers for the engine's
     life); None: `sampling.default_unstack`.
@@ -83,16 +85,17 @@ class EngineConfig:
   decode_row_step: int = 0
   prefill_chunk: int = 128
   prefill_rows: int = 4
+  min_prefill_rows: int = 1
   block_pages: int = 16
   unstack: bool | None = None
 
   def __post_init__(self):
     for name in ("slots", "max_len", "page_size", "steps_per_call", "min_decode_rows",
-                 "prefill_chunk", "prefill_rows", "block_pages"):
+                 "prefill_chunk", "prefill_rows", "min_prefill_rows", "block_pages"):
       value = getattr(self, name)
       if not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
-    for name in ("prefill_chunk", "min_decode_rows"):
+    for name in ("prefill_chunk", "min_decode_rows", "min_prefill_rows"):
       value = getattr(self, name)
       if value & (value - 1):
         raise ValueError(f"EngineConfig.{name} must be a power of two, got {value!r}")
@@ -246,33 +249,26 @@ class Engine:
     self._admitted = 0
     self.stats = collections.Counter()
 
-  def set_adapter(self, adapter) -> None:
-    """Another adapter with the same row layout (a trainer's new weights): the compiled
-    programs stay. Refused while requests are waiting or live (their rows ran the old one)."""
-    if self.busy:
-      raise RuntimeError("Engine.set_adapter: requests are waiting or live; finish them first")
-    if (adapter is None) != (self.adapter is None):
-      raise ValueError("Engine.set_adapter: an engine built with(out) an adapter keeps one "
-                       "(with) or none (without)")
-    if adapter is not None and getattr(adapter, "kernel", None) == "merged":
-      adapter = dataclasses.replace(adapter, kernel="auto")  # as in __init__
-    self.adapter = adapter
-
   # -- submission ---------------------------------------------------------------------------
 
   def submit(self, request: Request) -> Handle:
     """Queues `request`; its handle. Refuses a bad request (ValueError naming the field)."""
     return self.submit_group(request, 1)[0]
 
-  def submit_group(self, request: Request, n: int) -> list[Handle]:
+  def submit_group(self, request: Request, n: int, keys: Sequence | None = None) -> list[Handle]:
     """n samples of `request` that share its prompt's pages: member j draws with
-    fold_in(request.rng, j) (as `sample`'s row j of one rng)."""
+    fold_in(request.rng, j) (as `sample`'s row j of one rng), or with keys[j] when given (a
+    rollout's rows keep the keys the static sampler gives them)."""
     if not isinstance(n, numbers.Integral) or not 1 <= n <= self.config.slots:
       raise ValueError(f"submit_group: n must be an int in [1, {self.config.slots}] (the "
                        f"engine's slots), got {n!r}")
     prompt, stops, route, key = self._check(request)
     images = self._images(request, prompt)
-    if n > 1:
+    if keys is not None:
+      if len(keys) != n:
+        raise ValueError(f"submit_group: keys holds {len(keys)} keys for n = {n} samples")
+      key_data = [self._check(dataclasses.replace(request, rng=k))[3] for k in keys]
+    elif n > 1:
       keys = [jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(key), j))
               for j in range(n)]
       key_data = [np.asarray(k) for k in keys]
@@ -376,14 +372,20 @@ class Engine:
                images: Sequence[Sequence[np.ndarray]] | None = None) -> SampleOutput:
     """`sampling.sample`'s call on the engine: same settings, rows, keys (row i draws with
     fold_in(rng, i) or row_keys[i]) and output layout (pad_id after the end); `images`: each
-    prompt's (a VL engine's), as `vl_sampling.sample` takes them."""
+    prompt's (a VL engine's), as `vl_sampling.sample` takes them. Runs of
+    `settings.prompt_repeats` rows (equal prompts and routes, as `sample` checks them) are one
+    group each: they share their prompt's pages."""
+    r = settings.prompt_repeats
+    rows = None if routes is None else jax.tree.map(lambda *xs: np.stack(xs), *routes)
+    check_runs(prompts, rows, r, "Engine.generate")  # every run before any row is submitted
     handles = []
-    for i, prompt in enumerate(prompts):
-      key = jax.random.fold_in(rng, i) if row_keys is None else row_keys[i]
-      handles.append(self.submit(Request(prompt, settings.max_new_tokens, settings.sampling,
-                                         settings.eos_ids, key,
-                                         None if routes is None else routes[i],
-                                         () if images is None else images[i])))
+    for i in range(0, len(prompts), r):
+      keys = [jax.random.fold_in(rng, j) if row_keys is None else row_keys[j]
+              for j in range(i, i + r)]
+      request = Request(prompts[i], settings.max_new_tokens, settings.sampling,
+                        settings.eos_ids, keys[0], None if routes is None else routes[i],
+                        () if images is None else images[i])
+      handles += self.submit_group(request, r, keys) if r > 1 else [self.submit(request)]
     self.run()
     n, new = len(prompts), settings.max_new_tokens
     tokens = np.full((n, new), settings.pad_id, np.int32)
@@ -394,6 +396,25 @@ class Engine:
       tokens[i, :len(c.tokens)], logprobs[i, :len(c.tokens)] = c.tokens, c.logprobs
       lengths[i] = len(c.tokens)
     return SampleOutput(tokens=tokens, logprobs=logprobs, lengths=lengths)
+
+  def set_adapter(self, adapter) -> None:
+    """New adapter weights between runs (a trainer's experts after an update): the pages and
+    the compiled programs stay. Refused while requests are in the engine, or for an adapter
+    whose rows differ in shape from the engine's (a program of its own: another engine)."""
+    if self.busy:
+      raise RuntimeError("Engine.set_adapter: requests are waiting or live; finish them first")
+    if (adapter is None) != (self.adapter is None):
+      raise ValueError("Engine.set_adapter: an engine built without an adapter takes none, and "
+                       "one built with an adapter needs one")
+    if adapter is not None:
+      rows = [(np.asarray(a)[0].shape, np.asarray(a).dtype)
+              for a in jax.tree.leaves(adapter.row_data)]
+      want = [(a.shape, a.dtype) for a in self._route_template]
+      if rows != want:
+        raise ValueError(f"Engine.set_adapter: rows of {rows}, the engine's are {want}")
+      if getattr(adapter, "kernel", None) == "merged":
+        adapter = dataclasses.replace(adapter, kernel="auto")
+    self.adapter = adapter
 
   # -- accounting ---------------------------------------------------------------------------
 
@@ -507,7 +528,7 @@ class Engine:
 
   def _prefill(self, rows: list[_Row]) -> None:
     cfg = self.config
-    r = bucket(len(rows), minimum=1)
+    r = bucket(len(rows), minimum=cfg.min_prefill_rows)
     chunks = [min(cfg.prefill_chunk, len(row.prompt) - row.prefilled) for row in rows]
     # Two chunk lengths only (a prompt's tail, the rest): each is one more compiled program.
     short = max(1, cfg.prefill_chunk // 4)

@@ -333,18 +333,19 @@ def _pad_routes(adapter, n: int, rows: int):
   return adapter.map_rows(pad)
 
 
-def _check_runs(prompts, adapter, r: int) -> None:
-  """Prompts (and routes) must come in runs of r equal ones for `prompt_repeats=r`."""
+def check_runs(prompts, row_data, r: int, caller: str = "sample") -> None:
+  """Prompts (and the adapter's per-row data: routes) must come in runs of r equal ones for
+  `prompt_repeats=r`."""
   if len(prompts) % r:
-    raise ValueError(f"sample: prompt_repeats={r!r} must be an int >= 1 dividing the "
+    raise ValueError(f"{caller}: prompt_repeats={r!r} must be an int >= 1 dividing the "
                      f"{len(prompts)} prompts")
-  routes = [] if adapter is None else [np.asarray(a) for a in jax.tree.leaves(adapter.row_data)]
+  routes = [] if row_data is None else [np.asarray(a) for a in jax.tree.leaves(row_data)]
   for i in range(0, len(prompts), r):
     for j in range(i + 1, i + r):
       same_route = all(np.array_equal(a[j], a[i]) for a in routes)
       if list(prompts[j]) != list(prompts[i]) or not same_route:
-        raise ValueError(f"sample: prompt_repeats={r}: row {j} differs from row {i} of its run "
-                         f"({'prompt' if same_route else 'route'})")
+        raise ValueError(f"{caller}: prompt_repeats={r}: row {j} differs from row {i} of its "
+                         f"run ({'prompt' if same_route else 'route'})")
 
 
 def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationSettings, *,
@@ -374,7 +375,7 @@ def sample(model: Model, prompts: Sequence[Sequence[int]], settings: GenerationS
   if too_big:
     raise ValueError(f"sample: token id {too_big[0]} is outside the vocabulary "
                      f"[0, {config.vocab_size})")
-  _check_runs(prompts, adapter, settings.prompt_repeats)
+  check_runs(prompts, None if adapter is None else adapter.row_data, settings.prompt_repeats)
   longest = max(len(p) for p in prompts) + settings.max_new_tokens
   if longest > config.max_position_embeddings:
     raise ValueError(f"sample: a prompt of {max(len(p) for p in prompts)} tokens plus "

@@ -35,6 +35,9 @@ class Agents:
   max_new_tokens: int = 512
   kernel: str = "auto"
   mesh: object = None
+  # `llm.sample` (None) or a call with its signature: a trainer's `EngineSampler`, so that the
+  # training waves' merge calls run on the rollouts' engine.
+  sampler: Callable | None = None
 
   def tokens(self, messages: list[dict]) -> list[int]:
     return self.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -80,8 +83,8 @@ class Agents:
       adapter = make_adapter(experts, self.lora, self.model.config, expert_sets, self.kernel)
     limit = max_new_tokens or self.max_new_tokens
     settings = llm.GenerationSettings.for_model(self.model, limit, sampling)
-    out = llm.sample(self.model, list(prompts), settings, rng=rng, mesh=self.mesh,
-                     adapter=adapter, row_keys=row_keys)
+    out = (self.sampler or llm.sample)(self.model, list(prompts), settings, rng=rng,
+                                       mesh=self.mesh, adapter=adapter, row_keys=row_keys)
     return [self.reply(out.tokens[i, :int(out.lengths[i])], limit) for i in range(len(prompts))]
 
   def reply(self, tokens, limit: int) -> Reply:

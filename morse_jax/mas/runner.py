@@ -257,7 +257,7 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
 
   train_merges: merge calls are sampled per executor row and trained (above); False runs them
   greedily with the current experts, untrained (cheaper: the executors of a route then share
-  one prompt, prefilled once).
+  one prompt, prefilled once), on the trainer's engine when its rollouts run on one.
 
   skip_blocked: a node with a blocked parent gets no rollout and scores 0 (a wave left empty
   makes no update). Only for families where such a node cannot pass: its rewards would all be
@@ -265,6 +265,9 @@ def train(trainer, state, agents: Agents, family: TaskFamily, problems: Sequence
   tasks = [TaskOutcome(p, g) for p, g in zip(problems, graphs)]
   pick = np.random.default_rng(seed)
   history = []
+  sampler = getattr(trainer, "sampler", None)
+  if sampler is not None and agents.model is trainer.model:  # merges on the rollouts' engine
+    agents = dataclasses.replace(agents, sampler=sampler)
   for wave in range(max(len(g.waves()) for g in graphs)):
     items = wave_items(tasks, wave)
     if skip_blocked:

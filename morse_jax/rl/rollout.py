@@ -88,7 +88,7 @@ def expert_sets_of(requests: Sequence[NodeRequest], lora: LoraConfig, group_size
 def rollout(model: llm.Model, experts, lora: LoraConfig, requests: Sequence[NodeRequest],
             settings: llm.GenerationSettings, *, group_size: int, rng: jax.Array,
             kl: bool = False, rows_multiple: int = 1, mesh=None,
-            kernel: str = "auto") -> GroupRollout:
+            kernel: str = "auto", sampler=None) -> GroupRollout:
   """Samples M candidates for each of the B routes of every node, in one sampler call.
 
   settings: the sampler's (its prompt_repeats is the rollout's to choose: M, unless some rows
@@ -97,7 +97,8 @@ def rollout(model: llm.Model, experts, lora: LoraConfig, requests: Sequence[Node
   distribution is not the policy's softmax, so they are recomputed with one forward pass.
   kl=True also records the adapters-off (reference) log-probs. Rows are padded to a power of two
   that is a multiple of `rows_multiple` (mesh data axis x micro-batches); kernel: the mixture
-  kernel while sampling.
+  kernel while sampling; sampler: `llm.sample` (None) or a call with its signature and results
+  (`rl.engine_sampler.EngineSampler`: the rows on the generation engine).
   """
   if not requests:
     raise ValueError("rollout: no nodes")
@@ -116,8 +117,9 @@ def rollout(model: llm.Model, experts, lora: LoraConfig, requests: Sequence[Node
   # A route's M candidates share one prefill, unless some rows have prompts of their own.
   repeats = 1 if any(req.row_prompts is not None for req in requests) else group_size
   adapter = make_adapter(experts, lora, model.config, sets, kernel=kernel)
-  out = llm.sample(model, prompts, dataclasses.replace(settings, prompt_repeats=repeats), rng=rng,
-                   mesh=mesh, adapter=adapter)
+  out = (sampler or llm.sample)(model, prompts, dataclasses.replace(settings,
+                                                                    prompt_repeats=repeats),
+                                rng=rng, mesh=mesh, adapter=adapter)
   n = len(prompts)
   completions = [out.tokens[r, :out.lengths[r]] for r in range(n)]
   segments = [[Segment(prompts[r]), Segment(completions[r], out.logprobs[r, :out.lengths[r]])]

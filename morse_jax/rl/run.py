@@ -10,11 +10,11 @@ and TTRL keep only their step functions and what is theirs (stage boundaries, th
 
 `record` is the one builder of what checkpoints record and compare (`Checkpoints`' metadata, the
 identity that owns a run's folder, the MoRSE demo's measurement identity): each part as JSON
-reads it back (`checkpoint.as_json`, the one normalisation), a dataclass as its fields, a
-`StepConfig` without the fields that change how an update is computed but not its result
-(`train_step.EXECUTION_ONLY`), an array (a PRNG key) as the fingerprint of its data. The records
-are the ones runs have always written, key for key, so earlier runs' folders still restore
-(tests/rl/test_run.py computes them the old way too).
+reads it back (`checkpoint.as_json`, the one normalisation), a dataclass as its fields but
+those that change how a step is computed, not its result (`train_step.EXECUTION_ONLY`:
+`StepConfig`'s micro_batches and remat, `RolloutConfig.engine`), an array (a PRNG key) as
+the fingerprint of its data. The records are the ones runs have always written, key for key, so
+earlier runs' folders still restore (tests/rl/test_run.py computes them the old way too).
 """
 
 from __future__ import annotations
@@ -38,10 +38,8 @@ def record(**parts) -> dict:
 
 
 def _part(value: Any) -> Any:
-  if isinstance(value, StepConfig):
-    return {k: v for k, v in dataclasses.asdict(value).items() if k not in EXECUTION_ONLY}
   if dataclasses.is_dataclass(value) and not isinstance(value, type):
-    return dataclasses.asdict(value)
+    return {k: v for k, v in dataclasses.asdict(value).items() if k not in EXECUTION_ONLY}
   if isinstance(value, (list, tuple)):
     return [_part(v) for v in value]
   if isinstance(value, (jax.Array, np.ndarray)):

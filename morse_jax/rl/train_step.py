@@ -229,11 +229,12 @@ def train_step(backbone, experts, router_params, opt_states, policy: PolicyBatch
   return experts, router_params, opt_states, metrics
 
 
-# StepConfig fields that do not change an update's result: remat recomputes the same layers,
-# micro_batches splits the rows under one denominator (test_micro_batches_equal_one_pass). A
-# run's identity leaves them out (`rl.run.record`), so a run the OOM killer stopped can resume
-# with layers recomputed or its rows split.
-EXECUTION_ONLY = ("micro_batches", "remat")
+# Config fields that do not change an update's result: remat recomputes the same layers,
+# micro_batches splits the rows under one denominator (test_micro_batches_equal_one_pass),
+# RolloutConfig.engine samples the static path's rows on the engine. A run's identity leaves
+# them out (`rl.run.record`), so a run the OOM killer stopped can resume with layers recomputed
+# or its rows split.
+EXECUTION_ONLY = ("micro_batches", "remat", "engine")
 
 
 @functools.cache

@@ -25,6 +25,7 @@ from morse_jax import llm
 from morse_jax.lora import router as router_lib
 from morse_jax.lora.experts import LoraConfig, init_experts, shard_experts
 from morse_jax.rl import loop
+from morse_jax.rl.engine_sampler import EngineSampler
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import rollout as rollout_lib
 from morse_jax.rl import run as run_lib
@@ -46,6 +47,9 @@ class RolloutConfig:
   # The update runs each route's common prompt once (compaction.share_prefixes); only with
   # StepConfig.micro_batches == 1, else rows run as they are.
   share_prompts: bool = True
+  # The rows on the generation engine (`rl.engine_sampler`: no row waits for the wave's
+  # longest; the same tokens and log-probs), on one device; a mesh keeps the static sampler.
+  engine: bool = False
 
   def __post_init__(self):
     for name in ("routes_per_node", "group_size", "max_new_tokens"):
@@ -109,6 +113,8 @@ class Trainer:
     self.rollout_config, self.embed_dim, self.mesh = rollout, embed_dim, mesh
     self.generation = llm.GenerationSettings.for_model(model, rollout.max_new_tokens,
                                                        rollout.sampling)
+    on_engine = rollout.engine and (mesh is None or mesh.size == 1)
+    self.sampler = EngineSampler(model) if on_engine else None
     data = 1 if mesh is None else mesh.shape["data"]
     self.update = update_lib.Update(
         model.config, lora, step, router, kernel=rollout.train_kernel,
@@ -174,7 +180,7 @@ class Trainer:
     return rollout_lib.rollout(
         self.model, experts, self.lora, requests, self.generation, group_size=rc.group_size,
         rng=key, kl=self.step_config.kl_coef > 0, rows_multiple=self.rows_multiple,
-        mesh=self.mesh, kernel=rc.kernel)
+        mesh=self.mesh, kernel=rc.kernel, sampler=self.sampler)
 
   def _merges(self, experts, nodes: Sequence[TrainNode], requests, key):
     """Samples every MergeCall once per executor row. Returns (the merge rollout, the executor

@@ -250,7 +250,7 @@ def test_bad_engine_settings_and_groups_are_refused_by_name(model, adapter):
 def test_set_adapter_between_requests_only(model, adapter):
   """A trainer's new weights go in between requests (same routes); refused while rows run."""
   engine = Engine(model, ENGINE, adapter=adapter)
-  with pytest.raises(ValueError, match="keeps one"):
+  with pytest.raises(ValueError, match="takes none"):
     engine.set_adapter(None)
   [route] = routes_of(adapter)[:1]
   engine.submit(Request([1, 2], 4, route=route))

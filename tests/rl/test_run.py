@@ -38,7 +38,12 @@ def old_trainer_metadata(trainer):
   return {"model": as_dict(trainer.model.config), "lora": as_dict(trainer.lora),
           "router": None if trainer.router is None else as_dict(trainer.router),
           "step": old_step_identity(trainer.step_config),
-          "rollout": as_dict(trainer.rollout_config), "embed_dim": trainer.embed_dim}
+          "rollout": old_rollout(trainer.rollout_config), "embed_dim": trainer.embed_dim}
+
+
+def old_rollout(rollout):
+  """A RolloutConfig as runs wrote it before it had `engine` (issue 55)."""
+  return {k: v for k, v in dataclasses.asdict(rollout).items() if k != "engine"}
 
 
 def old_run_identity(config, metadata, problems):
