@@ -61,6 +61,14 @@ class Generator(Protocol):
   def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
                max_new_tokens: int, sampling: llm.SamplingConfig) -> list[Generation]: ...
 
+  # A generator whose backbone sees images (`vl_generator.VlGenerator`) sets `takes_images`; its
+  # `generate` takes `images=` (per prompt its uint8 images, one per image block) and its
+  # tokenizer's `apply_chat_template` `images=` (how many markers are images).
+
+
+def takes_images(generator) -> bool:
+  return bool(getattr(generator, "takes_images", False))
+
 
 def with_experts(generator, experts):
   """`generator` sampling with `experts`: a copy holding them (the caller's generator is left as
@@ -80,9 +88,16 @@ def chat_tokens(tokenizer: ChatTokenizer, messages: list[dict]) -> list[int]:
   return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
 
-def _check_module(module: str) -> None:
+def check_module(module: str) -> None:
   if module not in MODULES:
     raise ValueError(f"module {module!r} not in {MODULES}")
+
+
+def check_roles(lora: LoraConfig, owner: str) -> None:
+  missing = [m for m in MODULES if m not in lora.roles]
+  if missing:
+    raise ValueError(f"{owner}: LoraConfig.roles {lora.roles!r} lacks the module role(s) "
+                     f"{missing}")
 
 
 def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max_new_tokens,
@@ -92,15 +107,21 @@ def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max
   out = llm.sample(model, [list(p) for p in prompts],
                    llm.GenerationSettings.for_model(model, max_new_tokens, sampling), rng=rng,
                    mesh=mesh, adapter=adapter)
+  return generations(model, len(prompts), out)
+
+
+def generations(model, n: int, out) -> list[Generation]:
+  """The first n rows of a sampler's output (`SampleOutput`) as Generations, decoded with the
+  model's tokenizer; finished when the row ends at one of its stop ids."""
   stops = set(int(s) for s in model.stop_ids)
   gens = []
-  for i in range(len(prompts)):
-    n = int(out.lengths[i])
-    tokens = np.asarray(out.tokens[i, :n], np.int32)
+  for i in range(n):
+    length = int(out.lengths[i])
+    tokens = np.asarray(out.tokens[i, :length], np.int32)
     gens.append(Generation(
-        tokens, np.asarray(out.logprobs[i, :n], np.float32),
+        tokens, np.asarray(out.logprobs[i, :length], np.float32),
         model.tokenizer.decode([int(t) for t in tokens], skip_special_tokens=True),
-        finished=bool(n and int(tokens[-1]) in stops)))
+        finished=bool(length and int(tokens[-1]) in stops)))
   return gens
 
 
@@ -118,24 +139,21 @@ class AdapterGenerator:
   mesh: object = None
 
   def __post_init__(self):
-    missing = [m for m in MODULES if m not in self.lora.roles]
-    if missing:
-      raise ValueError(f"AdapterGenerator: LoraConfig.roles {self.lora.roles!r} lacks the "
-                       f"module role(s) {missing}")
+    check_roles(self.lora, "AdapterGenerator")
 
   @property
   def tokenizer(self) -> ChatTokenizer:
     return self.model.tokenizer
 
   def tokenizer_of(self, module: str) -> ChatTokenizer:
-    _check_module(module)
+    check_module(module)
     return self.model.tokenizer
 
   def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
                max_new_tokens: int, sampling: llm.SamplingConfig,
                experts=None) -> list[Generation]:
     """experts: the role experts to sample with (None: `self.experts`)."""
-    _check_module(module)
+    check_module(module)
     if not prompts:
       return []
     sets = [[self.lora.role_index(module)]] * len(prompts)
@@ -159,7 +177,7 @@ class SeparateGenerator:
     if not self.modules:
       raise ValueError("SeparateGenerator.modules is empty")
     for module, entry in self.modules.items():
-      _check_module(module)
+      check_module(module)
       if not isinstance(entry, tuple) or len(entry) != 3:
         raise ValueError(f"SeparateGenerator.modules[{module!r}] must be (model, experts, lora);"
                          f" got {entry!r:.80}")
@@ -171,7 +189,7 @@ class SeparateGenerator:
                          f"given or both be None")
 
   def _entry(self, module: str) -> tuple:
-    _check_module(module)
+    check_module(module)
     if module not in self.modules:
       raise ValueError(f"SeparateGenerator has no model for module {module!r} "
                        f"(has {sorted(self.modules)})")
