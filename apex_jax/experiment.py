@@ -19,8 +19,10 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from morse_jax import llm
+from morse_jax.llm import vl
 from morse_jax.config_sections import as_base, section, settings
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
@@ -34,7 +36,8 @@ from apex_jax.tools import LocalSearch
 from apex_jax.tools.image_search import ImageSearch
 from apex_jax.tools.overlap import NgramSearch, WordSearch
 from apex_jax.tools.passages import read_corpus
-from apex_jax.training.grpo import ModuleUpdater
+from apex_jax.agents.vl_generator import VlGenerator
+from apex_jax.training.grpo import ModuleUpdater, VlModuleUpdater
 from apex_jax.training.stages import StageConfig
 from apex_jax.training.ttrl import TtrlConfig
 from morse_jax.lora.embedders import BackboneMeanEmbedder, SentenceEmbedder
@@ -249,27 +252,45 @@ def _embedder(c, model):
   return SentenceEmbedder(c.memory.embedder_path or None)
 
 
-def build(config, *, model: llm.Model | None = None, generator=None,
+def build(config, *, model: llm.Model | vl.VlModel | None = None, generator=None,
           embedder=None) -> Experiment:
-  """The experiment's pieces. model: already loaded (else config.model.path); generator: a
-  stand-in sampler (tests), else an AdapterGenerator with the three role experts; embedder:
-  the memory bank's (else config.memory.embedder)."""
+  """The experiment's pieces. model: already loaded (else config.model.path; a Qwen2.5-VL one
+  gets `VlGenerator` and `VlModuleUpdater`); generator: a stand-in sampler (tests), else an
+  AdapterGenerator with the three role experts; embedder: the memory bank's (else
+  config.memory.embedder)."""
   c = config
   check_paths(c, model_given=model is not None)
   if model is None:
-    model = llm.load(c.model.path, dtype=c.model.dtype)
+    model = load_backbone(c.model.path, c.model.dtype)
+  # a Qwen2.5-VL backbone: the agents sample and learn with the images; `Experiment.model` is
+  # its language model (tokenizer, embedder, adapters' export)
+  vl_model = model if isinstance(model, vl.VlModel) else None
+  model = model.text if vl_model else model
   train, test, passages, world = data_and_world(c)
   lora = lora_config(c)
   experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
-  generator = generator or AdapterGenerator(model, experts, lora)
   training = train_config(c)
   agents = settings(AgentConfig, c.agents, "agents")
-  updater = ModuleUpdater(model, lora, training.step, recompute_logp_old=agents.top_p < 1.0)
+  updating = dict(step=training.step, recompute_logp_old=agents.top_p < 1.0)
+  if vl_model is not None:
+    generator = generator or VlGenerator(vl_model, experts, lora)
+    updater = VlModuleUpdater.of(vl_model, lora, **updating)
+  else:
+    generator = generator or AdapterGenerator(model, experts, lora)
+    updater = ModuleUpdater(model, lora, **updating)
   os.makedirs(c.workdir, exist_ok=True)
   bank = MemoryBank(c.memory.path or fresh_bank_path(c.workdir), embedder or _embedder(c, model),
                     config=settings(MemoryConfig, c.memory.bank, "memory.bank"))
   return Experiment(c, model, train, test, _searcher(c, passages), bank, agents, generator,
                     updater, experts, training, image_searcher(c, world, train + test))
+
+
+def load_backbone(path: str, dtype: str):
+  """config.model.path's backbone: a `vl.VlModel` for a Qwen2.5-VL folder, else an
+  `llm.Model`."""
+  if vl.is_vl_folder(path):
+    return vl.load(path, dtype=jnp.dtype(dtype))
+  return llm.load(path, dtype=dtype)
 
 
 def image_searcher(c, world: World | None = None, examples=()) -> ImageSearch | None:

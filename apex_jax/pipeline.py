@@ -278,8 +278,7 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
              for ex in exp.test]
   updater = exp.updater
   if frozen:
-    updater = FrozenUpdater(**{f.name: getattr(updater, f.name)
-                               for f in dataclasses.fields(updater)})
+    updater = FrozenUpdater.of(updater)
   return run_ttrl(updater, experts, queries, bank, exp.generator,
                   rollouts.TtrlEpisodes(exp.searcher, bank, agents_for(exp, t, "ttrl"),
                                         t.summarize),

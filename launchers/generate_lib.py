@@ -5,10 +5,9 @@ launchers (absl flags are process-wide): its default tiny random model and the s
 
 from __future__ import annotations
 
-import json
-import os
 
 from apex_jax.agents import vision_chat
+from morse_jax.llm.vl import is_vl_folder  # noqa: F401 -- the launcher's import
 from apex_jax.tools import images as images_lib
 
 
@@ -39,15 +38,6 @@ def sampler(model, rows, settings, mesh):
                         page_size=page)
   engine = Engine(model, config)  # one pool and compiled programs for both calls
   return lambda rng: engine.generate(rows, settings, rng=rng)
-
-
-def is_vl_folder(path: str) -> bool:
-  """A folder whose config.json says Qwen2.5-VL (model_type qwen2_5_vl)."""
-  config = os.path.join(os.path.expanduser(path), "config.json")
-  if not os.path.isfile(config):
-    return False
-  with open(config) as f:
-    return json.load(f).get("model_type") == "qwen2_5_vl"
 
 
 def read_images(paths):

@@ -196,6 +196,12 @@ class FrozenUpdater(ModuleUpdater):
   with it keeps only its side effects on the memory bank (TTRL's stored episodes and evolved
   skills with the planner untrained: the w/o-planner-training ablation)."""
 
+  @classmethod
+  def of(cls, updater: ModuleUpdater) -> "FrozenUpdater":
+    """The frozen twin of any ModuleUpdater (a VL one's too: it updates nothing, so it needs
+    no images)."""
+    return cls(**{f.name: getattr(updater, f.name) for f in dataclasses.fields(cls)})
+
   def update(self, experts, opt_state, module: str, groups: Sequence[Sequence[Trajectory]],
              rewards: Sequence[Sequence[float]]):
     if module not in MODULES:

@@ -5,18 +5,22 @@ whole-sequence `vl.forward` log-probs; text rows as on a text chat; refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from apex_jax import experiment, pipeline
 from apex_jax.agents import AgentConfig, Executor, vision_chat
 from apex_jax.agents.conversation import Conversation
 from apex_jax.agents.generator import APEX_ROLES
 from apex_jax.agents.vl_generator import VlChatTokenizer, VlGenerator
-from apex_jax.training.grpo import VlModuleUpdater
+from apex_jax.training.grpo import FrozenUpdater, VlModuleUpdater
 from morse_jax import lora as lora_lib
 from morse_jax.llm import vision, vl, vl_sampling
 from morse_jax.llm.tokenizer import Tokenizer
@@ -25,6 +29,8 @@ from morse_jax.rl.logprobs import log_softmax
 from morse_jax.rl.losses import policy_loss
 from tests.apex.agents import fakes
 from tests.apex.agents.test_executor_images import QUESTION_IMAGE, cache
+from tests.apex.memory.fakes import HashEmbedder
+from tests.apex.test_experiment import small_config
 from tests.tiny_models import VL_TOKENS, VL_VOCAB
 
 LORA = lora_lib.LoraConfig(roles=APEX_ROLES, num_subtask_experts=0, last_n_layers=1, rank=2)
@@ -77,6 +83,9 @@ def models(vl_folder):
   tok = make_tokenizer()
   model = dataclasses.replace(vl.load(vl_folder[0]), tokenizer=tok,
                               stop_ids=(tok.hf.convert_tokens_to_ids("<|im_end|>"),))
+  # the sampler bounds a row's tokens by it; a world question with 3 images takes ~1150
+  text = dataclasses.replace(model.config.text, max_position_embeddings=4096)
+  model = dataclasses.replace(model, config=dataclasses.replace(model.config, text=text))
   chain = tok.hf.convert_tokens_to_ids(["assistant", *CALL, "<|im_end|>"])
   return model, chained(model, chain), chain
 
@@ -86,6 +95,20 @@ def episode(models, tmp_path_factory):
   """An image question and a text one through the executor on the chained model; each
   sampler call's images per row recorded."""
   _, chain_model, _ = models
+  experts = lora_lib.init_experts(LORA, chain_model.config.text, jax.random.key(1))
+  gen = VlGenerator(chain_model, experts, LORA)
+  config = AgentConfig(prompts="compact", temperature=0.0, executor_max_new_tokens=16)
+  ex = Executor(gen, fakes.FakeSearcher(), config,
+                image_search=cache(tmp_path_factory.mktemp("vl_episode")))
+  with recorded() as calls:
+    trajs = ex.run(["w40 w41", "w42"], rng=jax.random.key(0), images=[QUESTION_IMAGE, None],
+                   data_ids=["q1", None])
+  return trajs, calls
+
+
+@contextlib.contextmanager
+def recorded():
+  """Records each `vl_sampling.sample` call's images per row (their counts)."""
   calls = []
   sample = vl_sampling.sample
 
@@ -93,16 +116,9 @@ def episode(models, tmp_path_factory):
     calls.append([len(row) for row in images])
     return sample(model, prompts, images, *args, **kwargs)
 
-  experts = lora_lib.init_experts(LORA, chain_model.config.text, jax.random.key(1))
-  gen = VlGenerator(chain_model, experts, LORA)
-  config = AgentConfig(prompts="compact", temperature=0.0, executor_max_new_tokens=16)
-  ex = Executor(gen, fakes.FakeSearcher(), config,
-                image_search=cache(tmp_path_factory.mktemp("vl_episode")))
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(vl_sampling, "sample", spy)
-    trajs = ex.run(["w40 w41", "w42"], rng=jax.random.key(0), images=[QUESTION_IMAGE, None],
-                   data_ids=["q1", None])
-  return trajs, calls
+    yield calls
 
 
 @pytest.mark.slow  # ~45 s on 2 cores: the tiny model's folder, two sampler compiles
@@ -187,3 +203,38 @@ def test_refusals(models):
                  sampling=AgentConfig().sampling, images=[[], []])
   with pytest.raises(ValueError, match="kl_coef"):
     VlModuleUpdater.of(model, LORA, recompute_logp_old=True)
+  frozen = FrozenUpdater.of(VlModuleUpdater.of(model, LORA))  # TTRL's w/o-planner row
+  assert frozen.model.config == model.config.text and frozen.lora == LORA
+
+
+def test_load_backbone_reads_a_vl_folder(models, vl_folder, tmp_path):
+  """experiment.load_backbone: a qwen2_5_vl folder (with its tokenizer) -> a VlModel."""
+  model, _, _ = models
+  for name in os.listdir(vl_folder[0]):
+    shutil.copy(os.path.join(vl_folder[0], name), tmp_path / name)
+  model.tokenizer.save(str(tmp_path))
+  loaded = experiment.load_backbone(str(tmp_path), "float32")
+  assert isinstance(loaded, vl.VlModel) and loaded.tokenizer is not None
+  np.testing.assert_array_equal(loaded.params.text.embed, model.params.text.embed)
+
+
+@pytest.mark.slow  # ~60 s on 2 cores: planner and executor compiles
+def test_the_pipeline_on_a_vl_backbone(models, tmp_path):
+  """experiment.build on a Qwen2.5-VL model: VL generator and updater, the world's image
+  search cache; the held-out evaluation runs its image questions through them."""
+  _, chain_model, _ = models
+  c = small_config(tmp_path, untrained=False)
+  c.eval.update(questions=4, batch_size=4)
+  c.data.image_share = 0.5
+  c.agents.update(executor_max_new_tokens=16, planner_max_new_tokens=16)
+  exp = experiment.build(c, model=chain_model, embedder=HashEmbedder(64))
+  assert isinstance(exp.generator, VlGenerator) and isinstance(exp.updater, VlModuleUpdater)
+  assert exp.model.config == chain_model.config.text and exp.image_search is not None
+  asked = [e for e in exp.test[:4] if e.images]
+  assert asked  # the evaluated questions hold image ones
+  with recorded() as calls:
+    result = pipeline.evaluate(exp, exp.experts, use_memories=False, use_skills=False)
+  assert result["answered"] == 0.0  # the chain never answers
+  # the executor's second round: each image question with its image and the 3 results' (the
+  # text questions ended at round 1: they have no image tool); the planner's calls none
+  assert [1 + 3] * len(asked) in calls and [0] * 4 in calls
