@@ -34,6 +34,7 @@ from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.memory.schema import CATEGORIES
 from apex_jax.tools import LocalSearch
 from apex_jax.tools.image_search import ImageSearch
+from apex_jax.tools.images import IMAGE_SIZE
 from apex_jax.tools.overlap import NgramSearch, WordSearch
 from apex_jax.tools.passages import read_corpus
 from apex_jax.agents.vl_generator import VlGenerator
@@ -272,9 +273,10 @@ def build(config, *, model: llm.Model | vl.VlModel | None = None, generator=None
   training = train_config(c)
   agents = settings(AgentConfig, c.agents, "agents")
   updating = dict(step=training.step, recompute_logp_old=agents.top_p < 1.0)
-  if vl_model is not None:
-    generator = generator or VlGenerator(vl_model, experts, lora)
-    updater = VlModuleUpdater.of(vl_model, lora, **updating)
+  if vl_model is not None:  # model.image_size: the images' size bucket (448: the authors')
+    size = c.model.get("image_size", IMAGE_SIZE)
+    generator = generator or VlGenerator(vl_model, experts, lora, image_size=size)
+    updater = VlModuleUpdater.of(vl_model, lora, image_size=size, **updating)
   else:
     generator = generator or AdapterGenerator(model, experts, lora)
     updater = ModuleUpdater(model, lora, **updating)

@@ -30,8 +30,9 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 
 def image_tokens(size: int = images_lib.IMAGE_SIZE, patch: int = 14, merge: int = 2) -> int:
   """Language-model tokens of one size x size image: (size / patch)^2 patches / merge^2."""
-  if size % (patch * merge):
-    raise ValueError(f"image size {size} is not a multiple of patch {patch} x merge {merge}")
+  if isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % (patch * merge):
+    raise ValueError(f"image size {size!r} is not a positive multiple of patch {patch} x merge "
+                     f"{merge}")
   return (size // patch) ** 2 // merge ** 2
 
 

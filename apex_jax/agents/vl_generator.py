@@ -21,17 +21,25 @@ from morse_jax.lora.experts import LoraConfig, make_adapter
 
 from apex_jax.agents import vision_chat
 from apex_jax.agents.generator import Generation, check_roles, check_module, generations
+from apex_jax.tools import images as images_lib
+
+
+def pixels(images: Sequence, image_size: int) -> list:
+  """uint8 images -> the tower's normalised [3, image_size, image_size] inputs."""
+  return [vision.normalize(images_lib.resized(x, image_size)) for x in images]
 
 
 class VlChatTokenizer:
-  """A Qwen2.5-VL model's tokenizer (`llm.Tokenizer`) rendering chats with `qwen_vl_ids`."""
+  """A Qwen2.5-VL model's tokenizer (`llm.Tokenizer`) rendering chats with `qwen_vl_ids`, each
+  image as the tokens of an image_size x image_size one."""
 
   takes_images = True
 
-  def __init__(self, tokenizer):
+  def __init__(self, tokenizer, image_size: int = images_lib.IMAGE_SIZE):
     if tokenizer is None:
       raise ValueError("the VL model has no tokenizer; agents need one to render chats")
     self.base = tokenizer
+    self.tokens_per_image = vision_chat.image_tokens(image_size)
     vision_chat.special_ids(tokenizer)  # refuses a vocabulary without the template's tokens
 
   @property
@@ -44,7 +52,8 @@ class VlChatTokenizer:
     if kwargs:
       raise ValueError(f"VlChatTokenizer.apply_chat_template: unsupported {sorted(kwargs)}")
     return vision_chat.qwen_vl_ids(self.base, messages, images,
-                                   add_generation_prompt=add_generation_prompt)
+                                   add_generation_prompt=add_generation_prompt,
+                                   tokens_per_image=self.tokens_per_image)
 
   def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
     return self.base.encode(text, add_special_tokens)
@@ -56,18 +65,21 @@ class VlChatTokenizer:
 @dataclasses.dataclass
 class VlGenerator:
   """Three role experts (LoRA on the language model) on one frozen Qwen2.5-VL backbone;
-  `generate(..., images=)` takes each prompt's images. The tower has no experts."""
+  `generate(..., images=)` takes each prompt's images. The tower has no experts.
+  image_size: every image is resized to it (448: the authors'; a multiple of 28 below it is a
+  smaller bucket, fewer tokens per image, for a toy backbone on a CPU)."""
 
   model: vl.VlModel
   experts: dict
   lora: LoraConfig
   kernel: str = "auto"
   mesh: object = None
+  image_size: int = images_lib.IMAGE_SIZE
   takes_images = True
 
   def __post_init__(self):
     check_roles(self.lora, "VlGenerator")
-    self._tokenizer = VlChatTokenizer(self.model.tokenizer)
+    self._tokenizer = VlChatTokenizer(self.model.tokenizer, self.image_size)
 
   @property
   def tokenizer(self) -> VlChatTokenizer:
@@ -94,7 +106,7 @@ class VlGenerator:
                            self.model.config.text, sets, kernel=self.kernel)
     text = self.model.text
     out = vl_sampling.sample(
-        self.model, [list(p) for p in prompts], [[vision.normalize(x) for x in r] for r in rows],
+        self.model, [list(p) for p in prompts], [pixels(r, self.image_size) for r in rows],
         llm.GenerationSettings.for_model(text, max_new_tokens, sampling), rng=rng,
         adapter=adapter, mesh=self.mesh)
     return generations(text, len(prompts), out)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax import llm
-from morse_jax.llm import vision, vl
+from morse_jax.llm import vl
 from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.rl import batch as batch_lib
@@ -37,7 +37,9 @@ from morse_jax.rl import update as update_lib
 from morse_jax.rl import vl_inputs
 from morse_jax.rl.batch import PolicyBatch
 
+from apex_jax.agents import vl_generator
 from apex_jax.agents.trajectory import MODULES, Trajectory
+from apex_jax.tools import images as images_lib
 
 
 def packed_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Sequence[float]],
@@ -170,6 +172,7 @@ class VlModuleUpdater(ModuleUpdater):
 
   vl_model: vl.VlModel | None = None
   share_prompts: bool = False  # the shared-prompt layout has no image inputs
+  image_size: int = images_lib.IMAGE_SIZE  # as the generator's (`VlGenerator.image_size`)
 
   @classmethod
   def of(cls, vl_model: vl.VlModel, lora: LoraConfig, **settings) -> "VlModuleUpdater":
@@ -184,7 +187,7 @@ class VlModuleUpdater(ModuleUpdater):
                        "supported on image rows yet (the recomputed log-probs take no images)")
 
   def with_inputs(self, batch: PolicyBatch, groups) -> PolicyBatch:
-    rows = [[vision.normalize(x) for x in traj.info.get("images", ())]
+    rows = [vl_generator.pixels(traj.info.get("images", ()), self.image_size)
             for group in groups for traj in group]
     return vl_inputs.with_images(batch, self.vl_model, rows)
 

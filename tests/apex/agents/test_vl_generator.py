@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from apex_jax import experiment, pipeline
-from apex_jax.agents import AgentConfig, Executor, vision_chat
+from apex_jax.agents import AgentConfig, Executor, vision_chat, vl_generator
 from apex_jax.agents.conversation import Conversation
 from apex_jax.agents.generator import APEX_ROLES
 from apex_jax.agents.vl_generator import VlChatTokenizer, VlGenerator
@@ -188,6 +188,32 @@ def test_chat_without_images_keeps_its_markers_as_text(models):
   assert len(shown) - len(quoted) == vision_chat.image_tokens() + 2 - 1  # block for the word
   with pytest.raises(ValueError, match="2 image"):
     tok.apply_chat_template(messages, images=2)
+
+
+def test_a_smaller_size_bucket(models):
+  """image_size 56: each image takes 4 tokens (16 patches, 2 x 2 merged) and is resized to
+  56 x 56 for the tower; 50 px is refused by name."""
+  model, _, _ = models
+  messages = [{"role": "user", "content": "w1 <image> w2"}]
+  prompt = Conversation.start(VlChatTokenizer(model.tokenizer, 56), messages,
+                              [QUESTION_IMAGE]).tokens()
+  assert prompt.count(VL_TOKENS["image_token_id"]) == 4
+  [shown] = vl_generator.pixels([QUESTION_IMAGE], 56)
+  np.testing.assert_allclose(shown, vision.normalize(np.full((56, 56, 3), 7, np.uint8)))
+  with pytest.raises(ValueError, match="image size 50 is not a positive multiple"):
+    VlChatTokenizer(model.tokenizer, 50)
+
+
+@pytest.mark.slow  # ~17 s on 2 cores: a sampler compile
+def test_a_smaller_size_bucket_samples(models):
+  model, _, _ = models
+  gen = VlGenerator(model, lora_lib.init_experts(LORA, model.config.text, jax.random.key(1)),
+                    LORA, image_size=56)
+  messages = [{"role": "user", "content": "w1 <image> w2"}]
+  prompt = Conversation.start(gen.tokenizer, messages, [QUESTION_IMAGE]).tokens()
+  [out] = gen.generate("executor", [prompt], rng=jax.random.key(0), max_new_tokens=2,
+                       sampling=AgentConfig(temperature=0.0).sampling, images=[[QUESTION_IMAGE]])
+  assert len(out.tokens) == 2  # the 448 image went to the tower at 56 x 56, as its 4 pads say
 
 
 def test_refusals(models):
