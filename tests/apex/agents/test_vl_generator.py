@@ -31,7 +31,7 @@ from tests.apex.agents import fakes
 from tests.apex.agents.test_executor_images import QUESTION_IMAGE, cache
 from tests.apex.memory.fakes import HashEmbedder
 from tests.apex.test_experiment import small_config
-from tests.tiny_models import VL_TOKENS, VL_VOCAB
+from tests.tiny_models import VL_TOKENS, VL_VOCAB, make_byte_tokenizer
 
 LORA = lora_lib.LoraConfig(roles=APEX_ROLES, num_subtask_experts=0, last_n_layers=1, rank=2)
 CALL = ['<think>', 'w9', '</think>', '<tool_call>', '{"name":', '"web_image_to_image_search",',
@@ -188,6 +188,25 @@ def test_chat_without_images_keeps_its_markers_as_text(models):
   assert len(shown) - len(quoted) == vision_chat.image_tokens() + 2 - 1  # block for the word
   with pytest.raises(ValueError, match="2 image"):
     tok.apply_chat_template(messages, images=2)
+
+
+@pytest.mark.parametrize("byte_level", [False, True])
+def test_ids_are_the_template_text_tokenised(models, byte_level):
+  """`qwen_vl_ids` = the tokens of `qwen_vl_text` parsed with its special tokens, for a chat
+  with a system turn, two images and a generation prompt, with the word-level tokenizer and a
+  byte-level one (where every newline of the template is a token)."""
+  tok = models[0].tokenizer
+  if byte_level:
+    hf = make_byte_tokenizer()
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *VISION]})
+    tok = Tokenizer(hf, "test-byte-tokenizer")
+  messages = [{"role": "system", "content": "w3"},
+              {"role": "user", "content": "w1 <image> w2 <image>"},
+              {"role": "assistant", "content": "w4"}]
+  want = tok.encode(vision_chat.qwen_vl_text(messages, [QUESTION_IMAGE] * 2),
+                    parse_special_tokens=True)
+  assert vision_chat.qwen_vl_ids(tok, messages, 2) == want
+  assert VlChatTokenizer(tok).apply_chat_template(messages, images=2) == want
 
 
 def test_a_smaller_size_bucket(models):
