@@ -13,12 +13,15 @@ Compile time is reported apart from the median step.
 
 from __future__ import annotations
 
+import os
 import tempfile
+import time
 
 import numpy as np
 from absl import app, flags
 
 from benchmarks.common import median_seconds, write_report
+from morse_jax.llm import vision, vl
 
 _SIZES = flags.DEFINE_list("sizes", ["112", "448"], "Image sides in px (multiples of 28).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per size (median reported).")
@@ -40,8 +43,6 @@ def toy_model(folder: str):
   import torch
   from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-  from morse_jax.llm import vl
-
   config = Qwen2_5_VLConfig(text_config=TEXT_CONFIG, vision_config=VISION_CONFIG,
                             image_token_id=IMAGE, video_token_id=2041,
                             vision_start_token_id=START, vision_end_token_id=END)
@@ -52,8 +53,6 @@ def toy_model(folder: str):
 
 def batch(config, size: int):
   """(tokens [ROWS, t], pixel_values, grids): random text and random images of `size` px."""
-  from morse_jax.llm import vision
-
   rs = np.random.RandomState(0)
   images = [rs.randint(0, 256, (size, size, 3)).astype(np.uint8) for _ in range(ROWS * IMAGES)]
   patched = [vision.patchify(vision.normalize(x), config.vision) for x in images]
@@ -69,12 +68,8 @@ def batch(config, size: int):
 
 
 def measure(model, size: int, repeats: int) -> dict:
-  import time
-
   import jax
   import jax.numpy as jnp
-
-  from morse_jax.llm import vl
 
   tokens, pixels, grids = batch(model.config, size)
 
@@ -95,8 +90,6 @@ def measure(model, size: int, repeats: int) -> dict:
 
 def main(argv):
   del argv
-  import os
-
   with tempfile.TemporaryDirectory() as folder:
     model = toy_model(folder)
   results = []

@@ -37,7 +37,8 @@ LORA = lora_lib.LoraConfig(roles=APEX_ROLES, num_subtask_experts=0, last_n_layer
 CALL = ['<think>', 'w9', '</think>', '<tool_call>', '{"name":', '"web_image_to_image_search",',
         '"arguments":', '{"img_idx":', '"0"}}', '</tool_call>']
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-VISION = {"<|image_pad|>": VL_TOKENS["image_token_id"], "<|video_pad|>": VL_TOKENS["video_token_id"],
+VISION = {"<|image_pad|>": VL_TOKENS["image_token_id"],
+          "<|video_pad|>": VL_TOKENS["video_token_id"],
           "<|vision_start|>": VL_TOKENS["vision_start_token_id"],
           "<|vision_end|>": VL_TOKENS["vision_end_token_id"]}
 
