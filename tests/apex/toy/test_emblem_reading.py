@@ -68,7 +68,7 @@ def test_accuracy_reads_the_attribute_words():
   assert wrong["captions_right"] == 0.5 and wrong["shape"] == 0.5 and wrong["colour"] == 1.0
 
 
-@pytest.mark.slow  # ~70 s on 2 cores: the step's compile
+@pytest.mark.slow  # 37-70 s on 2 cores (by load): the step's compile
 def test_a_short_run_learns(tmp_path):
   log = tmp_path / "log.jsonl"
   flags.FLAGS(["emblem_reading", "--steps=12", "--eval_every=12", "--held_out=32",
