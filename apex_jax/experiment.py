@@ -19,22 +19,26 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from morse_jax import llm
+from morse_jax.llm import vl
 from morse_jax.config_sections import as_base, section, settings
 from morse_jax.lora import experts as lora_lib
 from morse_jax.rl import train_step as ts
 
 from apex_jax.agents import APEX_ROLES, AdapterGenerator, AgentConfig, Executor
-from apex_jax.datasets import read_examples, sources, World
+from apex_jax.datasets import read_examples, sources, World, world_images
 from apex_jax.datasets.world_questions import split as split_examples
 from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.memory.schema import CATEGORIES
 from apex_jax.tools import LocalSearch
 from apex_jax.tools.image_search import ImageSearch
+from apex_jax.tools.images import IMAGE_SIZE
 from apex_jax.tools.overlap import NgramSearch, WordSearch
 from apex_jax.tools.passages import read_corpus
-from apex_jax.training.grpo import ModuleUpdater
+from apex_jax.agents.vl_generator import VlGenerator
+from apex_jax.training.grpo import ModuleUpdater, VlModuleUpdater
 from apex_jax.training.stages import StageConfig
 from apex_jax.training.ttrl import TtrlConfig
 from morse_jax.lora.embedders import BackboneMeanEmbedder, SentenceEmbedder
@@ -194,12 +198,18 @@ def world_questions_of(world: World, categories) -> list:
 
 
 def load_data(c) -> tuple[list, list, list]:
-  """(train, test, passages) of the synthetic world, of a folder World.write wrote, or of
+  """(train, test, passages): `data_and_world`'s without the world."""
+  return data_and_world(c)[:3]
+
+
+def data_and_world(c) -> tuple[list, list, list, World | None]:
+  """(train, test, passages, the World for a `world` source else None) of the synthetic world, of a folder World.write wrote, or of
   HotpotQA / 2WikiMultiHopQA (data.folder: the official file folder; data.train_split /
   data.test_split; read through `apex_jax.datasets.sources`: array_record, random access,
   built once under data.cache_dir). For the official sets the passages (the word / ngram
   searches' corpus) are the questions' own context paragraphs, first text per title."""
   kind = choice(c.data.source, "data.source", SOURCES)
+  world = None
   if kind == "world":
     world = World.generate(c.data.world_seed, c.data.entities, c.data.questions,
                            procedures=c.data.get("procedures", False),
@@ -227,7 +237,7 @@ def load_data(c) -> tuple[list, list, list]:
   if not train or not test:
     raise ValueError(f"config.data gives {len(train)} train and {len(test)} test questions; "
                      f"both splits must be non-empty")
-  return train, test, passages
+  return train, test, passages, world
 
 
 def _searcher(c, passages):
@@ -243,37 +253,76 @@ def _embedder(c, model):
   return SentenceEmbedder(c.memory.embedder_path or None)
 
 
-def build(config, *, model: llm.Model | None = None, generator=None,
+def build(config, *, model: llm.Model | vl.VlModel | None = None, generator=None,
           embedder=None) -> Experiment:
-  """The experiment's pieces. model: already loaded (else config.model.path); generator: a
-  stand-in sampler (tests), else an AdapterGenerator with the three role experts; embedder:
-  the memory bank's (else config.memory.embedder)."""
+  """The experiment's pieces. model: already loaded (else config.model.path; a Qwen2.5-VL one
+  gets `VlGenerator` and `VlModuleUpdater`); generator: a stand-in sampler (tests), else an
+  AdapterGenerator with the three role experts; embedder: the memory bank's (else
+  config.memory.embedder)."""
   c = config
   check_paths(c, model_given=model is not None)
   if model is None:
-    model = llm.load(c.model.path, dtype=c.model.dtype)
-  train, test, passages = load_data(c)
+    model = load_backbone(c.model.path, c.model.dtype)
+  # a Qwen2.5-VL backbone: the agents sample and learn with the images; `Experiment.model` is
+  # its language model (tokenizer, embedder, adapters' export)
+  vl_model = model if isinstance(model, vl.VlModel) else None
+  model = model.text if vl_model else model
+  train, test, passages, world = data_and_world(c)
   lora = lora_config(c)
   experts = lora_lib.init_experts(lora, model.config, jax.random.PRNGKey(c.seed))
-  agents = settings(AgentConfig, c.agents, "agents")
-  generator = generator or AdapterGenerator(model, experts, lora, engines=agents.engines())
   training = train_config(c)
-  updater = ModuleUpdater(model, lora, training.step, recompute_logp_old=agents.top_p < 1.0)
+  agents = settings(AgentConfig, c.agents, "agents")
+  updating = dict(step=training.step, recompute_logp_old=agents.top_p < 1.0)
+  if vl_model is not None:  # model.image_size: the images' size bucket (448: the authors')
+    size = c.model.get("image_size", IMAGE_SIZE)
+    generator = generator or VlGenerator(vl_model, experts, lora, image_size=size)
+    updater = VlModuleUpdater.of(vl_model, lora, image_size=size, **updating)
+  else:
+    generator = generator or AdapterGenerator(model, experts, lora, engines=agents.engines())
+    updater = ModuleUpdater(model, lora, **updating)
   os.makedirs(c.workdir, exist_ok=True)
   bank = MemoryBank(c.memory.path or fresh_bank_path(c.workdir), embedder or _embedder(c, model),
                     config=settings(MemoryConfig, c.memory.bank, "memory.bank"))
   return Experiment(c, model, train, test, _searcher(c, passages), bank, agents, generator,
-                    updater, experts, training, image_searcher(c))
+                    updater, experts, training, image_searcher(c, world, train + test))
 
 
-def image_searcher(c) -> ImageSearch | None:
-  """config.image_search.root's results cache (the authors' layout), or None when unset."""
-  root = c.get("image_search", {}).get("root", "")
-  if not root:
+def load_backbone(path: str, dtype: str):
+  """config.model.path's backbone: a `vl.VlModel` for a Qwen2.5-VL folder, else an
+  `llm.Model`."""
+  if vl.is_vl_folder(path):
+    return vl.load(path, dtype=jnp.dtype(dtype))
+  return llm.load(path, dtype=dtype)
+
+
+def image_searcher(c, world: World | None = None, examples=()) -> ImageSearch | None:
+  """The image questions' tool: config.image_search.root's results cache (the authors'
+  layout); with no root, for a `world` source with image questions, the cache the world writes
+  for them into <workdir>/image_search (`world_images.write_entry`: the match, then the nearest
+  emblems); None without either, or when config.image_search.enabled is False (the
+  without-image-search rows: image questions keep their image, no tool is offered)."""
+  section = c.get("image_search") or {}
+  enabled = section.get("enabled", True)
+  if not isinstance(enabled, bool):
+    raise ValueError(f"config.image_search.enabled must be a bool, got {enabled!r}")
+  results = section.get("max_results", world_images.RESULTS)
+  root = section.get("root", "")
+  if not enabled:
     return None
+  if not root:
+    asked = [e for e in examples if e.images]
+    if world is None or not asked:
+      return None
+    try:
+      world_images.check_results(results)
+    except ValueError as err:
+      raise ValueError(f"config.image_search.max_results: {err}") from None
+    root = os.path.join(c.workdir, world_images.SEARCH_FOLDER)
+    for example in asked:
+      world_images.write_entry(world, root, example, results)
   if not os.path.isdir(root):
     raise ValueError(f"config.image_search.root {root!r} is not a folder")
-  return ImageSearch(root, max_results=c.image_search.get("max_results", 3))
+  return ImageSearch(root, max_results=results)
 
 
 def train_config(c) -> TrainConfig:

@@ -112,6 +112,11 @@ def memory_build_identity(c) -> dict:
     off = {"procedures"} if not out["data"].get("procedures", True) else set()
     off |= {"image_share"} if not out["data"].get("image_share", 1) else set()
     out["data"] = {k: v for k, v in out["data"].items() if k not in off}
+    if out["data"].get("image_share") and "image_search" in c:  # the tool shapes the episodes
+      out["image_search"] = c.image_search.to_dict()
+  bank = out.get("memory", {}).get("bank", {})
+  if bank.get("text_image") is True:  # the default, as every snapshot before the switch
+    out["memory"]["bank"] = {k: v for k, v in bank.items() if k != "text_image"}
   out["base_weights"] = files_fingerprint(c.model.path)  # names, sizes, bytes (edges if big)
   scorer = outcome_scorer_identity(c)
   if scorer is not None:  # absent for EM, the scorer of the snapshots before it was a choice
@@ -273,8 +278,7 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
              for ex in exp.test]
   updater = exp.updater
   if frozen:
-    updater = FrozenUpdater(**{f.name: getattr(updater, f.name)
-                               for f in dataclasses.fields(updater)})
+    updater = FrozenUpdater.of(updater)
   return run_ttrl(updater, experts, queries, bank, exp.generator,
                   rollouts.TtrlEpisodes(exp.searcher, bank, agents_for(exp, t, "ttrl"),
                                         t.summarize),

@@ -6,10 +6,9 @@ one device, `vl_sampling.sample` over a larger mesh)."""
 
 from __future__ import annotations
 
-import json
-import os
 
 from apex_jax.agents import vision_chat
+from morse_jax.llm.vl import is_vl_folder  # noqa: F401 -- the launcher's import
 from apex_jax.tools import images as images_lib
 
 
@@ -36,15 +35,6 @@ def sampler(model, rows, settings, mesh):
   engine = Engine(model, config_for_rows(rows, settings.max_new_tokens,
                                          model.config.max_position_embeddings))
   return lambda rng: engine.generate(rows, settings, rng=rng)
-
-
-def is_vl_folder(path: str) -> bool:
-  """A folder whose config.json says Qwen2.5-VL (model_type qwen2_5_vl)."""
-  config = os.path.join(os.path.expanduser(path), "config.json")
-  if not os.path.isfile(config):
-    return False
-  with open(config) as f:
-    return json.load(f).get("model_type") == "qwen2_5_vl"
 
 
 def read_images(paths):

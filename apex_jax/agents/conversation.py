@@ -10,7 +10,8 @@ with more messages after it, which `ChatDeltas` checks once.
 Images ride beside the text: a message's text holds one `<image>` marker per image
 (`apex_jax.tools.images.MARKER`, as the authors' prompts write it) and `Conversation.images`
 holds the decoded images in the order of the markers over the whole chat. A text backbone reads
-the markers as text; a VL backbone takes the images (`agents.vision_chat` renders the chat for
+the markers as text; a VL backbone (a tokenizer that `takes_images`) renders them as image
+blocks and takes the images (`agents.vision_chat` renders the chat for
 Qwen2.5-VL, or as OpenAI `image_url` parts).
 """
 
@@ -35,9 +36,9 @@ class ChatDeltas:
     self.tokenizer = tokenizer
     self._base = list(tokenizer.apply_chat_template(_ANCHOR, add_generation_prompt=False))
 
-  def __call__(self, messages: Sequence[dict]) -> list[int]:
-    full = list(self.tokenizer.apply_chat_template(_ANCHOR + list(messages),
-                                                   add_generation_prompt=True))
+  def __call__(self, messages: Sequence[dict], images: int = 0) -> list[int]:
+    """images: how many markers of `messages` are images (a VL tokenizer's image blocks)."""
+    full = chat_ids(self.tokenizer, _ANCHOR + list(messages), images)
     if full[:len(self._base)] != self._base:
       raise ValueError("the chat template does not render a conversation as a prefix of its "
                        "continuation, so appended messages cannot be tokenised as deltas")
@@ -56,7 +57,7 @@ class Conversation:
   @classmethod
   def start(cls, tokenizer, messages: list[dict], images: Sequence = ()) -> "Conversation":
     images = checked_images(messages, images)
-    ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    ids = chat_ids(tokenizer, messages, len(images))
     return cls(list(messages), [Segment(ids)], images)
 
   def tokens(self) -> list[int]:
@@ -75,7 +76,7 @@ class Conversation:
     """Appends messages (never trained on) and their images (one per marker) and opens the next
     assistant turn; returns tokens."""
     images = checked_images(messages, images)
-    ids = deltas(messages)
+    ids = deltas(messages, len(images))
     self.segments.append(Segment(ids))
     self.messages.extend(messages)
     self.images.extend(images)
@@ -83,6 +84,16 @@ class Conversation:
 
   def generated_text(self) -> str:
     return "\n".join(m["content"] for m in self.messages if m["role"] == "assistant")
+
+
+def chat_ids(tokenizer, messages: Sequence[dict], images: int = 0) -> list[int]:
+  """The chat's ids with the assistant turn opened; a tokenizer that `takes_images`
+  (`vl_generator.VlChatTokenizer`) renders the markers as `images` image blocks, any other reads
+  them as text."""
+  if getattr(tokenizer, "takes_images", False):
+    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                              images=images))
+  return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True))
 
 
 def markers(messages: Sequence[dict]) -> int:

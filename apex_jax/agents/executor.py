@@ -34,6 +34,7 @@ import jax
 from apex_jax.agents import prompts
 from apex_jax.agents.config import AgentConfig
 from apex_jax.agents.conversation import ChatDeltas, Conversation
+from apex_jax.agents.generator import takes_images
 from apex_jax.agents.trajectory import Trajectory
 from apex_jax.agents.turn_keys import TurnKeys
 from apex_jax.tools import Answer, FormatError, Searcher, ToolCall, format_results, parse_turn
@@ -154,10 +155,13 @@ class Executor:
     cfg = self.config
     round_ = 0
     while active := [r for r in runs if not r.done]:
+      # a VL backbone takes each chat's images (question, search results) with its tokens
+      shown = ({"images": [r.conv.images for r in active]}
+               if takes_images(self.generator) else {})
       gens = self.generator.generate("executor", [r.conv.tokens() for r in active],
                                      rng=jax.random.fold_in(rng, round_),
                                      max_new_tokens=cfg.executor_max_new_tokens,
-                                     sampling=cfg.sampling)
+                                     sampling=cfg.sampling, **shown)
       if len(gens) != len(active):
         raise RuntimeError(f"generator returned {len(gens)} generations for {len(active)} "
                            f"prompts")

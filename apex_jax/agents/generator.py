@@ -68,6 +68,14 @@ class Generator(Protocol):
   def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
                max_new_tokens: int, sampling: llm.SamplingConfig) -> list[Generation]: ...
 
+  # A generator whose backbone sees images (`vl_generator.VlGenerator`) sets `takes_images`; its
+  # `generate` takes `images=` (per prompt its uint8 images, one per image block) and its
+  # tokenizer's `apply_chat_template` `images=` (how many markers are images).
+
+
+def takes_images(generator) -> bool:
+  return bool(getattr(generator, "takes_images", False))
+
 
 def with_experts(generator, experts):
   """`generator` sampling with `experts`: a copy holding them (the caller's generator is left as
@@ -87,9 +95,16 @@ def chat_tokens(tokenizer: ChatTokenizer, messages: list[dict]) -> list[int]:
   return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
 
-def _check_module(module: str) -> None:
+def check_module(module: str) -> None:
   if module not in MODULES:
     raise ValueError(f"module {module!r} not in {MODULES}")
+
+
+def check_roles(lora: LoraConfig, owner: str) -> None:
+  missing = [m for m in MODULES if m not in lora.roles]
+  if missing:
+    raise ValueError(f"{owner}: LoraConfig.roles {lora.roles!r} lacks the module role(s) "
+                     f"{missing}")
 
 
 def _generation(model: llm.Model, tokens, logprobs) -> Generation:
@@ -99,6 +114,13 @@ def _generation(model: llm.Model, tokens, logprobs) -> Generation:
   return Generation(tokens, np.asarray(logprobs, np.float32),
                     model.tokenizer.decode([int(t) for t in tokens], skip_special_tokens=True),
                     finished=bool(len(tokens) and int(tokens[-1]) in stops))
+
+
+def generations(model, n: int, out) -> list[Generation]:
+  """The first n rows of a sampler's output (`SampleOutput`) as Generations, decoded with the
+  model's tokenizer; finished when the row ends at one of its stop ids."""
+  return [_generation(model, out.tokens[i, :int(out.lengths[i])],
+                      out.logprobs[i, :int(out.lengths[i])]) for i in range(n)]
 
 
 def _check_tokenizer(model: llm.Model) -> None:
@@ -112,8 +134,7 @@ def _sample(model: llm.Model, prompts: Sequence[list[int]], adapter, *, rng, max
   out = llm.sample(model, [list(p) for p in prompts],
                    llm.GenerationSettings.for_model(model, max_new_tokens, sampling), rng=rng,
                    mesh=mesh, adapter=adapter, row_keys=row_keys)
-  return [_generation(model, out.tokens[i, :int(out.lengths[i])],
-                      out.logprobs[i, :int(out.lengths[i])]) for i in range(len(prompts))]
+  return generations(model, len(prompts), out)
 
 
 def _on_engine(generator) -> bool:
@@ -152,24 +173,21 @@ class AdapterGenerator:
   engines: engines_lib.AgentEngines | None = None  # None: the static sampler
 
   def __post_init__(self):
-    missing = [m for m in MODULES if m not in self.lora.roles]
-    if missing:
-      raise ValueError(f"AdapterGenerator: LoraConfig.roles {self.lora.roles!r} lacks the "
-                       f"module role(s) {missing}")
+    check_roles(self.lora, "AdapterGenerator")
 
   @property
   def tokenizer(self) -> ChatTokenizer:
     return self.model.tokenizer
 
   def tokenizer_of(self, module: str) -> ChatTokenizer:
-    _check_module(module)
+    check_module(module)
     return self.model.tokenizer
 
   def generate(self, module: str, prompts: Sequence[list[int]], *, rng: jax.Array,
                max_new_tokens: int, sampling: llm.SamplingConfig,
                experts=None) -> list[Generation]:
     """experts: the role experts to sample with (None: `self.experts`)."""
-    _check_module(module)
+    check_module(module)
     if not prompts:
       return []
     if _on_engine(self):
@@ -186,7 +204,7 @@ class AdapterGenerator:
              experts=None) -> list[engines_lib.Pending]:
     """Each prompt on the engine drawing with its key (`generate`'s row i: fold_in(rng, i));
     `step` advances them. Needs `engines`."""
-    _check_module(module)
+    check_module(module)
     return _engine_rows(self, self.model, prompts, keys, max_new_tokens, sampling,
                         self.experts if experts is None else experts, self.lora,
                         self.lora.role_index(module))
@@ -215,7 +233,7 @@ class SeparateGenerator:
     if not self.modules:
       raise ValueError("SeparateGenerator.modules is empty")
     for module, entry in self.modules.items():
-      _check_module(module)
+      check_module(module)
       if not isinstance(entry, tuple) or len(entry) != 3:
         raise ValueError(f"SeparateGenerator.modules[{module!r}] must be (model, experts, lora);"
                          f" got {entry!r:.80}")
@@ -227,7 +245,7 @@ class SeparateGenerator:
                          f"given or both be None")
 
   def _entry(self, module: str) -> tuple:
-    _check_module(module)
+    check_module(module)
     if module not in self.modules:
       raise ValueError(f"SeparateGenerator has no model for module {module!r} "
                        f"(has {sorted(self.modules)})")

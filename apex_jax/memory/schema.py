@@ -131,6 +131,8 @@ class MemoryConfig:
   skill_evidence_n, skill_min_gamma: gamma = w min(n / N, 1); the skill is shown when gamma > min.
   evolve_every, evolve_min_size, evolve_window: a bucket of at least min_size memories is due for
     evolution once `every` new memories arrived since the last one; the batch is its last `window`.
+  text_image: False keeps captions out of the bank (stored, routed and scored by the question
+    alone, every memory text-only): the "without text-image memories" ablation.
   """
   beta: float = 0.8
   alpha: float = 0.7
@@ -144,8 +146,11 @@ class MemoryConfig:
   evolve_every: int = 5
   evolve_min_size: int = 3
   evolve_window: int = 15
+  text_image: bool = True
 
   def __post_init__(self):
+    if not isinstance(self.text_image, bool):
+      raise MemoryBankError(f"MemoryConfig.text_image must be a bool; got {self.text_image!r}")
     for name in ("beta", "alpha"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:

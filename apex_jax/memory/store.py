@@ -326,7 +326,14 @@ class MemoryBank(SkillOps):
                             f"bank's dim {self.dim} ({self.path})")
     return out
 
+  def _caption(self, value, field: str = "caption") -> str | None:
+    """A checked caption, or None when the config keeps captions out (`text_image` False)."""
+    caption = _caption(value, field)
+    return caption if self.config.text_image else None
+
   def _route(self, question: str, caption: str | None, category, modality) -> Bucket:
+    if not self.config.text_image:  # every memory text-only: one bucket per category
+      modality = None
     modality = modality_of(caption) if modality is None else check_modality(modality)
     if category is None:
       if self._classifier is None:
@@ -359,7 +366,7 @@ class MemoryBank(SkillOps):
         raise MemoryBankError(f"{where}: {err}") from err
     if not isinstance(item, NewMemory):
       raise MemoryBankError(f"{where}: expected a NewMemory or a mapping; got {item!r}")
-    caption = _caption(item.caption, f"{where}: caption")
+    caption = self._caption(item.caption, f"{where}: caption")
     data_id = item.data_id
     if data_id is not None and (isinstance(data_id, bool) or not isinstance(data_id, (str, int))):
       raise MemoryBankError(f"{where}: data_id must be a string; got {data_id!r}")
@@ -448,7 +455,7 @@ class MemoryBank(SkillOps):
     """Top-k correct and top-k incorrect memories of the question's bucket, each best first
     (k defaults to config.k, or config.k_replan when replan). Formulas: retrieval.py."""
     question = _text(question, "question")
-    caption = _caption(caption)
+    caption = self._caption(caption)
     bucket = self._route(question, caption, category, modality)
     k = (self.config.k_replan if replan else self.config.k) if k is None else k
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -484,7 +491,7 @@ class MemoryBank(SkillOps):
       found = self.retrieve(question, caption, category=category, modality=modality, k=k,
                             replan=replan)
     else:
-      question, caption = _text(question, "question"), _caption(caption)
+      question, caption = _text(question, "question"), self._caption(caption)
       found = Retrieval(self._route(question, caption, category, modality), (), ())
     skill = self.get_skill(found.bucket) if use_skills else None
     gamma = 0.0 if skill is None else skills.confidence(skill.win_rate, skill.evidence_count,

@@ -95,6 +95,17 @@ def check_array(image, what: str, size: int = IMAGE_SIZE) -> np.ndarray:
   return array
 
 
+def resized(image: np.ndarray, size: int) -> np.ndarray:
+  """uint8 [h, w, 3] -> uint8 [size, size, 3] (Lanczos, as `decode` resizes; unchanged when it
+  is that size already): a backbone's smaller size bucket."""
+  from PIL import Image
+
+  array = np.asarray(image)
+  if array.shape[:2] == (size, size):
+    return array
+  return np.asarray(Image.fromarray(array).resize((size, size), Image.LANCZOS), np.uint8)
+
+
 def encode_png(image: np.ndarray) -> bytes:
   """uint8 [h, h, 3] -> PNG bytes (an image-search cache's img_NNN.png)."""
   from PIL import Image

@@ -8,7 +8,7 @@ GRPO (executor -> distiller -> planner) and skill-guided test-time RL (planner o
                   distill_fn, config=TtrlConfig(...), rng=key)
 """
 
-from apex_jax.training.grpo import ModuleUpdater, keep_only_expert, packed_batch
+from apex_jax.training.grpo import ModuleUpdater, VlModuleUpdater, keep_only_expert, packed_batch
 from apex_jax.training.rewards import (Reward, distiller_reward, executor_reward, planner_reward,
                                        skill_gate, skill_lambda, ttrl_reward)
 from apex_jax.training.stages import STAGE_ORDER, Stage, StageConfig, StagesResult, run_stages
@@ -17,7 +17,7 @@ from apex_jax.training.ttrl import (JudgeBackends, Judges, PlannerEpisode, Query
 
 __all__ = [
     "JudgeBackends", "Judges", "ModuleUpdater", "PlannerEpisode", "Query", "Reward",
-    "STAGE_ORDER", "Stage", "StageConfig", "StagesResult", "TtrlConfig", "TtrlResult",
-    "distiller_reward", "executor_reward", "keep_only_expert", "packed_batch", "planner_reward",
-    "run_stages", "run_ttrl", "skill_gate", "skill_lambda", "ttrl_reward",
+    "VlModuleUpdater", "STAGE_ORDER", "Stage", "StageConfig", "StagesResult", "TtrlConfig",
+    "TtrlResult", "distiller_reward", "executor_reward", "keep_only_expert", "packed_batch",
+    "planner_reward", "run_stages", "run_ttrl", "skill_gate", "skill_lambda", "ttrl_reward",
 ]

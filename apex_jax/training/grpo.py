@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from morse_jax import llm
+from morse_jax.llm import vl
 from morse_jax.llm.sampling import bucket
 from morse_jax.lora.experts import LoraConfig
 from morse_jax.rl import batch as batch_lib
@@ -33,9 +34,12 @@ from morse_jax.rl import logprobs
 from morse_jax.rl import metrics as metrics_lib
 from morse_jax.rl import train_step as ts
 from morse_jax.rl import update as update_lib
+from morse_jax.rl import vl_inputs
 from morse_jax.rl.batch import PolicyBatch
 
+from apex_jax.agents import vl_generator
 from apex_jax.agents.trajectory import MODULES, Trajectory
+from apex_jax.tools import images as images_lib
 
 
 def packed_batch(groups: Sequence[Sequence[Trajectory]], rewards: Sequence[Sequence[float]],
@@ -111,6 +115,10 @@ class ModuleUpdater:
     """One optimiser state per module: moments of one stage never leak into another."""
     return self.step_update.init_opt_states(experts)
 
+  def with_inputs(self, batch: PolicyBatch, groups) -> PolicyBatch:
+    """The packed batch with whatever else its rows need (a text backbone: nothing)."""
+    return batch
+
   def update(self, experts, opt_state, module: str, groups: Sequence[Sequence[Trajectory]],
              rewards: Sequence[Sequence[float]]):
     """Returns (experts, opt_state, metrics). Skipped (nothing changes, metrics["skipped"] 1)
@@ -126,6 +134,7 @@ class ModuleUpdater:
     expert = self.lora.role_index(module)
     batch, num_routes = packed_batch(groups, rewards, expert, pad_id=self.model.pad_id,
                                      rows_multiple=self.step.micro_batches)
+    batch = self.with_inputs(batch, groups)
     update = self.step_update
     flat_groups = update.flat_nodes(batch, num_routes)  # the rule's one evaluation this update
     flat = np.concatenate([np.asarray(r, np.float64) for r in rewards])
@@ -154,11 +163,47 @@ class ModuleUpdater:
 
 
 @dataclasses.dataclass
+class VlModuleUpdater(ModuleUpdater):
+  """A ModuleUpdater on a Qwen2.5-VL backbone (`VlModuleUpdater.of(vl_model, lora)`): `model`
+  is its language model, and each row's images (its trajectory's `info["images"]`, one per
+  image block of its tokens) go through the frozen tower into the batch (`rl.vl_inputs`), so
+  the LoRA experts on the language model learn from the tokens the images make. The recomputed
+  old / reference log-probs would need the images too: refused until they take them."""
+
+  vl_model: vl.VlModel | None = None
+  share_prompts: bool = False  # the shared-prompt layout has no image inputs
+  image_size: int = images_lib.IMAGE_SIZE  # as the generator's (`VlGenerator.image_size`)
+
+  @classmethod
+  def of(cls, vl_model: vl.VlModel, lora: LoraConfig, **settings) -> "VlModuleUpdater":
+    return cls(model=vl_model.text, lora=lora, vl_model=vl_model, **settings)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.vl_model is None:
+      raise ValueError("VlModuleUpdater.vl_model is None; build it with VlModuleUpdater.of")
+    if self.recompute_logp_old or self.step.kl_coef > 0:
+      raise ValueError("VlModuleUpdater: recompute_logp_old and StepConfig.kl_coef > 0 are not "
+                       "supported on image rows yet (the recomputed log-probs take no images)")
+
+  def with_inputs(self, batch: PolicyBatch, groups) -> PolicyBatch:
+    rows = [vl_generator.pixels(traj.info.get("images", ()), self.image_size)
+            for group in groups for traj in group]
+    return vl_inputs.with_images(batch, self.vl_model, rows)
+
+
+@dataclasses.dataclass
 class FrozenUpdater(ModuleUpdater):
   """A ModuleUpdater that leaves every adapter as it is: its `update` returns the experts and
   optimiser state unchanged, with the rollouts' reward metrics (and `frozen` 1). A phase run
   with it keeps only its side effects on the memory bank (TTRL's stored episodes and evolved
   skills with the planner untrained: the w/o-planner-training ablation)."""
+
+  @classmethod
+  def of(cls, updater: ModuleUpdater) -> "FrozenUpdater":
+    """The frozen twin of any ModuleUpdater (a VL one's too: it updates nothing, so it needs
+    no images)."""
+    return cls(**{f.name: getattr(updater, f.name) for f in dataclasses.fields(cls)})
 
   def update(self, experts, opt_state, module: str, groups: Sequence[Sequence[Trajectory]],
              rewards: Sequence[Sequence[float]]):

@@ -49,13 +49,17 @@ def get_config(arg=None):
   # procedures: the world's career / property facts in records whose right one only experience
   # tells (apex_jax.datasets.world_records; the committed toy was not trained on such worlds)
   # image_share: that share of the chain questions ask about an entity's emblem instead of naming
-  # it (apex_jax.datasets.world_images; for a vision executor: the pipeline does not yet build
-  # their image-search cache, World.write / launchers.make_world --image_share write one)
+  # it (apex_jax.datasets.world_images); their image-search cache is written into the workdir
+  # (config.image_search)
   c.data = dict(source="world", folder="", world_seed=777, entities=120, questions=64,
                 test_fraction=0.25, procedures=False, categories=(), image_share=0.0)
   # "ngram": the trigram search (misspelled names still find their passage); "word": exact words;
   # "index": LocalSearch over a built index
   c.search = dict(kind="ngram", index="", topk=2)
+  # the image questions' web_image_to_image_search: root "" and a world with image questions:
+  # the cache the world writes into <workdir>/image_search; enabled False: no tool offered
+  c.image_search = dict(root="", enabled=True, max_results=3)
+  # bank.text_image False: captions stay out of the bank (every memory text-only)
   # evolve_temperature: the Distiller writes skills greedily outside its own stage (memory
   # building, TTRL's evolution); sampled at 1, the toy's replies lose a field or the JSON
   c.memory = dict(embedder="backbone_mean", embedder_path="", path="",  # "": a new one in workdir

@@ -112,7 +112,7 @@ def get_config(arg=None):
   c.search = dict(kind="index", index=paths["index"], topk=3)
   # the authors' web_image_to_image_search: at most 3 cached results (mm_search_tool_config.yaml
   # max_images 3)
-  c.image_search = dict(root=paths["image_cache"], max_results=3)
+  c.image_search = dict(root=paths["image_cache"], enabled=True, max_results=3)
   # the executor as the authors run it (Qwen2.5-VL-7B); presets.vl_preset checks the name
   vl_preset(EXECUTOR_PRESET)
   c.executor_model = dict(preset=EXECUTOR_PRESET, path=paths["executor"], dtype="bfloat16")

@@ -102,6 +102,14 @@ class VlModel:
 _ALIASES = (("model.", "model.language_model."), ("visual.", "model.visual."))
 
 
+def is_vl_folder(path: str) -> bool:
+  """A folder whose config.json says Qwen2.5-VL (model_type qwen2_5_vl)."""
+  config = os.path.join(os.path.expanduser(path), "config.json")
+  if not os.path.isfile(config):
+    return False
+  return hf_io._read_json(config).get("model_type") == "qwen2_5_vl"
+
+
 def load(path: str, dtype=jnp.float32) -> VlModel:
   """A Qwen2.5-VL folder written by transformers (config.json + safetensors)."""
   path = os.path.abspath(os.path.expanduser(path))

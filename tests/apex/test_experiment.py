@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from apex_jax import experiment, pipeline
+from apex_jax.datasets import image_qa
 from apex_jax.memory import Bucket
 from apex_jax.tools import render_tool_call
 from apex_jax.training.stages import STAGE_ORDER
@@ -208,6 +209,50 @@ def test_image_questions_enter_the_memory_build_identity_only_when_on(tmp_path):
   assert asked and all("in the image" in e.question and e.caption for e in asked)
   plain_train, plain_test, _ = experiment.load_data(small_config(tmp_path))
   assert [e.id for e in train + test] == [e.id for e in plain_train + plain_test]
+
+
+def image_reply(module, prompt, call):
+  """The executor calls the image search on its first turn, then answers."""
+  if prompt.count("<|assistant|>") == 1:
+    return ('<think>w9</think><tool_call>\n{"name": "web_image_to_image_search", '
+            '"arguments": {"img_idx": "0"}}\n</tool_call>')
+  return "<think>w5</think><answer>w7</answer>"
+
+
+def test_world_image_questions_get_the_image_search_tool(tiny_model, tmp_path):
+  """A world with image questions: the pipeline writes their cache into the workdir and its
+  executor searches it (the question's entity's emblem first, 3 results); enabled False or a
+  text world: no tool."""
+  c = small_config(tmp_path)
+  c.data.image_share = 0.5
+  exp = experiment.build(c, model=tiny_model, generator=fakes.ScriptedGenerator(image_reply),
+                         embedder=HashEmbedder(64))
+  assert exp.image_search.root == str(tmp_path / "image_search")
+  asked = [e for e in exp.test if e.images]
+  [traj] = exp.executor().run([asked[0].question], rng=jax.random.PRNGKey(0),
+                              **{k: v for k, v in image_qa.episode_inputs(asked[:1]).items()
+                                 if k != "captions"})
+  assert traj.stats["image_searches"] == 1 and traj.stats["image_search_errors"] == 0
+  assert len(traj.info["images"]) == 1 + 3 and traj.answer == "w7"
+  assert "1. title: The emblem of " in traj.info["turns"][0]["tool_output"]
+  c.image_search.enabled = False
+  assert experiment.image_searcher(c, None, asked) is None
+  with pytest.raises(ValueError, match="image_search.enabled must be a bool, got 'no'"):
+    experiment.image_searcher({"image_search": {"enabled": "no"}})
+  assert experiment.build(small_config(tmp_path / "text"), model=tiny_model,
+                          generator=fakes.ScriptedGenerator(image_reply),
+                          embedder=HashEmbedder(64)).image_search is None
+
+
+def test_image_switches_in_the_memory_build_identity(tmp_path):
+  c = small_config(tmp_path)
+  c.model.path = str(tmp_path)
+  plain = pipeline.memory_build_identity(c)
+  assert "image_search" not in plain and "text_image" not in plain["memory"]["bank"]
+  c.memory.bank.text_image = False
+  assert pipeline.memory_build_identity(c)["memory"]["bank"]["text_image"] is False
+  c.data.image_share = 0.5
+  assert pipeline.memory_build_identity(c)["image_search"]["enabled"] is True
 
 
 def test_evolve_temperature_is_checked(exp):

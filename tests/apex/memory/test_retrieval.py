@@ -54,6 +54,19 @@ def test_text_only_scores_by_hand(tmp_path):
   assert [s.memory.question for s in replan.correct + replan.incorrect] == ["m1", "m3"]
 
 
+def captioned_bank(tmp_path, config=None) -> MemoryBank:
+  """Four memories of bucket time, three captioned, one text-image without a caption."""
+  emb = TableEmbedder({"q": (1, 0), "c": (0, 1), "m1": (1, 0), "c1": (0, 1), "m2": (0, 1),
+                       "c2": (0, 1), "m3": (1, 1), "m4": (1, 0), "c4": (1, 0)})
+  bank = MemoryBank(str(tmp_path / "m.db"), emb, config=config)
+  bank.add_many([
+      NewMemory("m1", "s", False, "time", caption="c1"),
+      NewMemory("m2", "s", True, "time", caption="c2"),
+      NewMemory("m3", "s", True, "time", modality="text-image"),
+      NewMemory("m4", "s", True, "time", caption="c4")])
+  return bank
+
+
 def test_caption_scores_by_hand(tmp_path):
   # Bucket time/text-image, query q = (1, 0) with caption c = (0, 1), beta 0.8:
   #   m1 q(1,0) c(0,1)  incorrect  sim = 0.8 * 1 + 0.2 * 1 = 1.0
@@ -63,14 +76,7 @@ def test_caption_scores_by_hand(tmp_path):
   # min 0.2, max 1.0, span 0.8: sim~ = (sim - 0.2) / 0.8 -> m1 1, m2 0, m3 0.63388, m4 0.75
   # w = 1 for the correct ones, 0 for m1: f = 0.7 sim~ + 0.3 w -> m1 0.7, m2 0.3, m3 0.74372,
   # m4 0.825
-  emb = TableEmbedder({"q": (1, 0), "c": (0, 1), "m1": (1, 0), "c1": (0, 1), "m2": (0, 1),
-                       "c2": (0, 1), "m3": (1, 1), "m4": (1, 0), "c4": (1, 0)})
-  bank = MemoryBank(str(tmp_path / "m.db"), emb)
-  bank.add_many([
-      NewMemory("m1", "s", False, "time", caption="c1"),
-      NewMemory("m2", "s", True, "time", caption="c2"),
-      NewMemory("m3", "s", True, "time", modality="text-image"),
-      NewMemory("m4", "s", True, "time", caption="c4")])
+  bank = captioned_bank(tmp_path)
   got = bank.retrieve("q", "c", category="time", k=3)
   assert got.bucket == ("time", "text-image")
   assert [(s.memory.question, round(s.score, 5)) for s in got.correct] == [
@@ -81,6 +87,22 @@ def test_caption_scores_by_hand(tmp_path):
   plain = bank.retrieve("q", category="time", modality="text-image", k=3)
   assert [(s.memory.question, round(s.score, 5)) for s in plain.correct] == [
       ("m4", 1.0), ("m3", round(0.7 / R2 + 0.3, 5)), ("m2", 0.3)]
+
+
+def test_text_image_off_keeps_captions_out(tmp_path):
+  """MemoryConfig(text_image=False): the memories of test_caption_scores_by_hand are stored
+  without captions in the text-only bucket (an explicit text-image modality too) and score by
+  cos(q, q_i) alone, the query's caption ignored: m1 1, m2 0, m3 0.70711, m4 1."""
+  bank = captioned_bank(tmp_path, MemoryConfig(text_image=False))
+  got = bank.retrieve("q", "c", category="time", k=3)
+  assert got.bucket == ("time", "text-only")
+  assert [(s.memory.question, round(s.score, 5)) for s in got.correct] == [
+      ("m4", 1.0), ("m3", round(0.7 / R2 + 0.3, 5)), ("m2", 0.3)]
+  assert all(s.memory.caption is None for s in got.correct + got.incorrect)
+  context = bank.planner_context("q", "c", category="time")
+  assert context.bucket == ("time", "text-only")
+  with pytest.raises(MemoryBankError, match="text_image must be a bool"):
+    MemoryConfig(text_image=1)
 
 
 def test_all_equal_similarities_normalise_to_one(tmp_path):
