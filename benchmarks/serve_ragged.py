@@ -42,6 +42,8 @@ _MAX = flags.DEFINE_integer("max_tokens", 480, "The ragged load's largest max_to
 
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Ragged and uniform loads, alternating; the "
                                 "report takes each one's fastest run.")
+_CACHE = flags.DEFINE_integer("cache_tokens", 1 << 16, "The engine's KV pool in tokens "
+                              "(ChatLimits.cache_tokens).")
 _ENGINE = flags.DEFINE_bool("engine", True, "Generate on the engine (else merged sampler calls).")
 _OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
 
@@ -104,7 +106,7 @@ def main(_):
   n = _REQUESTS.value
   model = load_model(_MODEL.value)
   limits = ChatLimits(max_tokens=max(_MAX.value, 8 * n), max_batch=n, max_queue=max(256, n),
-                      max_connections=max(64, n + 8))
+                      max_connections=max(64, n + 8), cache_tokens=_CACHE.value)
   chat = InProcessChat(model, max_context=min(1024, model.config.max_position_embeddings))
   srv = serving.make_server(chat, _MODEL.value, port=0, default_max_tokens=8, limits=limits,
                             engine=_ENGINE.value)
