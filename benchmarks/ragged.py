@@ -39,7 +39,8 @@ _MODEL = flags.DEFINE_string("model", "smollm2", "smollm2, a Hugging Face folder
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and cache.")
 _TRANSFORMERS = flags.DEFINE_bool("transformers", True, "Also transformers' generate (model "
                                   "folders only).")
-_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 2, "torch threads of the transformers side.")
+_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 2, "torch threads of the transformers "
+                                      "side.")
 _REQUESTS = flags.DEFINE_integer("requests", 128, "Requests in the workload.")
 _SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots = the static sampler's batch rows.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the reply-length draw.")
@@ -115,14 +116,15 @@ def run_static(model, prompts, lengths, slots: int) -> dict:
   return _side(wall, clock, sum(lengths), computed) | {"tokens": tokens}
 
 
-def run_engine(model, prompts, lengths, slots: int) -> dict:
+def run_engine(model, prompts, lengths, slots: int, steps_per_call: int = 8,
+               prefill_chunk: int = 128) -> dict:
   from morse_jax import llm
   from morse_jax.llm.engine import Engine, EngineConfig, Request
 
   psize = 16
   longest = max(len(p) + n for p, n in zip(prompts, lengths))
   config = EngineConfig(slots=slots, max_len=-(-longest // psize) * psize, page_size=psize,
-                        steps_per_call=_STEPS.value, prefill_chunk=_CHUNK.value)
+                        steps_per_call=steps_per_call, prefill_chunk=prefill_chunk)
   engine = Engine(model, config)
   samples, peak = [], {"bytes_held": 0}
   with CompileClock() as clock:
@@ -158,13 +160,13 @@ def _side(wall: float, clock: CompileClock, useful: int, computed: int) -> dict:
           "row_tokens_computed": computed, "padding_share": 1 - useful / computed}
 
 
-def run_transformers(folder: str, dtype_name: str, prompts, lengths, slots: int,
-                     pad_id: int) -> dict:
+def run_transformers(folder: str, dtype_name: str, prompts, lengths, slots: int, pad_id: int,
+                     threads: int = 2) -> dict:
   """transformers' batched greedy generate on the static side's batches, left-padded."""
   import torch
   from transformers import AutoModelForCausalLM
 
-  torch.set_num_threads(_TORCH_THREADS.value)
+  torch.set_num_threads(threads)
   hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name)).eval()
   tokens, computed = [], 0
   start = time.perf_counter()
@@ -182,7 +184,7 @@ def run_transformers(folder: str, dtype_name: str, prompts, lengths, slots: int,
   wall = time.perf_counter() - start
   return {"seconds": wall, "tokens_generated": sum(lengths), "tokens_per_s": sum(lengths) / wall,
           "row_tokens_computed": computed, "padding_share": 1 - sum(lengths) / computed,
-          "torch_threads": _TORCH_THREADS.value, "tokens": tokens}
+          "torch_threads": threads, "tokens": tokens}
 
 
 def report(fields: dict, sides: dict, tokens: dict) -> dict:
@@ -214,11 +216,13 @@ def main(_):
                      "sum": sum(lengths), "min": min(lengths), "max": max(lengths)},
       prompt_tokens={"min": min(map(len, prompts)), "max": max(map(len, prompts))})
   folder = model_folder(_MODEL.value)
-  runs = [("engine", lambda: run_engine(model, prompts, lengths, _SLOTS.value)),
+  runs = [("engine", lambda: run_engine(model, prompts, lengths, _SLOTS.value, _STEPS.value,
+                                       _CHUNK.value)),
           ("static", lambda: run_static(model, prompts, lengths, _SLOTS.value))]
   if _TRANSFORMERS.value and folder:
     runs.append(("transformers", lambda: run_transformers(
-        folder, _DTYPE.value, prompts, lengths, _SLOTS.value, model.pad_id)))
+        folder, _DTYPE.value, prompts, lengths, _SLOTS.value, model.pad_id,
+        _TORCH_THREADS.value)))
   sides, tokens = {}, {}
   for name, run in runs:
     side = run()
