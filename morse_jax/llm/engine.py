@@ -9,7 +9,7 @@ and gets a `Handle`; `submit_group` gives n samples of one prompt that share its
    everything they could still need beside the running rows' own worst case (`pages.py`:
    reservations; pages are allocated only as tokens are written);
 2. prefills one chunk of at most `prefill_chunk` tokens for up to `prefill_rows` admitted rows
-   (a long prompt takes several steps, interleaved with decoding); a row whose prompt is done
+   (in `prefill_order`; a long prompt takes several steps, interleaved with decoding); a row whose prompt is done
    gets its first logits, and a group's other members get the leader's full prompt pages
    (reference counts) and a copy of its partly filled last page;
 3. decodes every live row `steps_per_call` tokens in one jitted while loop (one host round trip),
