@@ -1,5 +1,5 @@
-"""What every benchmark shares: the machine description and JSON report, a median timer, and the
-single-agent HumanEval prompts."""
+"""What every benchmark shares: the machine description and JSON report, a median timer, the
+single-agent HumanEval prompts and the models a benchmark names (`bench_model`)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,42 @@ def single_agent_prompts(model, family, problems) -> list[list[int]]:
     prefix = model.tokenizer.encode(family.reply_prefix(p, node.to_dict()))
     out.append(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True) + prefix)
   return out
+
+
+REAL_MODEL = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
+TOY = os.path.join(os.path.dirname(__file__), "..", "assets", "toy_qwen3")
+
+
+def model_folder(name: str) -> str | None:
+  """The folder a benchmark's --model names; None for a random model (`bench_model`)."""
+  from morse_jax.llm.presets import ARCHITECTURES
+
+  if name == "tiny" or name in ARCHITECTURES:
+    return None
+  return os.path.expanduser(REAL_MODEL if name == "smollm2" else name)
+
+
+def bench_model(name: str, dtype_name: str = "float32"):
+  """The model a benchmark's --model names: `tiny` (a random 2-layer model), a name in
+  `llm.presets.ARCHITECTURES` (random weights at those shapes), both with `assets/toy_qwen3`'s
+  tokenizer and chat template; `smollm2` (the local SmolLM2-135M-Instruct) or a model folder."""
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+
+  from morse_jax import llm
+  from morse_jax.llm.presets import ARCHITECTURES
+
+  dtype = getattr(jnp, dtype_name)
+  if model_folder(name):
+    return llm.load(model_folder(name), dtype=dtype)
+  toy = llm.load(TOY, dtype=dtype)
+  if name == "tiny":
+    config = dataclasses.replace(toy.config, hidden_size=64, intermediate_size=128,
+                                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+    params = llm.init_random(config, jax.random.key(0), dtype=dtype, scale=0.3)
+  else:
+    config = ARCHITECTURES[name]
+    params = llm.init_random(config, jax.random.key(0), dtype=dtype)
+  return dataclasses.replace(toy, config=config, params=params)

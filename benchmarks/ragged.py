@@ -26,9 +26,21 @@ import json
 import os
 import time
 
+# torch's OpenMP workers otherwise spin after each generate call, taking the cores from the
+# next side (as in benchmarks.rollout)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from absl import app, flags
 
-_MODEL = flags.DEFINE_string("model", "smollm2", "smollm2, or a Hugging Face folder.")
+from benchmarks.common import bench_model, model_folder, write_report
+
+_MODEL = flags.DEFINE_string("model", "smollm2", "smollm2, a Hugging Face folder, tiny or a name "
+                             "in llm.presets.ARCHITECTURES (random weights).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and cache.")
+_TRANSFORMERS = flags.DEFINE_bool("transformers", True, "Also transformers' generate (model "
+                                  "folders only).")
+_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 2, "torch threads of the transformers "
+                                      "side.")
 _REQUESTS = flags.DEFINE_integer("requests", 128, "Requests in the workload.")
 _SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots = the static sampler's batch rows.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the reply-length draw.")
@@ -37,7 +49,6 @@ _STEPS = flags.DEFINE_integer("steps_per_call", 8, "Engine tokens per row per ho
 _CHUNK = flags.DEFINE_integer("prefill_chunk", 128, "Engine prefill chunk.")
 _OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
 
-REAL_MODEL = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
 REPLIES = "benchmarks/results/qwen25_coder/humaneval_single/*.jsonl"
 
 
@@ -105,14 +116,15 @@ def run_static(model, prompts, lengths, slots: int) -> dict:
   return _side(wall, clock, sum(lengths), computed) | {"tokens": tokens}
 
 
-def run_engine(model, prompts, lengths, slots: int) -> dict:
+def run_engine(model, prompts, lengths, slots: int, steps_per_call: int = 8,
+               prefill_chunk: int = 128) -> dict:
   from morse_jax import llm
   from morse_jax.llm.engine import Engine, EngineConfig, Request
 
   psize = 16
   longest = max(len(p) + n for p, n in zip(prompts, lengths))
   config = EngineConfig(slots=slots, max_len=-(-longest // psize) * psize, page_size=psize,
-                        steps_per_call=_STEPS.value, prefill_chunk=_CHUNK.value)
+                        steps_per_call=steps_per_call, prefill_chunk=prefill_chunk)
   engine = Engine(model, config)
   samples, peak = [], {"bytes_held": 0}
   with CompileClock() as clock:
@@ -148,32 +160,76 @@ def _side(wall: float, clock: CompileClock, useful: int, computed: int) -> dict:
           "row_tokens_computed": computed, "padding_share": 1 - useful / computed}
 
 
+def run_transformers(folder: str, dtype_name: str, prompts, lengths, slots: int, pad_id: int,
+                     threads: int = 2) -> dict:
+  """transformers' batched greedy generate on the static side's batches, left-padded."""
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  torch.set_num_threads(threads)
+  hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name)).eval()
+  tokens, computed = [], 0
+  start = time.perf_counter()
+  for i in range(0, len(prompts), slots):
+    batch, budgets = prompts[i:i + slots], lengths[i:i + slots]
+    width = max(map(len, batch))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+    with torch.no_grad():
+      out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(budgets),
+                        min_new_tokens=max(budgets), eos_token_id=None, pad_token_id=pad_id,
+                        do_sample=False)
+    tokens += [out[j, width:width + b].tolist() for j, b in enumerate(budgets)]
+    computed += len(batch) * max(budgets)
+  wall = time.perf_counter() - start
+  return {"seconds": wall, "tokens_generated": sum(lengths), "tokens_per_s": sum(lengths) / wall,
+          "row_tokens_computed": computed, "padding_share": 1 - sum(lengths) / computed,
+          "torch_threads": threads, "tokens": tokens}
+
+
+def report(fields: dict, sides: dict, tokens: dict) -> dict:
+  """The JSON fields of the sides run so far (ratios against the engine, greedy equality)."""
+  out = {**fields, **sides}
+  engine = sides["engine"]
+  for name in ("static", "transformers"):
+    out[f"ratio_vs_{name}"] = (engine["tokens_per_s"] / sides[name]["tokens_per_s"]
+                               if name in sides else None)
+  if "static" in sides:
+    out["ratio_vs_static_without_compiles"] = (engine["tokens_per_s_without_compiles"]
+                                               / sides["static"]["tokens_per_s_without_compiles"])
+  for name in ("static", "transformers"):
+    if name in tokens:
+      equal = [a == b for a, b in zip(tokens["engine"], tokens[name])]
+      key = "greedy" if name == "static" else "transformers_greedy"
+      out[f"{key}_equal"], out[f"{key}_rows_equal"] = all(equal), sum(equal)
+  return out
+
+
 def main(_):
-  import jax.numpy as jnp
-
-  from benchmarks.common import write_report
-  from morse_jax import llm
-
-  folder = os.path.expanduser(REAL_MODEL if _MODEL.value == "smollm2" else _MODEL.value)
-  model = llm.load(folder, dtype=jnp.float32)
+  model = bench_model(_MODEL.value, _DTYPE.value)
   prompts, lengths = workload(model, _REQUESTS.value, _SEED.value, _MAX_REPLY.value)
   print(f"{len(prompts)} requests, prompts {min(map(len, prompts))}..{max(map(len, prompts))} "
         f"tokens, replies {min(lengths)}..{max(lengths)} (sum {sum(lengths)})", flush=True)
-  engine = run_engine(model, prompts, lengths, _SLOTS.value)
-  print({k: v for k, v in engine.items() if k != "tokens"}, flush=True)
-  static = run_static(model, prompts, lengths, _SLOTS.value)
-  print({k: v for k, v in static.items() if k != "tokens"}, flush=True)
-  equal = [a == b for a, b in zip(engine.pop("tokens"), static.pop("tokens"))]
-  write_report(
-      "ragged", _OUT.value, model=_MODEL.value, requests=len(prompts), slots=_SLOTS.value,
+  fields = dict(
+      model=_MODEL.value, dtype=_DTYPE.value, requests=len(prompts), slots=_SLOTS.value,
       reply_lengths={"source": REPLIES, "seed": _SEED.value, "cap": _MAX_REPLY.value,
                      "sum": sum(lengths), "min": min(lengths), "max": max(lengths)},
-      prompt_tokens={"min": min(map(len, prompts)), "max": max(map(len, prompts))},
-      engine=engine, static=static, transformers=None,
-      ratio_vs_static=engine["tokens_per_s"] / static["tokens_per_s"],
-      ratio_vs_static_without_compiles=(engine["tokens_per_s_without_compiles"]
-                                        / static["tokens_per_s_without_compiles"]),
-      ratio_vs_transformers=None, greedy_equal=all(equal), greedy_rows_equal=sum(equal))
+      prompt_tokens={"min": min(map(len, prompts)), "max": max(map(len, prompts))})
+  folder = model_folder(_MODEL.value)
+  runs = [("engine", lambda: run_engine(model, prompts, lengths, _SLOTS.value, _STEPS.value,
+                                       _CHUNK.value)),
+          ("static", lambda: run_static(model, prompts, lengths, _SLOTS.value))]
+  if _TRANSFORMERS.value and folder:
+    runs.append(("transformers", lambda: run_transformers(
+        folder, _DTYPE.value, prompts, lengths, _SLOTS.value, model.pad_id,
+        _TORCH_THREADS.value)))
+  sides, tokens = {}, {}
+  for name, run in runs:
+    side = run()
+    tokens[name] = side.pop("tokens")
+    sides[name] = side
+    print(name, side, flush=True)
+    write_report("ragged", _OUT.value, **report(fields, sides, tokens))
 
 
 if __name__ == "__main__":

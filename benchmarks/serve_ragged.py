@@ -26,45 +26,31 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
-import os
 import threading
 
-import jax
-import jax.numpy as jnp
 from absl import app, flags
 
 from apex_jax.judges import InProcessChat, serving
 from apex_jax.judges.protocol import ChatLimits
 from apex_jax.tools.server import running
-from benchmarks.common import threads_seconds, write_report
-from morse_jax import llm
+from benchmarks.common import bench_model, threads_seconds, write_report
 
 _MODEL = flags.DEFINE_string("model", "tiny", "tiny, smollm2, or a Hugging Face folder.")
 _REQUESTS = flags.DEFINE_integer("requests", 32, "Concurrent requests per load.")
 _MIN = flags.DEFINE_integer("min_tokens", 8, "The ragged load's smallest max_tokens.")
 _MAX = flags.DEFINE_integer("max_tokens", 480, "The ragged load's largest max_tokens.")
 
-REAL_MODEL = "~/.cache/morse_jax/models/SmolLM2-135M-Instruct"
-TOY = os.path.join(os.path.dirname(__file__), "..", "assets", "toy_qwen3")
-
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Ragged and uniform loads, alternating; the "
                                 "report takes each one's fastest run.")
+_CACHE = flags.DEFINE_integer("cache_tokens", 1 << 16, "The engine's KV pool in tokens "
+                              "(ChatLimits.cache_tokens).")
 _ENGINE = flags.DEFINE_bool("engine", True, "Generate on the engine (else merged sampler calls).")
 _OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
 
 
 def load_model(name: str):
   """The served model, without stop ids (each reply runs to its budget)."""
-  if name == "tiny":
-    toy = llm.load(TOY, dtype=jnp.float32)
-    config = dataclasses.replace(toy.config, hidden_size=64, intermediate_size=128,
-                                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
-    params = llm.init_random(config, jax.random.key(0), scale=0.3)
-    model = dataclasses.replace(toy, config=config, params=params)
-  else:
-    folder = os.path.expanduser(REAL_MODEL if name == "smollm2" else name)
-    model = llm.load(folder, dtype=jnp.float32)
-  return dataclasses.replace(model, stop_ids=())
+  return dataclasses.replace(bench_model(name), stop_ids=())
 
 
 def ragged_budgets(n: int, low: int, high: int) -> list[int]:
@@ -120,7 +106,7 @@ def main(_):
   n = _REQUESTS.value
   model = load_model(_MODEL.value)
   limits = ChatLimits(max_tokens=max(_MAX.value, 8 * n), max_batch=n, max_queue=max(256, n),
-                      max_connections=max(64, n + 8))
+                      max_connections=max(64, n + 8), cache_tokens=_CACHE.value)
   chat = InProcessChat(model, max_context=min(1024, model.config.max_position_embeddings))
   srv = serving.make_server(chat, _MODEL.value, port=0, default_max_tokens=8, limits=limits,
                             engine=_ENGINE.value)

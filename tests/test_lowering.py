@@ -64,11 +64,13 @@ def declared(exported, args, kwargs, suffix):
 
 
 def test_architectures_match_the_published_parameter_counts():
-  # Hugging Face model cards: Qwen3-4B 4.0B, Qwen3-8B 8.2B, Llama-3.1-8B 8.03B parameters.
+  # Hugging Face model cards: Qwen3-4B 4.0B, Qwen3-8B 8.2B, Llama-3.1-8B 8.03B, Qwen2.5-Coder-1.5B
+  # 1.54B parameters.
   counts = {name: c.num_params() / 1e9 for name, c in ARCHITECTURES.items()}
   assert counts["Qwen3-4B-Instruct-2507"] == pytest.approx(4.02, abs=0.01)
   assert counts["Qwen3-8B"] == pytest.approx(8.19, abs=0.01)
   assert counts["Llama-3.1-8B-Instruct"] == pytest.approx(8.03, abs=0.01)
+  assert counts["Qwen2.5-Coder-1.5B-Instruct"] == pytest.approx(1.54, abs=0.01)
 
 
 def test_run_shapes_follow_the_batch_layout():

@@ -122,9 +122,11 @@ def build_engine(chat: "InProcessChat", slots: int, cache_tokens: int, step_toke
   # Decode programs per multiple of slots / 8 live rows (at least 4): as a ragged load's rows
   # end one by one, powers of two would pad 17 live rows to 32 (a quarter of the work wasted
   # on average); 8 or so programs more to compile.
+  # Prefill the largest budget first: the longest reply sets when a burst is done.
   config = EngineConfig(slots=slots, max_len=max_len, page_size=PAGE_SIZE,
                         num_pages=-(-tokens // PAGE_SIZE) + 1,  # + the trash page
-                        steps_per_call=step_tokens, decode_row_step=max(4, slots // 8))
+                        steps_per_call=step_tokens, decode_row_step=max(4, slots // 8),
+                        prefill_order="longest")
   adapter = route = None
   if chat.route is not None:
     r = chat.route

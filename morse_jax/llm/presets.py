@@ -16,6 +16,11 @@ ARCHITECTURES = {
         "qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
         num_heads=32, num_kv_heads=8, head_dim=128, rope=RopeConfig(theta=1e6),
         qk_norm=True, max_position_embeddings=40960),
+    # the paper's single-agent comparison backbone; `benchmarks.ragged` decodes at its shapes
+    "Qwen2.5-Coder-1.5B-Instruct": LlmConfig(
+        "qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+        num_heads=12, num_kv_heads=2, head_dim=128, rope=RopeConfig(theta=1e6),
+        tie_word_embeddings=True, qkv_bias=True, max_position_embeddings=32768),
     "Llama-3.1-8B-Instruct": LlmConfig(
         "llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
         num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,

@@ -99,6 +99,26 @@ def test_decode_programs_per_multiple_of_a_row_step(model):
     EngineConfig(decode_row_step=-1)
 
 
+def test_longest_budget_prefilled_first_same_tokens(model):
+  """prefill_order "longest": the largest budget's row starts decoding first (one prefill row
+  per step), and every request gets the tokens it gets in arrival order."""
+  prompts = prompts_of([6, 6, 6, 6])
+  budgets = [4, 8, 30, 12]
+  requests = lambda: [Request(p, b, llm.GREEDY, stop_ids=()) for p, b in zip(prompts, budgets)]
+  config = dataclasses.replace(ENGINE, prefill_rows=1)
+  longest = Engine(model, dataclasses.replace(config, prefill_order="longest"))
+  handles = [longest.submit(r) for r in requests()]
+  longest.step()
+  assert [len(h.tokens) for h in handles] == [0, 0, 4, 0]  # the 30-token row only
+  longest.step()
+  assert [len(h.tokens) for h in handles] == [0, 0, 8, 4]  # then the 12-token one
+  longest.run()
+  arrival = run_requests(Engine(model, config), requests())
+  assert [h.result().tokens.tolist() for h in handles] == [c.tokens.tolist() for c in arrival]
+  with pytest.raises(ValueError, match="EngineConfig.prefill_order must be one of"):
+    EngineConfig(prefill_order="shortest")
+
+
 def test_logprobs_equal_a_full_forward(model):
   prompts = prompts_of([6, 19, 11], seed=7)
   sampling = llm.SamplingConfig(temperature=1.0)
