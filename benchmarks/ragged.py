@@ -34,21 +34,6 @@ from absl import app, flags
 
 from benchmarks.common import bench_model, model_folder, write_report
 
-_MODEL = flags.DEFINE_string("model", "smollm2", "smollm2, a Hugging Face folder, tiny or a name "
-                             "in llm.presets.ARCHITECTURES (random weights).")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and cache.")
-_TRANSFORMERS = flags.DEFINE_bool("transformers", True, "Also transformers' generate (model "
-                                  "folders only).")
-_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 2, "torch threads of the transformers "
-                                      "side.")
-_REQUESTS = flags.DEFINE_integer("requests", 128, "Requests in the workload.")
-_SLOTS = flags.DEFINE_integer("slots", 16, "Engine slots = the static sampler's batch rows.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the reply-length draw.")
-_MAX_REPLY = flags.DEFINE_integer("max_reply", 512, "Cap on a drawn reply length.")
-_STEPS = flags.DEFINE_integer("steps_per_call", 8, "Engine tokens per row per host round trip.")
-_CHUNK = flags.DEFINE_integer("prefill_chunk", 128, "Engine prefill chunk.")
-_OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
-
 REPLIES = "benchmarks/results/qwen25_coder/humaneval_single/*.jsonl"
 
 
@@ -206,31 +191,46 @@ def report(fields: dict, sides: dict, tokens: dict) -> dict:
 
 
 def main(_):
-  model = bench_model(_MODEL.value, _DTYPE.value)
-  prompts, lengths = workload(model, _REQUESTS.value, _SEED.value, _MAX_REPLY.value)
+  f = flags.FLAGS
+  model = bench_model(f.model, f.dtype)
+  prompts, lengths = workload(model, f.requests, f.seed, f.max_reply)
   print(f"{len(prompts)} requests, prompts {min(map(len, prompts))}..{max(map(len, prompts))} "
         f"tokens, replies {min(lengths)}..{max(lengths)} (sum {sum(lengths)})", flush=True)
   fields = dict(
-      model=_MODEL.value, dtype=_DTYPE.value, requests=len(prompts), slots=_SLOTS.value,
-      reply_lengths={"source": REPLIES, "seed": _SEED.value, "cap": _MAX_REPLY.value,
+      model=f.model, dtype=f.dtype, requests=len(prompts), slots=f.slots,
+      reply_lengths={"source": REPLIES, "seed": f.seed, "cap": f.max_reply,
                      "sum": sum(lengths), "min": min(lengths), "max": max(lengths)},
       prompt_tokens={"min": min(map(len, prompts)), "max": max(map(len, prompts))})
-  folder = model_folder(_MODEL.value)
-  runs = [("engine", lambda: run_engine(model, prompts, lengths, _SLOTS.value, _STEPS.value,
-                                       _CHUNK.value)),
-          ("static", lambda: run_static(model, prompts, lengths, _SLOTS.value))]
-  if _TRANSFORMERS.value and folder:
+  folder = model_folder(f.model)
+  runs = [("engine", lambda: run_engine(model, prompts, lengths, f.slots, f.steps_per_call,
+                                       f.prefill_chunk)),
+          ("static", lambda: run_static(model, prompts, lengths, f.slots))]
+  if f.transformers and folder:
     runs.append(("transformers", lambda: run_transformers(
-        folder, _DTYPE.value, prompts, lengths, _SLOTS.value, model.pad_id,
-        _TORCH_THREADS.value)))
+        folder, f.dtype, prompts, lengths, f.slots, model.pad_id,
+        f.torch_threads)))
   sides, tokens = {}, {}
   for name, run in runs:
     side = run()
     tokens[name] = side.pop("tokens")
     sides[name] = side
     print(name, side, flush=True)
-    write_report("ragged", _OUT.value, **report(fields, sides, tokens))
+    write_report("ragged", f.out, **report(fields, sides, tokens))
 
 
 if __name__ == "__main__":
+  # flags defined here, not at import: tests import this module beside launchers that define
+  # --model too (absl flags are process-wide)
+  flags.DEFINE_string("model", "smollm2", "smollm2, a Hugging Face folder, tiny or a name in "
+                      "llm.presets.ARCHITECTURES (random weights).")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and cache.")
+  flags.DEFINE_bool("transformers", True, "Also transformers' generate (model folders only).")
+  flags.DEFINE_integer("torch_threads", 2, "torch threads of the transformers side.")
+  flags.DEFINE_integer("requests", 128, "Requests in the workload.")
+  flags.DEFINE_integer("slots", 16, "Engine slots = the static sampler's batch rows.")
+  flags.DEFINE_integer("seed", 0, "Seed of the reply-length draw.")
+  flags.DEFINE_integer("max_reply", 512, "Cap on a drawn reply length.")
+  flags.DEFINE_integer("steps_per_call", 8, "Engine tokens per row per host round trip.")
+  flags.DEFINE_integer("prefill_chunk", 128, "Engine prefill chunk.")
+  flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
   app.run(main)
