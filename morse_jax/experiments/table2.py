@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import os
 from typing import Sequence
 
@@ -58,6 +59,20 @@ def sign_flip_test(differences: Sequence[float], seed: int = 0) -> float:
     signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(_RANDOM_FLIPS, nonzero.size))
   sums = np.abs(signs @ nonzero)
   return float(np.mean(sums >= observed - 1e-12))
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+  """Exact McNemar p-value of two pass / fail columns over the same problems: two-sided
+  binomial(a_only + b_only, 1/2) on the discordant pairs (a passes and b fails, the reverse),
+  twice the smaller tail, at most 1. For 0 / 1 scores it is `sign_flip_test`'s exact value."""
+  for name, value in (("a_only", a_only), ("b_only", b_only)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+      raise ValueError(f"mcnemar_exact: {name} must be a count >= 0, got {value!r}")
+  n = a_only + b_only
+  if n == 0:
+    return 1.0
+  tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+  return min(1.0, 2 * tail / 2 ** n)
 
 
 def paired_difference(differences: Sequence[float]) -> dict:

@@ -25,6 +25,25 @@ def test_sign_flip_test_by_hand():
   assert 0.0 < p < 0.05
 
 
+def test_mcnemar_exact_by_hand():
+  # 5 discordant, all one way: 2 * (1 / 32).
+  assert table2.mcnemar_exact(5, 0) == pytest.approx(2 / 32)
+  assert table2.mcnemar_exact(0, 5) == pytest.approx(2 / 32)
+  # 1 against 3: 2 * (C(4,0) + C(4,1)) / 16 = 10 / 16.
+  assert table2.mcnemar_exact(1, 3) == pytest.approx(10 / 16)
+  # A tie's doubled tail passes 1 and is capped; no discordant pair says nothing.
+  assert table2.mcnemar_exact(2, 2) == 1.0
+  assert table2.mcnemar_exact(0, 0) == 1.0
+  # On 0 / 1 differences it is the exact sign-flip test.
+  assert table2.mcnemar_exact(7, 2) == pytest.approx(table2.sign_flip_test([1] * 7 + [-1] * 2))
+
+
+@pytest.mark.parametrize("a_only, b_only", [(-1, 2), (1.5, 2), (True, 2), (1, "2")])
+def test_mcnemar_exact_refuses_what_is_not_a_count(a_only, b_only):
+  with pytest.raises(ValueError, match="must be a count"):
+    table2.mcnemar_exact(a_only, b_only)
+
+
 def _run(variant, seed, nodes, problems, steps=None):
   steps = steps or {k: float(v) for k, v in problems.items()}
   return {"variant": variant, "seed": seed, "updates": 0 if seed is None else 10,
