@@ -76,7 +76,7 @@ MORSE = {
     ("scicode_canonical", None):
         (*single(ROLLOUT)[:2], dataclasses.replace(STEP, estimator="grpo"), single(ROLLOUT)[2]),
     ("srdd", None): (LORA, ROUTER, STEP, ROLLOUT),
-    ("demo_cpu", None): DEMO,
+    ("demo_cpu", None): (*DEMO[:3], dataclasses.replace(DEMO[3], engine=True)),
     ("table2_cpu", None): DEMO,
     ("table2_baselines", None): (LORA, ROUTER, STEP, ROLLOUT),  # morse_base's, on HumanEval
     ("smollm2_cpu", None):

@@ -14,6 +14,9 @@ from configs.morse import demo_cpu
 def get_config(arg=None):
   c = demo_cpu.get_config(arg)
   c.demo = False
+  # the committed table was measured on the static sampler; the engine's rollouts part from it
+  # at a float-order near-tie (demo_cpu: update 56), so a rerun keeps the static path
+  c.train.engine = False
   c.workdir = "/tmp/morse_runs/table2_cpu"
   c.table2 = ml_collections.ConfigDict(dict(
       variants=("single", "morse_base", "fixed_grpo", "mole_grpo", "mole_hgrpo"),
