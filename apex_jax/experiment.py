@@ -284,7 +284,9 @@ def build(config, *, model: llm.Model | vl.VlModel | None = None, generator=None
   bank = MemoryBank(c.memory.path or fresh_bank_path(c.workdir), embedder or _embedder(c, model),
                     config=settings(MemoryConfig, c.memory.bank, "memory.bank"))
   return Experiment(c, model, train, test, _searcher(c, passages), bank, agents, generator,
-                    updater, experts, training, image_searcher(c, world, train + test))
+                    updater, experts, training,
+                    # a world's questions are lists; the official sets' are lazy sources
+                    image_searcher(c, world, list(train) + list(test) if world else ()))
 
 
 def load_backbone(path: str, dtype: str):

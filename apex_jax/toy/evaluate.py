@@ -48,30 +48,33 @@ from morse_jax.llm.engine import Engine, config_for_rows
 from morse_jax.tasks import synthetic
 from morse_jax.toy import corpus
 
-_MODEL = flags.DEFINE_string("model", "", "Hugging Face folder of the toy backbone.")
-_WORLD_SEED = flags.DEFINE_integer("world_seed", 12345, "Seed of the held-out world.")
-_QUESTIONS = flags.DEFINE_integer("questions", 32, "Held-out questions.")
-_MORSE_PROBLEMS = flags.DEFINE_integer("morse_problems", 6, "Synthetic problems (0: skip).")
-_DISTILL_QUESTIONS = flags.DEFINE_integer(
-    "distill_questions", 400, "Questions of the world whose memories fill the distiller's "
-    "prompts (at most 2 prompts per category, as in the corpus).")
-_JUDGE_RUNS = flags.DEFINE_integer("judge_runs", 24, "Runs (gold and corrupted) the judges "
-                                   "score, and plans the alignment judge scores (0: skip).")
-_SEARCH = flags.DEFINE_enum("search", "word", ["word", "ngram"], "The executor's search tool: "
-                            "apex_jax.tools.overlap WordSearch or NgramSearch (the corpus is "
-                            "built with WordSearch either way).")
-_TOPK = flags.DEFINE_integer("topk", 3, "Passages per search (as in the training corpus).")
-_OUT = flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here as JSON.")
-_PROMPTS = flags.DEFINE_enum("prompts", "compact", ["compact", "authors"], "The agents' prompt "
-                             "style (AgentConfig.prompts): the toy was taught the compact ones; "
-                             "a real instruct backbone may follow the authors' text better.")
-_READING = flags.DEFINE_enum("reading", "yes", ["yes", "no", "only"], "The executor reading "
-                              "its gold passages (reading_metrics); only: that and nothing else.")
-_SPACED = flags.DEFINE_bool("spaced_copies", False, "The reading check's gold runs with their "
-                            "queries and answers after a space (a toy trained with "
-                            "pretrain_toy --config.corpus.spaced_copies=True).")
-_DISTILL_TOKENS = flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
-                                       "cap (0: skip the distiller check).")
+def define_flags() -> None:
+  """The command line's flags, defined when run as a program, not at import: tests import
+  this module beside launchers whose flags share names (absl flags are process-wide)."""
+  flags.DEFINE_string("model", "", "Hugging Face folder of the toy backbone.")
+  flags.DEFINE_integer("world_seed", 12345, "Seed of the held-out world.")
+  flags.DEFINE_integer("questions", 32, "Held-out questions.")
+  flags.DEFINE_integer("morse_problems", 6, "Synthetic problems (0: skip).")
+  flags.DEFINE_integer(
+      "distill_questions", 400, "Questions of the world whose memories fill the distiller's "
+      "prompts (at most 2 prompts per category, as in the corpus).")
+  flags.DEFINE_integer("judge_runs", 24, "Runs (gold and corrupted) the judges "
+                       "score, and plans the alignment judge scores (0: skip).")
+  flags.DEFINE_enum("search", "word", ["word", "ngram"], "The executor's search tool: "
+                    "apex_jax.tools.overlap WordSearch or NgramSearch (the corpus is "
+                    "built with WordSearch either way).")
+  flags.DEFINE_integer("topk", 3, "Passages per search (as in the training corpus).")
+  flags.DEFINE_string("out", "", "Write the metrics (and sample turns) here as JSON.")
+  flags.DEFINE_enum("prompts", "compact", ["compact", "authors"], "The agents' prompt "
+                    "style (AgentConfig.prompts): the toy was taught the compact ones; "
+                    "a real instruct backbone may follow the authors' text better.")
+  flags.DEFINE_enum("reading", "yes", ["yes", "no", "only"], "The executor reading "
+                    "its gold passages (reading_metrics); only: that and nothing else.")
+  flags.DEFINE_bool("spaced_copies", False, "The reading check's gold runs with their "
+                    "queries and answers after a space (a toy trained with "
+                    "pretrain_toy --config.corpus.spaced_copies=True).")
+  flags.DEFINE_integer("distill_max_new_tokens", 400, "The distiller's reply "
+                       "cap (0: skip the distiller check).")
 
 
 def greedy_replies(model, prompts, max_new_tokens: int) -> llm.SampleOutput:
@@ -212,39 +215,41 @@ def morse_metrics(model, problems: int) -> dict:
 
 
 def main(argv):
+  f = flags.FLAGS
   del argv
   start = time.time()
-  model = llm.load(_MODEL.value)
-  result = {"model": _MODEL.value, "world_seed": _WORLD_SEED.value, "search": _SEARCH.value,
-            "prompts": _PROMPTS.value}
-  if _READING.value:
-    result["reading"] = reading_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
-                                        _PROMPTS.value, _SPACED.value)
+  model = llm.load(f.model)
+  result = {"model": f.model, "world_seed": f.world_seed, "search": f.search,
+            "prompts": f.prompts}
+  if f.reading:
+    result["reading"] = reading_metrics(model, f.world_seed, f.questions, f.topk,
+                                        f.prompts, f.spaced_copies)
     print(json.dumps({k: v for k, v in result["reading"].items() if k != "wrong_samples"}),
           flush=True)
-    if _READING.value == "only":
+    if f.reading == "only":
       print(json.dumps(result["reading"]["wrong_samples"], indent=1), flush=True)
       return
-  result["apex"] = apex_metrics(model, _WORLD_SEED.value, _QUESTIONS.value, _TOPK.value,
-                                _SEARCH.value, _PROMPTS.value)
+  result["apex"] = apex_metrics(model, f.world_seed, f.questions, f.topk,
+                                f.search, f.prompts)
   print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)
-  if _DISTILL_TOKENS.value:
-    result["distiller"] = distiller_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
-                                            _TOPK.value, _DISTILL_TOKENS.value, _PROMPTS.value)
+  if f.distill_max_new_tokens:
+    result["distiller"] = distiller_metrics(model, f.world_seed, _DISTILLf.questions,
+                                            f.topk, f.distill_max_new_tokens, f.prompts)
     print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}),
           flush=True)
-  if _JUDGE_RUNS.value:
-    result["judges"] = judge_metrics(model, _WORLD_SEED.value, _DISTILL_QUESTIONS.value,
-                                     _TOPK.value, _JUDGE_RUNS.value)
+  if f.judge_runs:
+    result["judges"] = judge_metrics(model, f.world_seed, _DISTILLf.questions,
+                                     f.topk, f.judge_runs)
     print(json.dumps(result["judges"]), flush=True)
-  if _MORSE_PROBLEMS.value:
-    result["morse"] = morse_metrics(model, _MORSE_PROBLEMS.value)
+  if f.morse_problems:
+    result["morse"] = morse_metrics(model, f.morse_problems)
     print(json.dumps(result["morse"]), flush=True)
   result["seconds"] = round(time.time() - start, 1)
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
+  if f.out:
+    with open(f.out, "w") as f:
       json.dump(result, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
