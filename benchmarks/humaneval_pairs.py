@@ -24,11 +24,6 @@ from absl import app, flags
 
 from morse_jax.experiments import table2
 
-_RECORDS = flags.DEFINE_multi_string("records", [], "name=path: a system's records (a JSONL "
-                                     "file or a folder of JSONL files), repeatable.")
-_AGAINST = flags.DEFINE_multi_string("against", ["morse_base"], "The reference systems each "
-                                     "other system is paired with.")
-_OUT = flags.DEFINE_string("out", None, "Write the table as JSON here.")
 
 
 def problem_passes(path: str) -> dict[str, bool]:
@@ -102,14 +97,25 @@ def parse_records(specs: Sequence[str]) -> dict[str, str]:
 
 def main(argv):
   del argv
-  paths = parse_records(_RECORDS.value)
-  result = table({name: problem_passes(path) for name, path in paths.items()}, _AGAINST.value)
+  paths = parse_records(flags.FLAGS.records)
+  result = table({name: problem_passes(path) for name, path in paths.items()}, flags.FLAGS.against)
   result["records"] = paths
   print_table(result)
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
+  if flags.FLAGS.out:
+    with open(flags.FLAGS.out, "w") as f:
       json.dump(result, f, indent=2)
 
 
+def define_flags() -> None:
+  """The command line's flags, defined when run as a program, not at import: tests import
+  this module beside launchers whose flags share names (absl flags are process-wide)."""
+  flags.DEFINE_multi_string("records", [], "name=path: a system's records (a JSONL "
+                            "file or a folder of JSONL files), repeatable.")
+  flags.DEFINE_multi_string("against", ["morse_base"], "The reference systems each "
+                            "other system is paired with.")
+  flags.DEFINE_string("out", None, "Write the table as JSON here.")
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -145,33 +145,25 @@ def accuracy(hits, mask, image_block: int) -> dict:
   return out
 
 
-_STEPS = flags.DEFINE_integer("steps", 300, "Optimiser steps.")
-_BATCH = flags.DEFINE_integer("batch", 32, "Rows per step.")
-_SIZE = flags.DEFINE_integer("image_size", 112, "Image side in px (a multiple of 28).")
-_LR = flags.DEFINE_float("lr", 2e-3, "AdamW learning rate (cosine decay after 10 warmup steps).")
-_HELD_OUT = flags.DEFINE_integer("held_out", 256, "Attribute combinations never trained on.")
-_EVAL_EVERY = flags.DEFINE_integer("eval_every", 50, "Steps between held-out evaluations.")
-_SEED = flags.DEFINE_integer("seed", 0, "Model, emblem order and batch seed.")
-_LOG = flags.DEFINE_string("log", None, "Append the JSON lines of the run to this file.")
 
 
 def main(argv):
   del argv
-  if _STEPS.value < 2:
-    raise app.UsageError(f"--steps must be at least 2 (warmup, then decay); got {_STEPS.value}")
+  if flags.FLAGS.steps < 2:
+    raise app.UsageError(f"--steps must be at least 2 (warmup, then decay); got {flags.FLAGS.steps}")
   vocab = vocabulary()
-  model = random_model(vocab, _SEED.value)
+  model = random_model(vocab, flags.FLAGS.seed)
   config, params = model.config, model.params
-  all_emblems = emblems(_SEED.value)
-  held, train = all_emblems[:_HELD_OUT.value], all_emblems[_HELD_OUT.value:]
-  held_batch = batch(config, vocab, [(e, world_emblems.render(e)) for e in held], _SIZE.value)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, _LR.value, min(10, _STEPS.value - 1),
-                                                _STEPS.value)
+  all_emblems = emblems(flags.FLAGS.seed)
+  held, train = all_emblems[:flags.FLAGS.held_out], all_emblems[flags.FLAGS.held_out:]
+  held_batch = batch(config, vocab, [(e, world_emblems.render(e)) for e in held], flags.FLAGS.image_size)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, flags.FLAGS.lr, min(10, flags.FLAGS.steps - 1),
+                                                flags.FLAGS.steps)
   opt = optax.adamw(schedule, weight_decay=0.0)
   state = opt.init(params)
 
-  grids = held_batch[3][:1] * _BATCH.value  # every image of a size: one grid
-  index, positions = layout(config, held_batch[0][:_BATCH.value], grids)
+  grids = held_batch[3][:1] * flags.FLAGS.batch  # every image of a size: one grid
+  index, positions = layout(config, held_batch[0][:flags.FLAGS.batch], grids)
   held_layout = layout(config, held_batch[0], held_batch[3])
   block = config.image_tokens(grids[0]) + 2  # vision start, pads, vision end
 
@@ -186,8 +178,8 @@ def main(argv):
   def evaluate(params, tokens, mask, pixels):
     return loss_fn(params, config, tokens, mask, pixels, held_batch[3], *held_layout)
 
-  rng = random.Random(f"reading-batches:{_SEED.value}")
-  log = open(_LOG.value, "a") if _LOG.value else None
+  rng = random.Random(f"reading-batches:{flags.FLAGS.seed}")
+  log = open(flags.FLAGS.log, "a") if flags.FLAGS.log else None
 
   def record(entry):
     print(json.dumps(entry), flush=True)
@@ -195,26 +187,40 @@ def main(argv):
       log.write(json.dumps(entry) + "\n")
       log.flush()
 
-  record({"command": "python -m apex_jax.toy.emblem_reading", "steps": _STEPS.value,
-          "batch": _BATCH.value, "image_size": _SIZE.value, "lr": _LR.value,
-          "held_out": _HELD_OUT.value, "seed": _SEED.value, "vocab": len(vocab),
+  record({"command": "python -m apex_jax.toy.emblem_reading", "steps": flags.FLAGS.steps,
+          "batch": flags.FLAGS.batch, "image_size": flags.FLAGS.image_size, "lr": flags.FLAGS.lr,
+          "held_out": flags.FLAGS.held_out, "seed": flags.FLAGS.seed, "vocab": len(vocab),
           "params_language_model": config.text.num_params()})
   start = time.time()
-  for i in range(_STEPS.value + 1):
-    if i % _EVAL_EVERY.value == 0 or i == _STEPS.value:
+  for i in range(flags.FLAGS.steps + 1):
+    if i % flags.FLAGS.eval_every == 0 or i == flags.FLAGS.steps:
       loss, hits = evaluate(params, *held_batch[:3])
       record({"step": i, "held_out_loss": round(float(loss), 4),
               **{k: round(v, 4) for k, v in accuracy(hits, held_batch[1], block).items()},
               "seconds": round(time.time() - start, 1)})
-    if i == _STEPS.value:
+    if i == flags.FLAGS.steps:
       break
     shown = [(e, world_emblems.render(e, 1 + rng.randrange(4), f"{i}:{k}"))
-             for k, e in enumerate(rng.sample(train, _BATCH.value))]
-    tokens, mask, pixels, _ = batch(config, vocab, shown, _SIZE.value)
+             for k, e in enumerate(rng.sample(train, flags.FLAGS.batch))]
+    tokens, mask, pixels, _ = batch(config, vocab, shown, flags.FLAGS.image_size)
     params, state, loss = step(params, state, tokens, mask, pixels)
     if i % 10 == 0:
       record({"step": i, "train_loss": round(float(loss), 4)})
 
 
+def define_flags() -> None:
+  """The command line's flags, defined when run as a program, not at import: tests import
+  this module beside launchers whose flags share names (absl flags are process-wide)."""
+  flags.DEFINE_integer("steps", 300, "Optimiser steps.")
+  flags.DEFINE_integer("batch", 32, "Rows per step.")
+  flags.DEFINE_integer("image_size", 112, "Image side in px (a multiple of 28).")
+  flags.DEFINE_float("lr", 2e-3, "AdamW learning rate (cosine decay after 10 warmup steps).")
+  flags.DEFINE_integer("held_out", 256, "Attribute combinations never trained on.")
+  flags.DEFINE_integer("eval_every", 50, "Steps between held-out evaluations.")
+  flags.DEFINE_integer("seed", 0, "Model, emblem order and batch seed.")
+  flags.DEFINE_string("log", None, "Append the JSON lines of the run to this file.")
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -51,6 +51,8 @@ def static(model, prompts, images):
   return vl_sampling.sample(model, prompts, images, settings(), rng=jax.random.key(0))
 
 
+# each case alone: slow (the mixed-rows test below runs all four in one engine by default)
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["text", "one_image", "two_images", "second_turn"])
 def test_each_case_alone_equals_the_static_sampler_and_vl_greedy(model, rows, case):
   prompt, images = rows[case]
@@ -63,7 +65,7 @@ def test_each_case_alone_equals_the_static_sampler_and_vl_greedy(model, rows, ca
   np.testing.assert_array_equal(out.tokens, loop)
 
 
-@pytest.mark.parametrize("chunk", [64, 8])  # each prompt in one chunk; chunks cutting images
+@pytest.mark.parametrize("chunk", [64, pytest.param(8, marks=pytest.mark.slow)])  # chunks cutting images
 def test_mixed_rows_in_one_engine(model, rows, chunk):
   prompts, images = zip(*rows.values())
   out = engine_of(model, chunk).generate(list(prompts), settings(), rng=jax.random.key(0),

@@ -50,6 +50,7 @@ def test_the_sides_agree_and_report_their_padding(folder):
   assert partial["ratio_vs_static"] is None and "greedy_equal" not in partial
 
 
+@pytest.mark.slow  # ~7 s: builds each named model
 def test_named_models(monkeypatch):
   tiny = common.bench_model("tiny")
   assert (tiny.config.num_layers, tiny.config.hidden_size) == (2, 64)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from apex_jax.toy.evaluate import greedy_replies
 from morse_jax import llm
@@ -14,6 +15,7 @@ from tests import tiny_models
 STOP = 38  # emitted now and then by this random model: rows end early, at different steps
 
 
+@pytest.mark.slow  # ~13 s: the engine's and the static sampler's programs on the toy's prompts
 def test_greedy_replies_equal_the_static_sampler():
   config = llm.LlmConfig("llama", vocab_size=96, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
