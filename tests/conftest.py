@@ -39,6 +39,18 @@ def _isolation_chosen_in_code_is_per_test():
   sandbox.set_isolation(None)
 
 
+@pytest.fixture(autouse=True)
+def _persistent_compilation_cache_is_per_test():
+  """A pipeline under test (`runtime.use_compilation_cache`) points JAX at a persistent cache
+  for the rest of its worker's life; both workers then read and write one directory, where a
+  fresh clone's run crashed twice inside XLA's cache read. Each test starts without it."""
+  yield
+  if jax.config.jax_compilation_cache_dir:
+    from jax._src import compilation_cache  # pylint: disable=import-outside-toplevel
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="session")
 def hf_folders(tmp_path_factory):
   """family -> (folder of a saved tiny random transformers model, the torch model)."""
