@@ -14,9 +14,10 @@ an engine of `--slots` slots. Reported per side: wall seconds, the seconds XLA s
 (jax's compile events), generated tokens/s with and without them, the share of computed row
 tokens that were padding, and for the engine the KV bytes held against the tokens live (sampled
 after every step) and its peak. `greedy_equal`: every request's tokens equal on both sides.
-transformers' batched `generate` is not run here (`ratio_vs_transformers` null): on two cores
-it would take longer than both sides together; `benchmarks.rollout_real` compares it with the
-static sampler at fixed shapes.
+transformers' batched `generate` (`--transformers`, on by default for a model folder) runs
+the static side's batches left-padded with greedy `generate` at `--torch_threads` threads
+(`ratio_vs_transformers`, `transformers_greedy_equal`). Sides run one after the other (engine,
+static, transformers) and the report is written after each, so a long run keeps what it did.
 """
 
 from __future__ import annotations

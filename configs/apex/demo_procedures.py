@@ -44,4 +44,8 @@ def get_config(arg=None):
   # seed would build the same memories and the seeds would not be independent draws of its effect
   c.seed_worlds = True
   c.seed_workers = 1  # one after the other, sharing the compilation cache (at once, 16.6 min became 28)
+  # the agents on the generation engine: 14:47 against 16:22 for the three seeds alone on 2 cores,
+  # each from an empty compile cache; seeds 0 and 2 print the same rows, seed 1's trained rows
+  # part at a sampled near-tie (RESULTS, "make demo-apex on the engine")
+  c.agents.engine = True
   return c
