@@ -136,7 +136,8 @@ DEMO_APEX = dict(
             "distiller": (StageConfig("distiller", 2, 2, 4, 1e-3, 1.0, 320), DEMO_AGENTS),
             "planner": (StageConfig("planner", 3, 4, 4, 1e-3, 1.0, 96), DEMO_AGENTS)},
     ttrl=(TtrlConfig(2, 4, 4, 1e-4, 1.0, 96, store="all"), DEMO_AGENTS))
-RULE_AGENTS = dataclasses.replace(DEMO_AGENTS, summaries="rule")
+# the procedure demo: workflow summaries by rule, its agents on the generation engine
+RULE_AGENTS = dataclasses.replace(DEMO_AGENTS, summaries="rule", engine=True)
 SMOLLM2_AGENTS = dataclasses.replace(DEMO_AGENTS, max_context_tokens=4096,
                                      executor_max_new_tokens=96)
 
