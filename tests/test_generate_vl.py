@@ -44,6 +44,7 @@ def run_generate(*args):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_generate_with_images_prints_the_vl_samplers_rows(vl_folder, tmp_path):
   folder, _ = vl_folder
   files = [png(tmp_path / "a.png", 300, 200, 0), png(tmp_path / "b.png", 50, 80, 1)]
@@ -65,6 +66,7 @@ def test_generate_with_images_prints_the_vl_samplers_rows(vl_folder, tmp_path):
   assert printed == want.tokens.tolist()
 
 
+@pytest.mark.slow
 def test_vl_sampler_on_one_device_is_the_engine(vl_folder, monkeypatch):
   """The rows the launcher prints come from `Engine.generate` with the images (the static
   sampler, made to fail here, is not called), equal to the static sampler's."""

@@ -39,6 +39,7 @@ def test_train_resume_and_evaluate(tmp_path):
   json.dumps(summary)
 
 
+@pytest.mark.slow
 def test_evaluate_launcher_writes_records(tmp_path):
   """launchers.evaluate (a process of its own: absl flags) on two HumanEval problems with a tiny
   random model: the summary, and per node and per problem a record that says why it failed."""
@@ -135,6 +136,7 @@ def test_demo_end_to_end_and_reuse_of_before(tmp_path):
                                                           "eval_test_before.jsonl")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generate_runs_on_the_engine_with_the_static_samplers_tokens(temperature):
   """launchers.generate's one-device path is the engine: its rows are `llm.sample`'s (greedy,

@@ -213,6 +213,7 @@ def test_update_step_never_gathers_a_whole_backbone_weight(eight_devices):
   assert weights and not weights & gathered, weights & gathered
 
 
+@pytest.mark.slow
 def test_remat_changes_memory_not_numbers():
   # StepConfig.remat recomputes each layer in the backward pass: same loss and gradients.
   import jax.numpy as jnp

@@ -300,6 +300,7 @@ def _scicode_problem():
   return scicode._parse_problem(raw, "test", {})
 
 
+@pytest.mark.slow
 def test_scicode_hacks_earn_nothing():
   p = _scicode_problem()
   family = scicode.SciCode(targets={"T.2": [None, np.array([1, 3, 5])]}, gold_targets=False,

@@ -37,6 +37,7 @@ def test_null_programs_are_what_they_say():
     null_programs.function("f", "nothing")
 
 
+@pytest.mark.slow
 def test_a_sample_of_every_family_earns_nothing():
   """One problem or step per family, the 26 generic null programs and the node's own, short time
   limits: HumanEval/29 (a list answer, [] for the empty input), SciCode 19.2 (after 19.1's gold

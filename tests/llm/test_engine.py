@@ -67,6 +67,7 @@ def assert_equals_sample(model, completions, prompts, budgets, reference):
   assert stopped  # the stop path is exercised
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_adapter", [False, True], ids=["bare", "adapter"])
 def test_greedy_ragged_requests_equal_the_static_sampler(model, adapter, with_adapter):
   prompts = prompts_of(LENGTHS)

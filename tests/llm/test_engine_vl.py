@@ -116,6 +116,7 @@ def test_refuses_bad_images_by_field(model, rows):
   assert not engine.busy
 
 
+@pytest.mark.slow
 def test_text_engine_refuses_images_and_runs_its_old_programs(monkeypatch):
   config = llm.LlmConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=64,
                          num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,

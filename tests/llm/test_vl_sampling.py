@@ -106,6 +106,7 @@ def test_many_images_run_through_the_tower_in_passes(batch, monkeypatch):
   np.testing.assert_allclose(np.asarray(passes), np.asarray(whole), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data,model_axis", [(4, 2), (2, 4)])
 def test_over_a_mesh_the_same_tokens(batch, eight_devices, data, model_axis):
   """The language model's weights over `model`, the rows and their image inputs over `data`."""

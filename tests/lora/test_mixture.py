@@ -19,6 +19,7 @@ def random_experts(key, num_experts=6, d=16, r=4, o=12, scale=0.3):
           scale * jax.random.normal(kb, (num_experts, r, o)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["dense", "gather", "grouped"])
 def test_kernels_equal_the_loop_forward_and_gradients(kernel):
   kx, kw, ke = jax.random.split(jax.random.key(0), 3)
@@ -83,6 +84,7 @@ def adapter_for(experts, model, routes, kernel="dense"):
                          layers=LORA.adapted_layers(model.config), scale=LORA.scale, kernel=kernel)
 
 
+@pytest.mark.slow
 def test_kernels_agree_inside_the_model_prefill_and_decode(llama):
   model, _, experts = llama
   tokens = jnp.asarray(tiny_models.random_tokens(0, (4, 9)))
@@ -121,6 +123,7 @@ def prefill_then_decode(params, config, tokens, prefix: int, adapter, fused: boo
   return jnp.concatenate(steps, axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["dense", "merged"])
 def test_fused_decode_layers_with_every_target_and_biases(hf_folders, kernel):
   """qwen2 (q/k/v biases) with experts on all seven projections: the fused layers' one q/k/v
@@ -221,6 +224,7 @@ def test_bad_settings_are_named():
     mixture.Adapter(experts={}, routes=None, layers=(), scale=1.0, kernel="fast")
 
 
+@pytest.mark.slow
 def test_sampler_runs_each_row_with_its_own_route(llama):
   """Rows sampled together with different routes equal each route sampled alone."""
   model, _, experts = llama
@@ -238,6 +242,7 @@ def test_sampler_runs_each_row_with_its_own_route(llama):
     np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])
 
 
+@pytest.mark.slow
 def test_expert_gradients_through_the_model_agree_across_kernels(llama):
   """Training forward/backward through the scanned stack: every kernel, the same gradients."""
   model, _, experts = llama

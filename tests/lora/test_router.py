@@ -22,6 +22,7 @@ def params():
   return router.init_router(CONFIG, input_dim=12, num_subtask_experts=4, key=jax.random.key(0))
 
 
+@pytest.mark.slow
 def test_plackett_luce_probabilities_of_all_ordered_subsets_sum_to_one(params):
   emb = jax.random.normal(jax.random.key(1), (3, 12))
   logp = router.log_probs(params, emb, CONFIG)
@@ -112,6 +113,7 @@ def test_gumbel_top_k_draws_follow_plackett_luce():
   assert router.greedy_routes(logp, 2).tolist() == [[0, 1]]
 
 
+@pytest.mark.slow
 def test_router_gradients_match_finite_differences():
   with jax.enable_x64(True):
     p = router.init_router(CONFIG, 12, 4, jax.random.key(3))
@@ -147,6 +149,7 @@ def test_regularisers_by_hand():
   assert float(off["proto_l2"]) == 0.0
 
 
+@pytest.mark.slow
 def test_padding_rows_with_zero_embeddings_give_finite_gradients():
   """Regression: the update pads nodes with zero embeddings (mask 0); the gradient of a plain
   norm at 0 is NaN, and NaN * mask 0 is still NaN, which made the router NaN after one step."""

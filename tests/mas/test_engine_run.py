@@ -65,6 +65,7 @@ def essentials(outcomes):
     pytest.param("union", llm.GREEDY, marks=pytest.mark.slow),  # ~24 s; the sampled case stays
     ("random_subset", llm.SamplingConfig(temperature=1.0))],
     ids=["greedy-union", "sampled-random_subset"])
+@pytest.mark.slow
 def test_the_engine_walk_gives_the_wave_paths_outcomes(agents, weights, merge_mode, sampling):
   """Same replies, contexts, routes, rewards per node: the plan gives each call the wave path's
   route, merge experts and key (sampled rows too: the draws depend on the key alone)."""

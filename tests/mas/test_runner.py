@@ -69,6 +69,7 @@ def problems():
           [SubtaskGraph.from_obj(DIAMOND), SubtaskGraph.from_obj(CHAIN)])
 
 
+@pytest.mark.slow
 def test_inference_waves_merges_and_blocking(agents, monkeypatch):
   experts = lora.init_experts(LORA, agents.model.config, jax.random.key(1))
   rparams = router.init_router(RCFG, agents.embed.dim, 4, jax.random.key(2))
@@ -178,6 +179,7 @@ def make_trainer(agents):
                                 kernel="gather"), embed_dim=agents.embed.dim)
 
 
+@pytest.mark.slow
 def test_training_waves_update_and_pick_the_best(agents):
   trainer = make_trainer(agents)
   state = trainer.init_state(jax.random.key(3))
@@ -243,6 +245,7 @@ def merge_expert(experts):
   return [np.asarray(experts[t].b[:, MERGE]) for t in LORA.targets]
 
 
+@pytest.mark.slow
 def test_merge_rows_train_the_merge_expert_with_their_executors_advantages(agents, monkeypatch):
   trainer = make_trainer(agents)
   state = trainer.init_state(jax.random.key(5))

@@ -71,6 +71,7 @@ def assert_same_rollout(a, b, ra, rb):
     np.testing.assert_allclose(x, y, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [llm.GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_an_engine_rollout_equals_the_static_one(model, sampling):
   """Two nodes x 2 routes x 2 candidates with routes that change the replies, a kept engine
@@ -141,6 +142,7 @@ def test_a_call_the_engine_fails_goes_to_the_static_sampler(model, monkeypatch):
     sampler(llm.Model(model.config, model.params), prompts, settings, rng=jax.random.key(2))
 
 
+@pytest.mark.slow
 def test_generate_runs_prompt_repeats_as_groups_with_the_static_keys(model):
   """Rows in runs of r: one prefill per run (shared pages), row i still draws with
   fold_in(rng, i)."""

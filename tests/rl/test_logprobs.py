@@ -22,6 +22,7 @@ def whole(hidden, head, targets, temperature):
           logprobs.entropy(logp))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [4, 7, 23, 512])  # divides 28, does not, one chunk
 def test_head_logprobs_equal_the_whole_logits_in_values_and_gradients(chunk):
   keys = jax.random.split(jax.random.key(0), 3)

@@ -82,6 +82,7 @@ def test_a_group_with_two_routes_is_refused():
     compaction.without_flat_nodes(shared, routes_per_node=1, aggregation="token-mean")
 
 
+@pytest.mark.slow
 def test_step_on_shared_prefixes_equals_step_on_rows(setup):  # noqa: F811
   """Seq-mean aggregation with a KL term: per-row weights, log-probs, reference and entropy all
   go through the gather back to the rows."""

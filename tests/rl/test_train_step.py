@@ -92,6 +92,7 @@ def test_rollout_layout_and_logprobs(setup):
   assert np.abs(out.logp_ref - p.logp_old).max() > 1e-3  # the adapters do change the model
 
 
+@pytest.mark.slow
 def test_rollout_pads_to_the_longest_row_and_padding_changes_nothing(setup):
   """T is the longest real row's length bucket, not prompt bucket + max_new_tokens; a step on
   the same rows padded further gives the same loss and experts."""
@@ -111,6 +112,7 @@ def test_rollout_pads_to_the_longest_row_and_padding_changes_nothing(setup):
 
 @pytest.mark.parametrize("aggregation", ["token-mean", pytest.param(
     "seq-mean-token-mean", marks=pytest.mark.slow)])  # 4 more compiles: kept out of `make test`
+@pytest.mark.slow
 def test_leaving_out_a_flat_node_changes_nothing(setup, aggregation):
   """Node 1's rewards are flat: its rows are left out, and two PPO epochs on the other node's rows
   move the experts, the router and the optimiser states exactly as on the whole batch."""
@@ -160,6 +162,7 @@ def test_bad_rewards_are_named(setup):
     rl_rollout.policy_batch(out, [1.0, 0.0, float("nan")] + [0.0] * 5)
 
 
+@pytest.mark.slow
 def test_hgrpo_steps_move_experts_and_router_the_right_way(setup):
   backbone, experts, out = setup
   batch = rl_rollout.policy_batch(out, REWARDS)
@@ -225,6 +228,7 @@ def test_later_epochs_move_the_experts_and_not_the_router(setup):
 
 @pytest.mark.parametrize("data,model", [(8, 1), pytest.param(2, 4, marks=pytest.mark.slow),
                                         pytest.param(4, 2, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_sharded_step_equals_one_device(setup, data, model, eight_devices):
   """Rows over 'data' (route means reduced across devices), backbone over 'model'.
 
@@ -246,6 +250,7 @@ def test_sharded_step_equals_one_device(setup, data, model, eight_devices):
   chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sharded_experts_and_router_update_equals_one_device(setup, eight_devices):
   """Experts and router laid out by their declared axes on a 2 x 4 mesh (q's and v's B split
   over 'model' like wq / wv, o's A like wo; with these rules the experts axis over 'data' and
@@ -276,6 +281,7 @@ def test_sharded_experts_and_router_update_equals_one_device(setup, eight_device
   assert got[0]["q"].b.sharding.spec == placed["q"].b.sharding.spec
 
 
+@pytest.mark.slow
 def test_the_update_object_donates_the_state_and_evaluates_the_flat_rule_once(setup,
                                                                               monkeypatch):
   """`Update(...)` gives up the experts, router and optimiser state it is called with (the

@@ -49,6 +49,7 @@ def strip(rows):
   return [{k: v for k, v in r.items() if k not in trainer_lib.TIMING_KEYS} for r in rows]
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_equals_unbroken_run(trainer, tmp_path):
   ref_state, ref = run(trainer, tmp_path / "unbroken", 4)
   run(trainer, tmp_path / "killed", 3)  # saved at step 2 and at the end (3); "killed" after 3

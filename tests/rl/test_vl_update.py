@@ -98,6 +98,7 @@ def test_image_batch_gradient_matches_a_finite_difference(setup):
   np.testing.assert_allclose(numeric, analytic, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_image_free_batch_gradient_equals_the_text_path(setup):
   model, experts, update = setup
   batch, images = rows_of(model, False)

@@ -83,6 +83,7 @@ def test_score_problem(problems):
   assert "truncate_number" in family.executor_instructions(p, p.gold_graph[0])
 
 
+@pytest.mark.slow
 def test_all_canonical_solutions_pass(problems):
   """All 164 (about 13 s on 2 CPUs with 8 threads, 28 s one at a time): left in the default run."""
   family = humaneval.HumanEval()

@@ -344,6 +344,7 @@ def test_chain_tier_gold_passes_and_real_tests(one_step, family):
     assert all(op(spec["k"], *args) == y for args, y in cases)
 
 
+@pytest.mark.slow
 def test_chain_tier_null_programs_earn_nothing():
   """A list -> list, a list -> int and a str -> str problem of the tier, the 26 generic null
   programs and each node's own."""

@@ -153,6 +153,7 @@ def test_streamed_deltas_come_in_order_and_add_up_to_the_reply(server):
   assert events[-2]["usage"] == whole["usage"]
 
 
+@pytest.mark.slow
 def test_n_choices_are_seeded_per_choice_whatever_runs_beside_them(endless):
   chat = InProcessChat(endless, max_context=256)
   prompt = chat.prompt_tokens(MSG)

@@ -386,6 +386,7 @@ def test_full_queue_is_503(model):  # noqa: F811
   assert sorted(r[0] for r in results) == [200, 200]
 
 
+@pytest.mark.slow
 def test_sigterm_during_generation_answers_and_exits_0(tmp_path):
   """launchers.serve in a process of its own: SIGTERM while a long request generates (in turns
   of 4 tokens); the request is still answered 200, new connections are refused, exit 0 (no

@@ -66,6 +66,7 @@ def test_seeded_sampled_rows_and_rows_with_own_keys_equal_the_static_call(model)
   assert [c.token_ids for c in got] != [c.token_ids for c in greedy]  # it did sample
 
 
+@pytest.mark.slow
 def test_adapter_route_rows_equal_the_static_call(model):
   got, want = both(model, random_route(model), temperature=0.0)
   assert [c.token_ids for c in got] == [c.token_ids for c in want]

@@ -79,6 +79,7 @@ def static_answer(vl_model, parts, images):
   return chat.completion(out.tokens[0, :out.lengths[0]], len(prompt), ()).text, len(prompt)
 
 
+@pytest.mark.slow
 def test_image_parts_answer_as_the_static_vl_sampler(server, vl_model):
   """Two images (one of 448 x 448, one of 60 x 90 resized to it) between text parts."""
   images = [rgb(0, 448, 448), rgb(1, 60, 90)]

@@ -37,6 +37,7 @@ def test_transformers_reads_the_same_model(toy):
   np.testing.assert_allclose(np.asarray(ours), theirs.detach().numpy(), atol=2e-4)
 
 
+@pytest.mark.slow
 def test_executor_follows_the_protocol_on_a_new_world(toy):
   world = World.generate(4242, 120, 8)
   config = AgentConfig(prompts="compact", temperature=0.0, topk=2, max_turns=5,
