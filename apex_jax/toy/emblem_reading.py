@@ -145,8 +145,6 @@ def accuracy(hits, mask, image_block: int) -> dict:
   return out
 
 
-
-
 def main(argv):
   del argv
   if flags.FLAGS.steps < 2:

@@ -233,12 +233,12 @@ def main(argv):
                                 f.search, f.prompts)
   print(json.dumps({k: v for k, v in result["apex"].items() if k != "samples"}), flush=True)
   if f.distill_max_new_tokens:
-    result["distiller"] = distiller_metrics(model, f.world_seed, _DISTILLf.questions,
+    result["distiller"] = distiller_metrics(model, f.world_seed, f.distill_questions,
                                             f.topk, f.distill_max_new_tokens, f.prompts)
     print(json.dumps({k: v for k, v in result["distiller"].items() if k != "sample"}),
           flush=True)
   if f.judge_runs:
-    result["judges"] = judge_metrics(model, f.world_seed, _DISTILLf.questions,
+    result["judges"] = judge_metrics(model, f.world_seed, f.distill_questions,
                                      f.topk, f.judge_runs)
     print(json.dumps(result["judges"]), flush=True)
   if f.morse_problems:
@@ -246,8 +246,8 @@ def main(argv):
     print(json.dumps(result["morse"]), flush=True)
   result["seconds"] = round(time.time() - start, 1)
   if f.out:
-    with open(f.out, "w") as f:
-      json.dump(result, f, indent=1, default=str)
+    with open(f.out, "w") as out:
+      json.dump(result, out, indent=1, default=str)
 
 
 if __name__ == "__main__":
