@@ -56,6 +56,10 @@ class AgentConfig:
   # together; False: the static sampler, the executor's turns in lockstep. Same trajectories.
   engine: bool = False
   engine_slots: int = 16
+  # the engine keeps finished calls' KV pages (llm/prefix_cache.py): an executor turn prefills
+  # only what its last turn did not (its reply and the tool's result), a group's samples their
+  # prompt once
+  engine_prefix_cache: bool = True
 
   def __post_init__(self):
     for name in ("max_turns", "max_llm_calls", "max_tool_tokens", "max_context_tokens",
@@ -81,7 +85,7 @@ class AgentConfig:
                              f"{tuple(PROMPT_STYLES)}")
     if self.summaries not in SUMMARIES:
       raise AgentConfigError(f"AgentConfig.summaries {self.summaries!r} not in {SUMMARIES}")
-    for name in ("enforce_word_limit", "replan_memories", "engine"):
+    for name in ("enforce_word_limit", "replan_memories", "engine", "engine_prefix_cache"):
       if not isinstance(getattr(self, name), bool):
         raise AgentConfigError(f"AgentConfig.{name} must be a bool, got "
                                f"{getattr(self, name)!r}")
@@ -98,8 +102,10 @@ class AgentConfig:
   def engines(self):
     """The generators' engines these settings ask for (None: the static sampler); rows hold a
     whole executor context."""
-    return engines_lib.AgentEngines(self.engine_slots, self.max_context_tokens) if self.engine \
-        else None
+    if not self.engine:
+      return None
+    return engines_lib.AgentEngines(self.engine_slots, self.max_context_tokens,
+                                    prefix_cache=self.engine_prefix_cache)
 
   def max_new_tokens(self, module: str) -> int:
     return getattr(self, f"{module}_max_new_tokens")

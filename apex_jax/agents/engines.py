@@ -59,13 +59,16 @@ def runs_on_engine(mesh) -> bool:
 
 class AgentEngines:
   """One engine per backbone: `slots` rows decoded together, rows of `max_len` tokens (at most
-  the model's positions)."""
+  the model's positions); `prefix_cache`: each engine keeps finished calls' pages, so a turn
+  prefills only what is new since the last (`EngineConfig.prefix_cache`)."""
 
-  def __init__(self, slots: int = 16, max_len: int = 2048):
+  def __init__(self, slots: int = 16, max_len: int = 2048, prefix_cache: bool = True):
     for name, value in (("slots", slots), ("max_len", max_len)):
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"AgentEngines.{name} must be an int >= 1, got {value!r}")
-    self.slots, self.max_len = slots, max_len
+    if not isinstance(prefix_cache, bool):
+      raise ValueError(f"AgentEngines.prefix_cache must be a bool, got {prefix_cache!r}")
+    self.slots, self.max_len, self.prefix_cache = slots, max_len, prefix_cache
     self._engines: dict[int, tuple] = {}  # id(model) -> (model, engine, experts)
     self.fallbacks = 0
 
@@ -79,7 +82,8 @@ class AgentEngines:
                            "auto" if kernel == "merged" else kernel)
     if entry is None:
       max_len = min(self.max_len, model.config.max_position_embeddings)
-      config = EngineConfig(slots=self.slots, max_len=max_len, page_size=PAGE_SIZE)
+      config = EngineConfig(slots=self.slots, max_len=max_len, page_size=PAGE_SIZE,
+                            prefix_cache=self.prefix_cache)
       entry = (model, Engine(model, config, adapter=adapter), experts)
     elif entry[2] is not experts:
       entry[1].set_adapter(adapter)

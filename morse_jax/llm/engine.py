@@ -7,15 +7,18 @@ and gets a `Handle`; `submit_group` gives n samples of one prompt that share its
 
 1. admits waiting requests into free slots, first come first served, when the pool can hold
    everything they could still need beside the running rows' own worst case (`pages.py`:
-   reservations; pages are allocated only as tokens are written);
+   reservations; pages are allocated only as tokens are written); with
+   `EngineConfig.prefix_cache`, a prompt that begins with pages a finished row left in the
+   cache (`prefix_cache.py`: an agent's last turn) starts after them;
 2. prefills one chunk of at most `prefill_chunk` tokens for up to `prefill_rows` admitted rows
    (in `prefill_order`; a long prompt takes several steps, interleaved with decoding); a row whose prompt is done
    gets its first logits, and a group's other members get the leader's full prompt pages
    (reference counts) and a copy of its partly filled last page;
 3. decodes every live row `steps_per_call` tokens in one jitted while loop (one host round trip),
    compiled per power-of-two count of live rows, at least `min_decode_rows`: with 3 rows live
-   of 32 slots a step costs a 4-row program. A row that emits a stop id or reaches its budget frees its slot and pages as
-   soon as the host reads the call's result.
+   of 32 slots a step costs a 4-row program (the attention over pages: a C++ kernel on CPU,
+   `cpu_attention.py`). A row that emits a stop id or reaches its budget frees its slot and
+   pages as soon as the host reads the call's result.
 
 A row's draws use `fold_in(its key, tokens generated so far)`, as `sampling.sample` does per row,
 so a request's samples do not depend on arrival order, slot or the rows around it; greedy rows
@@ -46,6 +49,7 @@ import numpy as np
 from morse_jax.llm import engine_images, engine_steps, fused_decode, paged, vl
 from morse_jax.llm.bundle import Model
 from morse_jax.llm.pages import TRASH_PAGE, PageAllocator
+from morse_jax.llm.prefix_cache import PrefixCache, root_of
 from morse_jax.llm.paged import PagedRows
 from morse_jax.llm.sampling import (GenerationSettings, SampleOutput, SamplingConfig, bucket,
                                     check_runs, default_unstack)
@@ -81,6 +85,9 @@ class EngineConfig:
   block_pages: pages per block of the paged attention's online softmax.
   unstack: the CPU decode layout (`fused_decode`, one copy of the layers for the engine's
     life); None: `sampling.default_unstack`.
+  prefix_cache: keep finished rows' full pages and start a request whose prompt begins with
+    them after them (`prefix_cache.py`: an agent's next turn, a group's samples sent one by one);
+    the cache's pages count as held until an admission evicts them.
   """
 
   slots: int = 8
@@ -96,6 +103,7 @@ class EngineConfig:
   prefill_order: str = "arrival"
   block_pages: int = 16
   unstack: bool | None = None
+  prefix_cache: bool = False
 
   def __post_init__(self):
     for name in ("slots", "max_len", "page_size", "steps_per_call", "min_decode_rows",
@@ -113,6 +121,8 @@ class EngineConfig:
     if self.prefill_order not in PREFILL_ORDERS:
       raise ValueError(f"EngineConfig.prefill_order must be one of {PREFILL_ORDERS}, got "
                        f"{self.prefill_order!r}")
+    if not isinstance(self.prefix_cache, bool):
+      raise ValueError(f"EngineConfig.prefix_cache must be a bool, got {self.prefix_cache!r}")
     if self.num_pages is not None and self.num_pages < 2:
       raise ValueError(f"EngineConfig.num_pages must be >= 2, got {self.num_pages!r}")
 
@@ -214,6 +224,7 @@ class _Row:
   reserved: int  # pages it may still allocate
   order: int  # admission order: prefill goes oldest first
   images: engine_images.RowImages | None  # a VL engine's row: its streams, rope delta, images
+  root: bytes | None  # its prefix-cache chain's start; None: the row is not cached
   state: str = "prefill"  # "prefill", "wait" (a group member before its leader's prompt), "decode"
   prefilled: int = 0
   length: int = 0  # tokens in the pool
@@ -244,6 +255,7 @@ class Engine:
       raise ValueError(f"EngineConfig.num_pages {num_pages} cannot hold one row of max_len "
                        f"{config.max_len} ({config.pages_per_row} pages + the trash page)")
     self.pages = PageAllocator(num_pages, config.page_size)
+    self.prefix = PrefixCache(self.pages) if config.prefix_cache else None
     self.pool = paged.init_pool(mc, num_pages, config.page_size, model.params.embed.dtype)
     self.pending = jnp.zeros((config.slots, mc.vocab_size), jnp.float32)
     unstack = default_unstack(model.params) if config.unstack is None else config.unstack
@@ -425,6 +437,8 @@ class Engine:
         raise ValueError(f"Engine.set_adapter: rows of {rows}, the engine's are {want}")
       if getattr(adapter, "kernel", None) == "merged":
         adapter = dataclasses.replace(adapter, kernel="auto")
+    if self.prefix is not None:
+      self.prefix.clear()  # cached k / v came from the old weights
     self.adapter = adapter
 
   # -- accounting ---------------------------------------------------------------------------
@@ -432,10 +446,14 @@ class Engine:
   def kv_usage(self) -> dict:
     """Pages held against tokens live (a shared prompt page counted once)."""
     rows = [r for r in self.slots if r is not None]
-    shared = sum(int(c) - 1 for c in self.pages.refcount if c > 1)
+    refs = self.pages.refcount.copy()
+    if self.prefix is not None:
+      refs[self.prefix.held()] -= 1  # the cache's own reference: not a row's
+    shared = int(np.maximum(refs - 1, 0).sum())
     tokens = sum(r.length for r in rows) - shared * self.config.page_size
     per_page = paged.page_bytes(self.model.config, self.config.page_size, self.pool.k[0].dtype)
-    return {"rows": len(rows), "pages_held": self.pages.used,
+    cached = 0 if self.prefix is None else self.prefix.cached_only()
+    return {"rows": len(rows), "pages_held": self.pages.used, "pages_cached_only": cached,
             "slots_held": self.pages.used * self.config.page_size, "tokens_live": tokens,
             "bytes_held": self.pages.used * per_page, "bytes_live": tokens * per_page
             // self.config.page_size}
@@ -461,20 +479,33 @@ class Engine:
       n = len(handles)
       if len(free) < n:
         return
+      root = None if self.prefix is None or images is not None else root_of(route)
+      # The cached run of the prompt's full pages, its last token always left to prefill.
+      keys = [] if root is None else self.prefix.keys(root, prompt, (len(prompt) - 1) // psize)
+      cached = self.prefix.match(keys) if keys else []
       worst = self.pages.pages_for(len(prompt) + handles[0].request.max_new_tokens)
       shared = len(prompt) // psize if n > 1 else 0
-      need = worst + (n - 1) * (worst - shared)
+      need = worst - len(cached) + (n - 1) * (worst - shared)
+      if need > self.pages.available and self.prefix is not None:
+        self.prefix.evict(need - self.pages.available)
       if need > self.pages.available:
+        self.pages.release(cached)
         return
       self.waiting.popleft()
       self.pages.reserve(need)
+      if root is not None:
+        self.stats["prefix_pages_asked"] += len(keys)
+        self.stats["prefix_pages_hit"] += len(cached)
       rows = []
       for j, (slot, handle) in enumerate(zip(free, handles)):
-        row = _Row(handle, prompt, stops, route, worst if j == 0 else worst - shared,
-                   self._admitted, images, "prefill" if j == 0 else "wait")
+        row = _Row(handle, prompt, stops, route,
+                   worst - len(cached) if j == 0 else worst - shared, self._admitted, images,
+                   root, "prefill" if j == 0 else "wait")
         self._admitted += 1
         self.slots[slot] = row
         rows.append(row)
+      rows[0].pages = cached
+      rows[0].prefilled = rows[0].length = len(cached) * psize
       rows[0].members = rows[1:]
 
   def _drop_cancelled(self) -> None:
@@ -493,6 +524,11 @@ class Engine:
     that ends before its prompt is done takes its waiting members with it."""
     if not row.handle.done:
       row.handle.finish_reason, row.handle.error = reason, error
+    if row.root is not None and reason in ("stop", "length"):
+      # The full pages it wrote (prompt and reply): the start of a next turn's prompt.
+      tokens = np.concatenate([row.prompt, np.asarray(row.handle.tokens, np.int32)])
+      full = min(row.length, len(tokens)) // self.config.page_size
+      self.prefix.insert(self.prefix.keys(row.root, tokens, full), row.pages[:full])
     self.pages.release(row.pages)
     self.pages.unreserve(row.reserved)
     row.pages, row.reserved = [], 0

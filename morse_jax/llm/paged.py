@@ -7,7 +7,8 @@ are slots, and a row sees the keys at positions < its length (and <= the query's
 
 `paged_attention` reads a row's pages through its table, `block_pages` pages per step of an
 online softmax (flash attention's loop with a block of pages as its key block), up to the
-longest row's length. Plain JAX, so it runs everywhere; on TPU,
+longest row's length. Plain JAX, so it runs everywhere (`paged_attention_loop`); a decode pass
+on CPU runs a C++ kernel over the same layout instead (`cpu_attention`); on TPU,
 `jax.experimental.pallas.ops.tpu.paged_attention` takes the same pool layout ([kv heads, pages,
 page size, head dim] per layer after a transpose) and page table for the decode step, and a GPU
 paged kernel (vLLM's, FlashInfer's) would slot in at the same call.
@@ -19,12 +20,13 @@ pages; projections, norms and RoPE are model.py's own.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from morse_jax.llm import fused_decode, model
+from morse_jax.llm import cpu_attention, fused_decode, model
 from morse_jax.llm.config import LlmConfig
 from morse_jax.llm.pages import TRASH_PAGE
 from morse_jax.llm.params import Params
@@ -81,7 +83,17 @@ def paged_attention(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int):
   """q [b, t, h, x] at positions q_pos [b, t] over the keys at positions < kv_len [b] (and <=
   the query's own) in one layer's pages pool_k / pool_v [pages, kv, P, x]: [b, t, h, x] f32.
 
-  A loop over blocks of `block_pages` pages of the page table, up to the longest row, with the
+  A pass of a few queries a row (decode) runs the C++ kernel on a CPU backend where it is built
+  (`cpu_attention`); everything else, and every other platform, runs `paged_attention_loop`."""
+  loop = functools.partial(paged_attention_loop, block_pages=block_pages)
+  args = (q, pool_k, pool_v, pages, q_pos, kv_len)
+  if not cpu_attention.takes(q, pool_k):
+    return loop(*args)
+  return jax.lax.platform_dependent(*args, cpu=cpu_attention.attend, default=loop)
+
+
+def paged_attention_loop(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int):
+  """`paged_attention` in plain JAX (the kernel's reference): a loop over blocks of `block_pages` pages of the page table, up to the longest row, with the
   running max / sum / output of an online softmax; each block is gathered through the table
   ([b, block_pages, kv, P, x]) and read once. A row that sees no key (idle) gets zeros."""
   b, t, h, x = q.shape

@@ -61,7 +61,10 @@ def assert_equals_sample(model, completions, prompts, budgets, reference):
   for i, c in enumerate(completions):
     n = min(budgets[i], int(reference.lengths[i]))
     np.testing.assert_array_equal(c.tokens, reference.tokens[i, :n], err_msg=f"row {i}")
-    np.testing.assert_allclose(c.logprobs, reference.logprobs[i, :n], atol=1e-5)
+    # Each side is within 1e-5 of a full forward (test_logprobs_equal_a_full_forward; on this
+    # random model the engine's CPU attention kernel 7.6e-6, the sampler 6.2e-6), so the two
+    # can be 2e-5 apart (1.4e-5 seen: the kernel's summation order is not the sampler's).
+    np.testing.assert_allclose(c.logprobs, reference.logprobs[i, :n], atol=2e-5)
     stopped += c.finish_reason == "stop"
     assert c.finish_reason == ("stop" if c.tokens[-1] == STOP else "length")
   assert stopped  # the stop path is exercised
