@@ -46,6 +46,7 @@ def get_config(arg=None):
   c.seed_workers = 1  # one after the other, sharing the compilation cache (at once, 16.6 min became 28)
   # the agents on the generation engine: 14:47 against 16:22 for the three seeds alone on 2 cores,
   # each from an empty compile cache; seeds 0 and 2 print the same rows, seed 1's trained rows
-  # part at a sampled near-tie (RESULTS, "make demo-apex on the engine")
+  # part at a sampled near-tie (RESULTS, "make demo-apex on the engine"); 10:06 with the engine's
+  # CPU attention kernel and its prefix cache (agents.engine_prefix_cache), the same table
   c.agents.engine = True
   return c
