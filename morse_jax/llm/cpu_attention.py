@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cc")
 MAX_QUERIES = 4  # queries a row up to which the kernel runs (decode: 1)
-_TARGETS = {jnp.dtype(jnp.float32): "morse_paged_attention_f32",
-            jnp.dtype(jnp.bfloat16): "morse_paged_attention_bf16"}
+# pool dtype -> (the custom call's target name, the library's handler symbol)
+_TARGETS = {jnp.dtype(jnp.float32): ("morse_paged_attention_f32", "PagedAttentionF32"),
+            jnp.dtype(jnp.bfloat16): ("morse_paged_attention_bf16", "PagedAttentionBF16")}
 _state: dict = {}
 
 
@@ -82,10 +83,9 @@ def _load() -> None:
   if os.environ.get("MORSE_CPU_KERNELS", "1") == "0":
     raise RuntimeError("MORSE_CPU_KERNELS=0")
   lib = ctypes.cdll.LoadLibrary(str(_build()))
-  for symbol, name in (("PagedAttentionF32", "morse_paged_attention_f32"),
-                       ("PagedAttentionBF16", "morse_paged_attention_bf16")):
+  for name, symbol in _TARGETS.values():
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-  _state["lib"] = lib
+  _state["lib"] = lib  # the handlers live in it: it must not be unloaded
 
 
 def available() -> bool:
@@ -114,7 +114,7 @@ def takes(q, pool_k) -> bool:
 def attend(q, pool_k, pool_v, pages, q_pos, kv_len):
   """`paged.paged_attention`'s result by the kernel: q [b, t, h, x], pool_k / pool_v
   [pages, kv, P, x], pages [b, n], q_pos [b, t], kv_len [b] -> [b, t, h, x] float32."""
-  call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(pool_k.dtype)],
+  call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(pool_k.dtype)][0],
                           jax.ShapeDtypeStruct(q.shape, jnp.float32))
   i32 = lambda a: jnp.asarray(a, jnp.int32)
   return call(q.astype(jnp.float32), pool_k, pool_v, i32(pages), i32(q_pos), i32(kv_len))

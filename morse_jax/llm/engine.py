@@ -225,6 +225,7 @@ class _Row:
   order: int  # admission order: prefill goes oldest first
   images: engine_images.RowImages | None  # a VL engine's row: its streams, rope delta, images
   root: bytes | None  # its prefix-cache chain's start; None: the row is not cached
+  prompt_keys: list  # the chain keys of its prompt's full pages found at admission
   state: str = "prefill"  # "prefill", "wait" (a group member before its leader's prompt), "decode"
   prefilled: int = 0
   length: int = 0  # tokens in the pool
@@ -500,7 +501,7 @@ class Engine:
       for j, (slot, handle) in enumerate(zip(free, handles)):
         row = _Row(handle, prompt, stops, route,
                    worst - len(cached) if j == 0 else worst - shared, self._admitted, images,
-                   root, "prefill" if j == 0 else "wait")
+                   root, keys, "prefill" if j == 0 else "wait")
         self._admitted += 1
         self.slots[slot] = row
         rows.append(row)
@@ -528,7 +529,8 @@ class Engine:
       # The full pages it wrote (prompt and reply): the start of a next turn's prompt.
       tokens = np.concatenate([row.prompt, np.asarray(row.handle.tokens, np.int32)])
       full = min(row.length, len(tokens)) // self.config.page_size
-      self.prefix.insert(self.prefix.keys(row.root, tokens, full), row.pages[:full])
+      keys = self.prefix.keys(row.root, tokens, full, known=row.prompt_keys)
+      self.prefix.insert(keys, row.pages[:full])
     self.pages.release(row.pages)
     self.pages.unreserve(row.reserved)
     row.pages, row.reserved = [], 0

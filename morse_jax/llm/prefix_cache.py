@@ -46,11 +46,14 @@ class PrefixCache:
   def __len__(self) -> int:
     return len(self._entries)
 
-  def keys(self, root: bytes, tokens: np.ndarray, n_pages: int) -> list[bytes]:
-    """The chain keys of the first n_pages full pages of `tokens`."""
-    size, out, h = self.pages.page_size, [], root
+  def keys(self, root: bytes, tokens: np.ndarray, n_pages: int,
+           known: Sequence[bytes] = ()) -> list[bytes]:
+    """The chain keys of the first n_pages full pages of `tokens`; `known`: the keys of its
+    first pages already computed (a row's prompt pages, hashed at admission)."""
+    size, out = self.pages.page_size, list(known[:n_pages])
+    h = out[-1] if out else root
     tokens = np.asarray(tokens, np.int32)
-    for j in range(n_pages):
+    for j in range(len(out), n_pages):
       h = hashlib.blake2b(h + tokens[j * size:(j + 1) * size].tobytes(), digest_size=16).digest()
       out.append(h)
     return out
