@@ -125,9 +125,9 @@ def profile(model, prompts, new: int, full_ms: float) -> dict:
   def projections(x, a):
     for lp in a["layers"]:
       q, _, _ = fused_decode.FUSED.qkv(x, lp, None, None, c)
-      x = x + dot("btd,do->bto", q.astype(x.dtype), lp.wo)
-      gate, up = jnp.split(dot("btd,df->btf", x, lp.w_gate_up), 2, axis=-1)
-      x = x + dot("btf,fd->btd", jax.nn.silu(gate) * up, lp.w_down) * 0.01
+      x = x + dot("btd,od->bto", q.astype(x.dtype), lp.wo)
+      gate, up = jnp.split(dot("btd,fd->btf", x, lp.w_gate_up), 2, axis=-1)
+      x = x + dot("btf,df->btd", jax.nn.silu(gate) * up, lp.w_down) * 0.01
     return x
 
   def head(x, a):

@@ -1,14 +1,15 @@
-"""The CPU decode loop's weight layout: per-layer copies of the stored weights, [in, out], with
-q / k / v and gate / up fused, run by a Python loop over the layers, each writing its own cache.
+"""The CPU decode loop's weight layout: per-layer copies of the stored weights with q / k / v and
+gate / up fused (rows side by side, [out, in] as stored), run by a Python loop over the layers,
+each writing its own cache.
 
 `sampling.generate_padded` chooses it once per call (`decode_layout`, then `forward(...,
-run_layers=run_layers)` for every decode step); `model.forward` itself only scans the stored
-layers. Why it is faster on XLA:CPU: every slice of a stacked weight inside a jitted loop is
-materialised as a copy (measured: 30% of a 100M model's decode step), so unstacking once per
-call pays that once instead of once per token; an [in, out] weight is read faster at batch 8 than
-an [out, in] one contracted on its last axis; and one fused matmul replaces three
-(`benchmarks/decode_step.py` measures the step). The cost: one copy of the layer weights per
-call, which `fits` bounds.
+run_layers=run_layers)` for every decode step) and the engine once for its life; `model.forward`
+itself only scans the stored layers. Why it is faster on XLA:CPU: every slice of a stacked weight
+inside a jitted loop is materialised as a copy (measured: 30% of a 100M model's decode step), so
+unstacking once pays that once instead of once per token; one fused product replaces three; and
+each product of few rows goes to `cpu_matmul`'s kernel, which reads [out, in] rows as they lie
+(`benchmarks/decode_step.py` measures the step). The cost: one copy of the layer weights, which
+`fits` bounds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from morse_jax.llm import model
+from morse_jax.llm import cpu_matmul, model
 from morse_jax.llm.model import KVCache, LayerContext
 from morse_jax.llm.params import LayerParams, Params
 
@@ -35,11 +36,11 @@ class FusedLayer:
   """One layer's weights as the CPU decode loop reads them (`fuse_layer`); no layer axis."""
 
   attn_norm: jax.Array  # [d]
-  wqkv: jax.Array  # [d, h*x + 2*k*x]: q, k, v side by side, [in, out]
-  wo: jax.Array  # [h*x, d]
+  wqkv: jax.Array  # [h*x + 2*k*x, d]: q, k, v rows one after another, [out, in]
+  wo: jax.Array  # [d, h*x]
   mlp_norm: jax.Array  # [d]
-  w_gate_up: jax.Array  # [d, 2*f]: gate, up
-  w_down: jax.Array  # [f, d]
+  w_gate_up: jax.Array  # [2*f, d]: gate, up
+  w_down: jax.Array  # [d, f]
   bqkv: jax.Array | None = None  # [h*x + 2*k*x]
   bo: jax.Array | None = None  # [d]
   q_norm: jax.Array | None = None  # [x]
@@ -48,10 +49,10 @@ class FusedLayer:
 
 def fuse_layer(lp: LayerParams) -> FusedLayer:
   """One (unstacked) layer's [out, in] weights as a FusedLayer (a copy)."""
-  cat = lambda *ws: jnp.concatenate([w.T for w in ws], axis=1)
+  cat = lambda *ws: jnp.concatenate(ws, axis=0)
   bias = None if lp.bq is None else jnp.concatenate([lp.bq, lp.bk, lp.bv])
-  return FusedLayer(attn_norm=lp.attn_norm, wqkv=cat(lp.wq, lp.wk, lp.wv), wo=lp.wo.T,
-                    mlp_norm=lp.mlp_norm, w_gate_up=cat(lp.w_gate, lp.w_up), w_down=lp.w_down.T,
+  return FusedLayer(attn_norm=lp.attn_norm, wqkv=cat(lp.wq, lp.wk, lp.wv), wo=lp.wo,
+                    mlp_norm=lp.mlp_norm, w_gate_up=cat(lp.w_gate, lp.w_up), w_down=lp.w_down,
                     bqkv=bias, bo=lp.bo, q_norm=lp.q_norm, k_norm=lp.k_norm)
 
 
@@ -86,7 +87,7 @@ def _plus_delta(y, target: str, h, lora, adapter):
 
 
 def _matmul(h, w, bias=None):
-  y = jnp.einsum("btd,do->bto", h, w, preferred_element_type=jnp.float32)  # w [in, out]
+  y = cpu_matmul.matmul(h, w)  # w [out, in]; float32
   return y if bias is None else y + bias
 
 

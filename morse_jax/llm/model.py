@@ -16,7 +16,7 @@ import numpy as np
 
 from typing import Any, Callable, NamedTuple, Protocol
 
-from morse_jax.llm import attention, attention_kernels
+from morse_jax.llm import attention, attention_kernels, cpu_matmul
 from morse_jax.llm.config import LlmConfig, RopeConfig
 from morse_jax.llm.params import LayerParams, Params
 
@@ -326,16 +326,22 @@ def head_of(params: Params) -> jax.Array:
 
 
 def head_logits(x, head):
-  """x [b, t, d] times head [v, d]: [b, t, v] float32. One token per row (decoding, `last_only`)
-  computes head @ x^T and transposes the small result: with the head as the right operand
-  XLA:CPU kept a transposed copy of the whole head for its matmul (0.47 GB for Qwen2.5's
-  151936 x 1536 bf16 head, hoisted out of the decode loop). Longer passes keep the plain
-  product, whose [b, t, v] result would be the larger copy."""
+  """x [b, t, d] times head [v, d]: [b, t, v] float32. One token per row (decoding, `last_only`):
+  on CPU `cpu_matmul`'s kernel (few rows); elsewhere head @ x^T with the small result
+  transposed: with the head as the right operand XLA:CPU kept a transposed copy of the whole head
+  for its matmul (0.47 GB for Qwen2.5's 151936 x 1536 bf16 head, hoisted out of the decode loop).
+  Longer passes keep the plain product, whose [b, t, v] result would be the larger copy."""
   if x.shape[1] != 1:
     return jnp.einsum("btd,vd->btv", x, head, preferred_element_type=jnp.float32)
-  y = jax.lax.dot_general(head, x[:, 0], (((1,), (1,)), ((), ())),
-                          preferred_element_type=jnp.float32)  # [v, b]
-  return y.T[:, None, :]
+
+  def head_first(x, head):
+    y = jax.lax.dot_general(head, x[:, 0], (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32)  # [v, b]
+    return y.T[:, None, :]
+
+  if not cpu_matmul.takes(x, head):
+    return head_first(x, head)
+  return jax.lax.platform_dependent(x, head, cpu=cpu_matmul.kernel, default=head_first)
 
 
 def default_positions(attention_mask, cache: KVCache | None):

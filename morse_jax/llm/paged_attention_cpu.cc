@@ -14,16 +14,13 @@
 // p % P of page pages[b, p / P]. A query that sees no key gets zeros. Output [b, t, h, x] f32.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -113,28 +110,6 @@ void attend(const Dims& d, const float* q, const T* pool_k, const T* pool_v,
   }
 }
 
-// Items (row, kv head) handed out by an atomic counter to the calling thread and to tasks on
-// XLA's intra-op pool. The caller waits only for items some thread has claimed, so a task the
-// pool never starts cannot block it (it finds no item left and returns).
-struct Work {
-  std::atomic<int64_t> next{0};
-  int64_t total = 0;
-  std::atomic<int64_t> done{0};
-  std::mutex mu;
-  std::condition_variable cv;
-};
-
-template <typename Fn>
-void drain(Work& w, const Fn& fn) {
-  for (int64_t item; (item = w.next.fetch_add(1)) < w.total;) {
-    fn(item);
-    if (w.done.fetch_add(1) + 1 == w.total) {
-      std::lock_guard<std::mutex> lock(w.mu);
-      w.cv.notify_all();
-    }
-  }
-}
-
 template <ffi::DataType DT>
 ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<DT> pool_k,
                 ffi::Buffer<DT> pool_v, ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::S32> q_pos,
@@ -164,15 +139,7 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<DT> p
   auto fn = [=](int64_t item) {
     attend<T>(d, qp, kp, vp, tp, pp, lp, op, item / d.kvh, item % d.kvh);
   };
-  auto work = std::make_shared<Work>();
-  work->total = d.b * d.kvh;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->total - 1);
-  for (int64_t i = 0; i < helpers; ++i) {
-    pool.Schedule([work, fn] { drain(*work, fn); });
-  }
-  drain(*work, fn);
-  std::unique_lock<std::mutex> lock(work->mu);
-  work->cv.wait(lock, [&] { return work->done.load() == work->total; });
+  morse::parallel_for(pool, d.b * d.kvh, fn);  // items: (row, kv head)
   return ffi::Error::Success();
 }
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from morse_jax.llm import cpu_attention, paged
+from morse_jax.llm import cpu_attention, cpu_kernels, paged
 
 if shutil.which(os.environ.get("CXX") or "g++") is None and shutil.which("c++") is None:
   pytest.skip("no C++ compiler: the kernel cannot be built here (the JAX loop runs)",
@@ -57,7 +57,7 @@ def _nan_free_loop(args):
 @pytest.mark.parametrize("b,t,h,kvh,x,ctx", [(5, 1, 9, 3, 64, 300), (4, 3, 3, 1, 32, 70),
                                              (3, 1, 4, 4, 16, 40)])
 def test_kernel_equals_the_jax_loop(dtype, b, t, h, kvh, x, ctx):
-  assert cpu_attention.available(), cpu_attention.unavailable_reason()
+  assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
   args = _case(b, t, h, kvh, x, ctx, dtype)
   got = jax.jit(cpu_attention.attend)(*args)
   want = _nan_free_loop(args)
@@ -68,7 +68,7 @@ def test_kernel_equals_the_jax_loop(dtype, b, t, h, kvh, x, ctx):
 
 
 def test_paged_attention_dispatches_to_the_kernel_on_cpu_only():
-  assert cpu_attention.available(), cpu_attention.unavailable_reason()
+  assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
   args = _case(4, 1, 9, 3, 64, 100, jnp.float32)
   fn = jax.jit(functools.partial(paged.paged_attention, block_pages=4))
   assert "morse_paged_attention_f32" in fn.lower(*args).as_text()
@@ -81,14 +81,14 @@ def test_paged_attention_dispatches_to_the_kernel_on_cpu_only():
 
 def test_without_the_kernel_the_loop_runs(monkeypatch):
   args = _case(4, 1, 9, 3, 64, 100, jnp.float32)
-  monkeypatch.setattr(cpu_attention, "_state", {"ok": False, "reason": "test"})
+  monkeypatch.setattr(cpu_kernels, "_state", {"ok": False, "reason": "test"})
   fn = jax.jit(functools.partial(paged.paged_attention, block_pages=4))
   assert "morse_paged_attention" not in fn.lower(*args).as_text()
-  assert cpu_attention.unavailable_reason() == "test"
+  assert cpu_kernels.unavailable_reason() == "test"
 
 
 def test_a_bad_shape_is_an_error_naming_the_shapes():
-  assert cpu_attention.available(), cpu_attention.unavailable_reason()
+  assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
   q, pk, pv, pages, q_pos, kv_len = _case(4, 1, 9, 3, 64, 100, jnp.float32)
   with pytest.raises(Exception, match="shapes do not agree"):
     jax.block_until_ready(cpu_attention.attend(q, pk, pv, pages[:3], q_pos, kv_len))
