@@ -36,6 +36,8 @@ TARGETS = {
     "morse_paged_attention_bf16": "PagedAttentionBF16",
     "morse_skinny_matmul_f32": "SkinnyMatmulF32",
     "morse_skinny_matmul_bf16": "SkinnyMatmulBF16",
+    "morse_skinny_matmul_layer_f32": "SkinnyMatmulLayerF32",
+    "morse_skinny_matmul_layer_bf16": "SkinnyMatmulLayerBF16",
 }
 _state: dict = {}
 

@@ -44,6 +44,14 @@ def kernel(x, w):
   return call(rows, w).reshape(*x.shape[:-1], w.shape[0])
 
 
+def layer_kernel(x, w, layer):
+  """`reference(x, w[layer])` by the kernel (CPU only), w [layers, n, k] read in place."""
+  rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+  call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(w.dtype)].replace("matmul", "matmul_layer"),
+                          jax.ShapeDtypeStruct((rows.shape[0], w.shape[1]), jnp.float32))
+  return call(rows, w, jnp.asarray(layer, jnp.int32)).reshape(*x.shape[:-1], w.shape[1])
+
+
 def matmul(x, w):
   """x [b, t, k] @ w [n, k]^T -> [b, t, n] float32: the kernel where `takes(x, w)` on CPU."""
   if not takes(x, w):

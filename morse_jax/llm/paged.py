@@ -189,9 +189,12 @@ def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, po
   if image is not None:
     features, is_image = image
     x = jnp.where(is_image[..., None], features.astype(x.dtype), x)
-  project = model.STORED if fused is None else fused_decode.FUSED
   for i in range(config.num_layers):
-    lp = jax.tree.map(lambda a: a[i], params.layers) if fused is None else fused[i]
+    if fused is None:  # the stack's layer i (the CPU decode kernel reads it in place)
+      lp, project = jax.tree.map(lambda a: a[i], params.layers), model.StackedProjections(
+          params.layers, i)
+    else:
+      lp, project = fused[i], fused_decode.FUSED
     lora = None if adapter is None else adapter.for_layer(i)
     x, pool = _layer(x, lp, lora, adapter, project, config, cos, sin, pool, i, where, rows,
                      positions, block_pages)

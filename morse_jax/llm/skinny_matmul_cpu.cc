@@ -148,28 +148,51 @@ void block(const float* x, const T* w, float* y, int64_t M, int64_t K, int64_t N
   for (; n < end; ++n) rows<T, 1>(x, w, y, M, K, N, n);
 }
 
+template <typename T>
+ffi::Error Run(ffi::ThreadPool& pool, const float* x, const T* w, float* y, int64_t M, int64_t K,
+               int64_t N) {
+  auto fn = [=](int64_t item) { block<T>(x, w, y, M, K, N, item * kBlock); };
+  morse::parallel_for(pool, (N + kBlock - 1) / kBlock, fn);
+  return ffi::Error::Success();
+}
+
+std::string Shape(ffi::Span<const int64_t> d) {
+  std::string s;
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "x" : "") + std::to_string(d[i]);
+  return s;
+}
+
+// y = x @ w^T, w [n, k].
 template <ffi::DataType DT>
 ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
                 ffi::ResultBuffer<ffi::F32> y) {
-  using T = ffi::NativeType<DT>;
   const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2) {
-    return ffi::Error::InvalidArgument("skinny_matmul_cpu: x and w must be 2-D");
+  if (xd.size() != 2 || wd.size() != 2 || wd[1] != xd[1] ||
+      y->element_count() != xd[0] * wd[0]) {
+    return ffi::Error::InvalidArgument("skinny_matmul_cpu: shapes do not agree (x " +
+                                       Shape(xd) + ", w [out, in] " + Shape(wd) + ")");
   }
-  const int64_t M = xd[0], K = xd[1];
-  const int64_t N = wd[0];
-  if (wd[1] != K || y->element_count() != M * N) {
-    return ffi::Error::InvalidArgument(
-        "skinny_matmul_cpu: shapes do not agree (x " + std::to_string(M) + "x" +
-        std::to_string(K) + ", w [out, in] " + std::to_string(wd[0]) + "x" +
-        std::to_string(wd[1]) + ")");
+  return Run(pool, x.typed_data(), w.typed_data(), y->typed_data(), xd[0], xd[1], wd[0]);
+}
+
+// y = x @ w[layer]^T, w [layers, n, k] (stacked layers read in place: a slice of them passed
+// to a custom call would be copied first, a whole layer's weights per token).
+template <ffi::DataType DT>
+ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
+                     ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || wd[2] != xd[1] || layer.element_count() != 1 ||
+      y->element_count() != xd[0] * wd[1]) {
+    return ffi::Error::InvalidArgument("skinny_matmul_cpu: shapes do not agree (x " +
+                                       Shape(xd) + ", w [layers, out, in] " + Shape(wd) + ")");
   }
-  const float* xp = x.typed_data();
-  const T* wp = w.typed_data();
-  float* yp = y->typed_data();
-  auto fn = [=](int64_t item) { block<T>(xp, wp, yp, M, K, N, item * kBlock); };
-  morse::parallel_for(pool, (N + kBlock - 1) / kBlock, fn);
-  return ffi::Error::Success();
+  const int64_t i = layer.typed_data()[0];
+  if (i < 0 || i >= wd[0]) {
+    return ffi::Error::InvalidArgument("skinny_matmul_cpu: layer " + std::to_string(i) +
+                                       " out of range for " + std::to_string(wd[0]) + " layers");
+  }
+  return Run(pool, x.typed_data(), w.typed_data() + i * wd[1] * wd[2], y->typed_data(), xd[0],
+             xd[1], wd[1]);
 }
 
 }  // namespace
@@ -183,3 +206,15 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulF32, Impl<ffi::F32>, BIND(ffi::F32));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulBF16, Impl<ffi::BF16>, BIND(ffi::BF16));
+
+#define BIND_LAYER(DT)              \
+  ffi::Ffi::Bind()                  \
+      .Ctx<ffi::ThreadPool>()       \
+      .Arg<ffi::Buffer<ffi::F32>>() \
+      .Arg<ffi::Buffer<DT>>()       \
+      .Arg<ffi::Buffer<ffi::S32>>() \
+      .Ret<ffi::Buffer<ffi::F32>>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerF32, LayerImpl<ffi::F32>, BIND_LAYER(ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerBF16, LayerImpl<ffi::BF16>,
+                              BIND_LAYER(ffi::BF16));

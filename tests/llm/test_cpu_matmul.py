@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from morse_jax import llm
 from morse_jax.llm import cpu_kernels, cpu_matmul, model
 
 if shutil.which(os.environ.get("CXX") or "g++") is None and shutil.which("c++") is None:
@@ -85,3 +86,36 @@ def test_a_bad_shape_is_an_error_naming_the_shapes():
   call = jax.ffi.ffi_call("morse_skinny_matmul_f32", jax.ShapeDtypeStruct((2, 5), jnp.float32))
   with pytest.raises(Exception, match=r"shapes do not agree \(x 2x8, w \[out, in\] 5x7\)"):
     jax.block_until_ready(call(jnp.zeros((2, 8)), jnp.zeros((5, 7))))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_layer_of_the_stack_read_in_place(dtype):
+  """`layer_kernel(x, w, i)` is the product with w[i], for a literal and a traced i; the stacked
+  decode lowers to the layer kernel with no slice of the stack."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((3, 1, 40)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((4, 24, 40)), dtype)
+  for i in range(4):
+    want = cpu_matmul.reference(x, w[i])
+    np.testing.assert_array_equal(jax.jit(cpu_matmul.layer_kernel, static_argnums=2)(x, w, i),
+                                  jax.jit(cpu_matmul.kernel)(x, w[i]))
+    np.testing.assert_allclose(jax.jit(cpu_matmul.layer_kernel)(x, w, jnp.int32(i)), want,
+                               rtol=1e-5, atol=1e-4)
+  with pytest.raises(Exception, match="layer 4 out of range for 4 layers"):
+    jax.block_until_ready(cpu_matmul.layer_kernel(x, w, jnp.int32(4)))
+
+
+def test_the_stored_layers_decode_on_the_layer_kernel():
+  cfg = llm.LlmConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8)
+  params = llm.init_random(cfg, jax.random.key(0), dtype=jnp.bfloat16, scale=0.3)
+  project = model.StackedProjections(params.layers, 1)
+  lp = jax.tree.map(lambda a: a[1], params.layers)
+  h = jnp.ones((2, 1, 32), jnp.bfloat16)
+  down = jax.jit(lambda m: project.down(m, lp, None, None))
+  text = down.lower(jnp.ones((2, 1, 48), jnp.bfloat16)).as_text()
+  assert "morse_skinny_matmul_layer_bf16" in text
+  got = jax.jit(lambda h: project.qkv(h, lp, None, None, cfg))(h)
+  want = model.STORED.qkv(h, lp, None, None, cfg)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2)
