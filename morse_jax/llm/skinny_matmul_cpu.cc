@@ -18,6 +18,7 @@
 // rows around it, the tiles or the threads (16 lanes over k, a fixed tree over the lanes, then
 // the tail), so a row's result does not depend on which rows share its call.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -101,10 +102,12 @@ template <typename T, int NR, int MR>
 void tile(const float* x, const T* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n) {
   v16 acc[MR * NR] = {};
   const int64_t body = K - K % 16;
+  const T* next[NR];  // the next group's rows, prefetched while this one is summed
+  for (int j = 0; j < NR; ++j) next[j] = w + std::min(n + NR + j, N - 1) * K;
   for (int64_t k = 0; k < body; k += 16) {
     v16 wv[NR];
     for (int j = 0; j < NR; ++j) {
-      __builtin_prefetch(w + (n + NR + j) * K + k);  // the next group (past the end: no-op)
+      __builtin_prefetch(next[j] + k);
       wv[j] = load16(w + (n + j) * K + k);
     }
     for (int i = 0; i < MR; ++i) {
