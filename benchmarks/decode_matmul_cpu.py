@@ -5,7 +5,8 @@ Every layer's products for one new token a row (q, k, v, o, gate, up, down, chai
 chains them) and the output head, with random weights at a model's shapes:
 
 - `smollm2`: SmolLM2-135M's, float32, per-layer [out, in] arrays as the engine's fused decode
-  layout holds them: XLA's einsum on each (`xla`) against the kernel (`kernel`).
+  layout holds them (q / k / v and gate / up fused: 4 products a layer): XLA's einsum on each
+  (`xla`) against the kernel (`kernel`).
 - `qwen25_coder_15b`: Qwen2.5-Coder-1.5B's, bfloat16, stacked over the layers as stored (too
   large for the fused copy): XLA's einsum on each layer's slice of the stack (`xla`, what the
   stored decode ran before the kernel) against the kernel reading layer i of the stack in place
@@ -66,14 +67,22 @@ def _programs(shape):
 
   def chain(x, mm):  # one token through the layers' products, as a layer chains them
     for i in range(layers):
-      a = mm(x, "q", i) + 0 * (mm(x, "k", i)[..., :1] + mm(x, "v", i)[..., :1])
+      if fused:
+        a = mm(x, "qkv", i)[..., :q]
+        gate, up = jnp.split(mm(x, "gate_up", i), 2, axis=-1)
+      else:
+        a = mm(x, "q", i) + 0 * (mm(x, "k", i)[..., :1] + mm(x, "v", i)[..., :1])
+        gate, up = mm(x, "gate", i), mm(x, "up", i)
       x = x + mm(a.astype(dtype), "o", i).astype(dtype)
-      m = jax.nn.silu(mm(x, "gate", i)) * mm(x, "up", i)
-      x = x + mm(m.astype(dtype), "down", i).astype(dtype)
+      x = x + mm((jax.nn.silu(gate) * up).astype(dtype), "down", i).astype(dtype)
     return x
 
-  if dtype == jnp.float32:  # per-layer arrays: the fused decode layout's
-    weights = {n: tuple(w[i] for i in range(layers)) for n, w in stacked.items()}
+  fused = dtype == jnp.float32
+  if fused:  # per-layer arrays, q / k / v and gate / up rows side by side: the fused layout
+    per_layer = lambda *names: tuple(jnp.concatenate([stacked[n][i] for n in names])
+                                     for i in range(layers))
+    weights = {"qkv": per_layer("q", "k", "v"), "o": per_layer("o"),
+               "gate_up": per_layer("gate", "up"), "down": per_layer("down")}
     xla = lambda x, w, h: cpu_matmul.reference(chain(x, lambda x, n, i: cpu_matmul.reference(
         x, w[n][i])), h)
     kernel = lambda x, w, h: cpu_matmul.kernel(chain(x, lambda x, n, i: cpu_matmul.kernel(

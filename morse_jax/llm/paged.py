@@ -94,7 +94,8 @@ def paged_attention(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int):
 
 def paged_attention_loop(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int):
   """`paged_attention` in plain JAX (the kernel's reference): a loop over blocks of
-  `block_pages` pages of the page table, up to the longest row, with the running max / sum / output of an online softmax; each block is gathered through the table
+  `block_pages` pages of the page table, up to the longest row, with the running max / sum /
+  output of an online softmax; each block is gathered through the table
   ([b, block_pages, kv, P, x]) and read once. A row that sees no key (idle) gets zeros."""
   b, t, h, x = q.shape
   kvh, psize = pool_k.shape[1], pool_k.shape[2]
