@@ -83,16 +83,15 @@ def _programs(shape):
                                      for i in range(layers))
     weights = {"qkv": per_layer("q", "k", "v"), "o": per_layer("o"),
                "gate_up": per_layer("gate", "up"), "down": per_layer("down")}
-    xla = lambda x, w, h: cpu_matmul.reference(chain(x, lambda x, n, i: cpu_matmul.reference(
-        x, w[n][i])), h)
     kernel = lambda x, w, h: cpu_matmul.kernel(chain(x, lambda x, n, i: cpu_matmul.kernel(
         x, w[n][i])), h)
   else:  # the stack as stored
     weights = stacked
-    xla = lambda x, w, h: cpu_matmul.reference(chain(x, lambda x, n, i: cpu_matmul.reference(
-        x, w[n][i])), h)
     kernel = lambda x, w, h: cpu_matmul.kernel(chain(x, lambda x, n, i: cpu_matmul.layer_kernel(
         x, w[n], i)), h)
+  # XLA on each layer's array (fused) or on each slice of the stack (stored)
+  xla = lambda x, w, h: cpu_matmul.reference(chain(x, lambda x, n, i: cpu_matmul.reference(
+      x, w[n][i])), h)
   return jax.jit(xla), jax.jit(kernel), weights, head
 
 
