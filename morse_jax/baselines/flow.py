@@ -1,8 +1,13 @@
 """What the baseline systems share. A system's flow is a generator, one per task: it yields the
 model calls it needs next (`Ask`s, several when they do not depend on each other) and receives
-their replies' texts; it returns the final reply, the one the verifier scores. `drive` steps the
-flows of a batch of tasks together, so each round is one batched call of the backbone over every
-task's asks (as `single` batches its tasks), and records each call (`Call`) on its `Task`.
+their replies' texts; it returns the final reply, the one the verifier scores. `drive` runs the
+flows of a batch of tasks on a `Backbone`: a flow's asks are submitted as soon as it yields them
+and it resumes as soon as they are answered, so on the generation engine
+(`backbones.EngineBackbone`) no task waits for another; on `Rounds` (a `Chat` called once per
+step over every ask submitted since the last) the flows move in rounds, each one batched call
+over every task's asks (as `single` batches its tasks). Each call is recorded (`Call`) on its
+`Task`. Each ask has its own key, fold_in(fold_in(rng, the task's id hash), its call number), so a
+sampled call draws the same on either backbone and in any batch.
 
 A reply that does not parse (no code where code is asked for, no verdict where one is asked for)
 is a counted, logged fallback (`Task.fallback`), never an error."""
@@ -12,7 +17,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any, Callable, Generator, Sequence
+import zlib
+from typing import Any, Callable, Generator, Protocol, Sequence
+
+import jax
 
 from morse_jax.execution import verifier
 from morse_jax.tasks.base import Problem
@@ -46,7 +54,52 @@ class Call:
 
 
 Flow = Generator[list[Ask], list[str], str]
-Chat = Callable[[Sequence[Ask]], list[Answer]]
+# One batched call: the asks and their keys in, their answers in the same order out.
+Chat = Callable[[Sequence[Ask], Sequence[jax.Array]], list[Answer]]
+
+
+@dataclasses.dataclass
+class Pending:
+  """A submitted ask: answered (`answer` set) by a later `Backbone.step`."""
+
+  ask: Ask
+  key: jax.Array
+  answer: Answer | None = None
+
+  @property
+  def done(self) -> bool:
+    return self.answer is not None
+
+
+class Backbone(Protocol):
+  def submit(self, ask: Ask, key: jax.Array) -> Pending: ...
+
+  def step(self) -> None: ...
+
+
+class Rounds:
+  """A `Backbone` of rounds: each step answers every ask submitted since the last one by one
+  `chat` call (scripted backbones, and the static sampler: `backbones.static_chat`)."""
+
+  def __init__(self, chat: Chat):
+    self.chat, self.queue = chat, []
+
+  def submit(self, ask: Ask, key: jax.Array) -> Pending:
+    self.queue.append(Pending(ask, key))
+    return self.queue[-1]
+
+  def step(self) -> None:
+    queue, self.queue = self.queue, []
+    if queue:
+      for pending, answer in zip(queue, self.chat([p.ask for p in queue], [p.key for p in queue]),
+                                 strict=True):
+        pending.answer = answer
+
+
+def ask_key(rng: jax.Array, problem_id: str, call: int) -> jax.Array:
+  """The key of a task's call number `call`: its problem's, not its batch position's."""
+  task = zlib.crc32(problem_id.encode()) & 0x7FFFFFFF
+  return jax.random.fold_in(jax.random.fold_in(rng, task), call)
 
 
 def family_tester(family: Any, problem: Problem, code: str) -> tuple[bool, str]:
@@ -106,11 +159,17 @@ class Task:
     return family_tester(self.family, self.problem, code)
 
 
-def drive(flows: Sequence[Flow], tasks: Sequence[Task], chat: Chat) -> list[str]:
-  """Runs the flows to their end, one `chat` call per round over every flow's asks; returns each
-  flow's final reply."""
+def drive(flows: Sequence[Flow], tasks: Sequence[Task], backbone: Backbone | Chat,
+          rng: jax.Array | None = None) -> list[str]:
+  """Runs the flows to their end on `backbone` (a bare `Chat` runs in `Rounds`), each flow
+  resumed as soon as all of its asks are answered; returns each flow's final reply. rng: the
+  asks' keys (`ask_key`; None: key(0))."""
+  if not hasattr(backbone, "submit"):
+    backbone = Rounds(backbone)
+  rng = jax.random.key(0) if rng is None else rng
   finals: list[str] = [""] * len(flows)
-  pending: dict[int, list[Ask]] = {}
+  waiting: dict[int, list[Pending]] = {}
+  counts = [0] * len(flows)
 
   def advance(i: int, replies: list[str] | None) -> None:
     try:
@@ -120,19 +179,18 @@ def drive(flows: Sequence[Flow], tasks: Sequence[Task], chat: Chat) -> list[str]
       return
     if not asks:
       raise ValueError(f"baseline flow of {tasks[i].problem.id} asked for no call")
-    pending[i] = list(asks)
+    waiting[i] = [backbone.submit(ask, ask_key(rng, tasks[i].problem.id, counts[i] + j))
+                  for j, ask in enumerate(asks)]
+    counts[i] += len(asks)
 
   for i in range(len(flows)):
     advance(i, None)
-  while pending:
-    order, pending = list(pending.items()), {}
-    answers = chat([ask for _, asks in order for ask in asks])
-    start = 0
-    for i, asks in order:
-      got = answers[start:start + len(asks)]
-      start += len(asks)
-      tasks[i].calls += [Call(ask.phase, a.prompt_tokens, a.generated_tokens, a.cut,
-                              ask.messages if tasks[i].keep_prompts else None)
-                         for ask, a in zip(asks, got)]
-      advance(i, [a.text for a in got])
+  while waiting:
+    backbone.step()
+    for i in sorted(i for i, pending in waiting.items() if all(p.done for p in pending)):
+      got = waiting.pop(i)
+      tasks[i].calls += [Call(p.ask.phase, p.answer.prompt_tokens, p.answer.generated_tokens,
+                              p.answer.cut, p.ask.messages if tasks[i].keep_prompts else None)
+                         for p in got]
+      advance(i, [p.answer.text for p in got])
   return finals

@@ -3,7 +3,9 @@ adapter), the same token limit per call (`Agents.max_new_tokens`, config.eval.ma
 the same verifier on the final reply and the same outcomes (one node per task, `TaskOutcome`), so
 `experiments.records` and `evaluation.summarize` read them as they read `single`'s. The node's
 details add the system's calls (count and phases in order) and its fallbacks; its stats sum the
-tokens of every call.
+tokens of every call. The calls run on the generation engine (config.eval.engine, one device:
+`backbones.EngineBackbone`, no task waits for another's calls) or on the static sampler in
+rounds.
 
   chatchain  ChatDev's ChatChain (`chatchain`)
   macnet     MacNet (`macnet`): config.baseline.macnet_topology / macnet_nodes, or
@@ -19,11 +21,11 @@ from typing import Sequence
 
 import jax
 
-from morse_jax import llm
-from morse_jax.baselines import aflow, chatchain, macnet, topology
-from morse_jax.baselines.flow import Answer, Ask, Chat, Task, drive
+from morse_jax.baselines import aflow, backbones, chatchain, macnet, topology
+from morse_jax.baselines.flow import Backbone, Chat, Rounds, Task, drive
 from morse_jax.mas import graph as graph_lib
 from morse_jax.mas.agents import Agents
+from morse_jax.mas.engine_run import runs_on_engine
 from morse_jax.mas.runner import NodeOutcome, NodeStats, TaskOutcome
 from morse_jax.tasks.base import NodeScore, Problem
 
@@ -62,26 +64,12 @@ def flows(system: str, tasks: Sequence[Task], settings: BaselineConfig, seed: in
   raise ValueError(f"baseline system {system!r} is not one of {SYSTEMS}")
 
 
-def backbone_chat(agents: Agents, rng: jax.Array) -> Chat:
-  """The asks of a round on the bare backbone: one sampler call per temperature (greedy rows
-  together, as `single`), each call with its own key."""
-  calls = 0
-
-  def chat(asks: Sequence[Ask]) -> list[Answer]:
-    nonlocal calls
-    out: list[Answer | None] = [None] * len(asks)
-    for temperature in sorted({a.temperature for a in asks}):
-      rows = [i for i, a in enumerate(asks) if a.temperature == temperature]
-      prompts = [agents.tokens(asks[i].messages) for i in rows]
-      sampling = llm.SamplingConfig(temperature=temperature) if temperature else llm.GREEDY
-      replies = agents.replies(prompts, None, rng=jax.random.fold_in(rng, calls),
-                               sampling=sampling)
-      calls += 1
-      for i, p, r in zip(rows, prompts, replies):
-        out[i] = Answer(r.text, len(p), r.tokens, r.cut)
-    return out
-
-  return chat
+def backbone(agents: Agents, engine: bool) -> Backbone:
+  """The batch's backbone: the generation engine (`engine` and one device), else the static
+  sampler in rounds."""
+  if engine and runs_on_engine(agents):
+    return backbones.EngineBackbone(agents)
+  return Rounds(backbones.static_chat(agents))
 
 
 def prompts_text(task: Task) -> str:
@@ -110,15 +98,18 @@ def outcome(task: Task, family, reply: str, seconds: float, keep_prompts: bool) 
   return done
 
 
-def run(system: str, chat: Chat, family, problems: Sequence[Problem],
+def run(system: str, chat: Backbone | Chat, family, problems: Sequence[Problem],
         settings: BaselineConfig = BaselineConfig(), *, seed: int = 0,
-        keep_prompts: bool = False, tester=None) -> list[TaskOutcome]:
-  """The system over a batch of tasks, each round of calls one `chat` call over the batch.
-  tester(problem, code) -> (passed, report) replaces the family's visible-example run."""
+        keep_prompts: bool = False, tester=None, rng: jax.Array | None = None
+        ) -> list[TaskOutcome]:
+  """The system over a batch of tasks on `chat` (a `Backbone`, or a `Chat` run in rounds: each
+  round of calls one call over the batch). tester(problem, code) -> (passed, report) replaces
+  the family's visible-example run. rng: the calls' keys (`flow.ask_key`; None: key(seed))."""
   tasks = [Task(p, family, keep_prompts=keep_prompts,
                 tester=None if tester is None else (lambda code, p=p: tester(p, code)))
            for p in problems]
   start = time.perf_counter()
-  finals = drive(flows(system, tasks, settings, seed), tasks, chat)
+  finals = drive(flows(system, tasks, settings, seed), tasks, chat,
+                 jax.random.key(seed) if rng is None else rng)
   seconds = time.perf_counter() - start
   return [outcome(t, family, reply, seconds, keep_prompts) for t, reply in zip(tasks, finals)]

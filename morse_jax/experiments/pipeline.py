@@ -130,10 +130,10 @@ def evaluate(config, checkpoint: str | None = None, split: str = "test",
   for i in range(0, len(problems), batch):
     if config.system in baselines.SYSTEMS:  # one node per task, as `single`, many calls each
       outcomes += baselines.run(config.system,
-                                baselines.backbone_chat(exp.agents, jax.random.key(config.seed)),
+                                baselines.backbone(exp.agents, config.eval.get("engine", False)),
                                 exp.family, problems[i:i + batch],
                                 experiment.baseline_config(config), seed=config.seed,
-                                keep_prompts=prompts)
+                                keep_prompts=prompts, rng=jax.random.key(config.seed))
     else:
       walk = engine_run.run if config.eval.get("engine", False) else runner.run
       outcomes += walk(exp.agents, exp.family, problems[i:i + batch], graphs[i:i + batch],

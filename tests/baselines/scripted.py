@@ -13,7 +13,7 @@ class Scripted:
   def __init__(self, respond):
     self.respond, self.asks, self.replies, self.rounds = respond, [], [], []
 
-  def __call__(self, asks):
+  def __call__(self, asks, keys=None):
     texts = [self.respond(a) for a in asks]
     self.asks += asks
     self.replies += texts

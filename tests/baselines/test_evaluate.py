@@ -72,8 +72,8 @@ def test_evaluate_runs_a_baseline_variant(tmp_path, monkeypatch):
   config.model.path, config.model.dtype = folder, "float32"
   config.task.limit, config.workdir, config.compilation_cache = 2, str(tmp_path / "run"), ""
   chats = []
-  monkeypatch.setattr(pipeline.baselines, "backbone_chat",
-                      lambda agents, rng: chats.append(Scripted(respond)) or chats[-1])
+  monkeypatch.setattr(pipeline.baselines, "backbone",
+                      lambda agents, engine: chats.append(Scripted(respond)) or chats[-1])
   summary = pipeline.evaluate(config, split="all")
   assert summary["tasks"] == 2 and summary["problem_pass"] == 0.5
   lines = [json.loads(line) for line in open(summary["records"])]

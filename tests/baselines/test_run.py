@@ -7,6 +7,7 @@ import jax
 import pytest
 
 from configs.morse import common
+from morse_jax.baselines import backbones
 from morse_jax.baselines import run as baselines
 from morse_jax.baselines.flow import Ask
 from morse_jax.config_sections import ConfigError
@@ -41,22 +42,26 @@ def test_bad_settings_are_refused_naming_them(change, message):
     experiment.check(c)
 
 
-def test_backbone_chat_makes_one_sampler_call_per_temperature():
+def test_static_chat_makes_one_sampler_call_per_temperature_with_the_asks_keys():
   calls = []
 
-  def replies(prompts, expert_sets, experts=None, *, rng, sampling):
-    calls.append((len(prompts), sampling.temperature, expert_sets))
+  def replies(prompts, expert_sets, experts=None, *, rng, sampling, row_keys):
+    calls.append((len(prompts), sampling.temperature, expert_sets,
+                  jax.random.key_data(row_keys).tolist()))
     return [Reply(f"reply to {len(p)} tokens at {sampling.temperature}", 3, False)
             for p in prompts]
 
   agents = types.SimpleNamespace(tokens=lambda m: list(range(len(m[0]["content"].split()))),
                                  replies=replies)
-  chat = baselines.backbone_chat(agents, rng=jax.random.key(0))
+  chat = backbones.static_chat(agents)
   asks = [Ask("a", [{"role": "user", "content": "one two"}], 0.8),
           Ask("b", [{"role": "user", "content": "one"}]),
           Ask("c", [{"role": "user", "content": "one two three"}])]
-  answers = chat(asks)
-  assert calls == [(2, 0.0, None), (1, 0.8, None)]  # greedy rows together, no adapter
+  keys = [jax.random.key(k) for k in (7, 8, 9)]
+  answers = chat(asks, keys)
+  data = lambda *ks: [jax.random.key_data(keys[k]).tolist() for k in ks]
+  # greedy rows together, no adapter, each row with its own ask's key
+  assert calls == [(2, 0.0, None, data(1, 2)), (1, 0.8, None, data(0))]
   assert [a.text for a in answers] == ["reply to 2 tokens at 0.8", "reply to 1 tokens at 0.0",
                                        "reply to 3 tokens at 0.0"]
   assert [a.prompt_tokens for a in answers] == [2, 1, 3]
