@@ -35,10 +35,11 @@ def _loop(x, w):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("m,k,n", [(1, 64, 8), (5, 70, 101), (9, 48, 67), (4, 16, 4),
-                                   (17, 33, 130)])
+                                   (17, 33, 130), (15, 40, 9)])
 def test_kernel_equals_a_float64_loop(dtype, m, k, n):
-  """Row tiles of 4 and their tails, weight rows in groups of 4 and their tails, k with and
-  without a tail past the 16-lane chunks, more than one 64-row block."""
+  """Below 8 rows tiles of 4 and their tails by weight rows in groups of 4 and their tail; from
+  8 rows tiles of 8 and their tails (1-7) by groups of 2 and their tail; k with and without a
+  tail past the 16-lane chunks, more than one 64-row block."""
   assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
   x, w = _case(m, k, n, dtype)
   got = np.asarray(jax.jit(cpu_matmul.kernel)(jnp.asarray(x), jnp.asarray(w, dtype)))
@@ -48,7 +49,8 @@ def test_kernel_equals_a_float64_loop(dtype, m, k, n):
 
 
 def test_a_row_does_not_depend_on_the_rows_beside_it():
-  """Bit for bit: a decode row's numbers whatever other rows share its step."""
+  """Bit for bit: a decode row's numbers whatever other rows share its step (13 rows: tiles of 8
+  and 5 by weight pairs; alone and 5 rows: tiles of 4 by groups of 4)."""
   x, w = _case(13, 200, 77, jnp.float32)
   run = jax.jit(cpu_matmul.kernel)
   together = np.asarray(run(jnp.asarray(x), jnp.asarray(w)))
