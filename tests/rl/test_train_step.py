@@ -205,7 +205,10 @@ def test_micro_batches_equal_one_pass(setup):
   got = run_steps(backbone, experts, batch, rb, 2, dataclasses.replace(BASE, micro_batches=2))
   for key in ("expert_loss", "expert_grad_norm", "clip_frac", "kl", "entropy"):
     np.testing.assert_allclose(got[3][-1][key], ref[3][-1][key], rtol=1e-5, atol=1e-7)
-  chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-7, atol=1e-6)
+  # The micro-batches sum the gradient in another order and Adam divides by its root mean
+  # square, so a weight after two steps may move by a few 1e-5 of itself (one of 768 by 3.7e-5
+  # on an AVX-512 machine); a micro-batch left out moves them by far more.
+  chex.assert_trees_all_close(got[:2], ref[:2], rtol=1e-4, atol=1e-6)
 
 
 def test_later_epochs_move_the_experts_and_not_the_router(setup):
