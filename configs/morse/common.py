@@ -113,7 +113,9 @@ def base() -> ml_collections.ConfigDict:
   # eval.record_prompts: the eval records (eval_<split>.jsonl) also hold each executor prompt;
   # eval.engine: the tasks' DAGs on the generation engine, each node when its parents are done
   # (`mas/engine_run.py`, the same outcomes), not in waves (`runner.run`); demo_cpu's evaluation:
-  # the same records in 44.9 s against 79.5 s (2 shared CPU cores, compile caches warm)
+  # the same records in 44.9 s against 79.5 s (2 shared CPU cores, compile caches warm); the
+  # baselines' calls too (`baselines.EngineBackbone`), though at 4 tasks on a CPU the static
+  # sampler's rounds were faster (ChatChain, Qwen2.5-Coder-1.5B: 818 s against 1,150; RESULTS)
   c.eval = ml_collections.ConfigDict(dict(max_new_tokens=1024, tasks_per_batch=8, before="",
                                           record_prompts=False, engine=True))
   # The code sandbox (docs/SECURITY.md): "bubblewrap" (required: without it model code does not
