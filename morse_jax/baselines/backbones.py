@@ -23,9 +23,9 @@ from morse_jax import llm
 from morse_jax.baselines.flow import Answer, Ask, Chat, Pending
 from morse_jax.llm.engine import Engine, EngineConfig, Request
 from morse_jax.mas.agents import Agents
+from morse_jax.mas.engine_run import PAGE_SIZE
 
 log = logging.getLogger(__name__)
-PAGE_SIZE = 16
 ROW_PROMPT = 4096  # prompt tokens an engine row holds beside the budget (longer: static sampler)
 
 
@@ -109,9 +109,8 @@ class EngineBackbone:
     if len(prompt) + self.limit > self.engine.config.max_len:
       return self._static(pending, prompt, f"{len(prompt)} prompt tokens + the budget "
                           f"{self.limit} exceed the engine's rows of {self.engine.config.max_len}")
-    settings = llm.GenerationSettings.for_model(self.agents.model, self.limit,
-                                                sampling_of(pending.ask))
-    request = Request(prompt, self.limit, settings.sampling, settings.eos_ids, pending.key)
+    # stop_ids None: the model's, as the static sampler stops
+    request = Request(prompt, self.limit, sampling_of(pending.ask), rng=pending.key)
     self.live[self.engine.submit(request)] = (pending, prompt)
 
   def _static(self, pending: Pending, prompt: list[int], why: str) -> None:
