@@ -30,6 +30,24 @@ def threads_seconds(threads) -> float:
   return time.perf_counter() - start
 
 
+def greedy_chat(url: str, messages: list[dict], max_tokens: int) -> dict:
+  """One greedy POST /v1/chat/completions to a server at `url` (http://host:port); its reply
+  JSON (a status other than 200 raises)."""
+  import http.client
+
+  host, port = url.split("//")[1].split(":")
+  conn = http.client.HTTPConnection(host, int(port), timeout=3600)
+  body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+  conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+               headers={"Content-Type": "application/json"})
+  resp = conn.getresponse()
+  out = json.loads(resp.read())
+  conn.close()
+  if resp.status != 200:
+    raise RuntimeError(f"status {resp.status}: {out}")
+  return out
+
+
 def write_report(name: str, out: str | None, **fields) -> dict:
   """Adds machine and library versions to `fields`, writes JSON to `out` when given."""
   import jax

@@ -24,8 +24,6 @@ each one's fastest run is reported (every run is kept under `runs`).
 from __future__ import annotations
 
 import dataclasses
-import http.client
-import json
 import threading
 
 from absl import app, flags
@@ -33,7 +31,7 @@ from absl import app, flags
 from apex_jax.judges import InProcessChat, serving
 from apex_jax.judges.protocol import ChatLimits
 from apex_jax.tools.server import running
-from benchmarks.common import bench_model, threads_seconds, write_report
+from benchmarks.common import bench_model, greedy_chat, threads_seconds, write_report
 
 _MODEL = flags.DEFINE_string("model", "tiny", "tiny, smollm2, or a Hugging Face folder.")
 _REQUESTS = flags.DEFINE_integer("requests", 32, "Concurrent requests per load.")
@@ -64,18 +62,8 @@ def uniform_budgets(total: int, n: int) -> list[int]:
 
 def ask(url: str, content: str, max_tokens: int) -> int:
   """One greedy chat request; its completion tokens."""
-  host, port = url.split("//")[1].split(":")
-  conn = http.client.HTTPConnection(host, int(port), timeout=3600)
-  body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-          "temperature": 0.0}
-  conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-               headers={"Content-Type": "application/json"})
-  resp = conn.getresponse()
-  out = json.loads(resp.read())
-  conn.close()
-  if resp.status != 200:
-    raise RuntimeError(f"status {resp.status}: {out}")
-  return out["usage"]["completion_tokens"]
+  reply = greedy_chat(url, [{"role": "user", "content": content}], max_tokens)
+  return reply["usage"]["completion_tokens"]
 
 
 def load(url: str, budgets: list[int], first: int = 0) -> dict:

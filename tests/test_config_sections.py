@@ -247,6 +247,10 @@ def test_the_toy_configs_are_the_committed_toys_runs():
     got = toy(apex.get_config(str(run)))
     assert {k: got[k] for k in used} == {k: logged[line][k] for k in used}, run
   assert apex.get_config("12").out == "assets/toy_apex"  # the committed run
+  # the comparison systems' toy: run 13 from the committed one, as its own log has it
+  mia = apex.get_config(str(apex.MIA_FORMS))
+  assert (mia.init, mia.out, mia.corpus.mia_share) == ("assets/toy_apex", "assets/toy_apex_mia", 0.5)
+  assert toy(mia) == logged_toy_configs("toy_apex_mia_pretrain.log")[0]
   assert apex.get_config("8").out == apex.get_config("12").init == "/tmp/toy_apex_8"
   assert apex.get_config("7").out == apex.get_config("8").init == "/tmp/toy_apex_7"
   assert apex.get_config("5").out == apex.get_config("7").init == "/tmp/toy_apex_5"

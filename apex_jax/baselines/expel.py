@@ -23,14 +23,14 @@ from typing import Sequence
 import jax
 
 from apex_jax.agents.conversation import Conversation
-from apex_jax.baselines import prompts
+from apex_jax.agents import baseline_prompts as prompts
 from apex_jax.memory import DistillerError, Memory, MemoryBank, NewMemory, extract_json_object
 
 log = logging.getLogger(__name__)
 
 OPERATIONS = ("AGREE", "EDIT", "ADD")
 ERROR_KINDS = ("no_json", "missing_field", "operation", "rule_number", "rule_content")
-SIMILAR = 3  # Expel.py: the top-3 similar memories' rules
+SIMILAR = prompts.EXPEL_SIMILAR
 OTHERS = "others"  # MIA's memory servers classify every question as "others": one bucket
 
 

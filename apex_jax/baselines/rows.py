@@ -18,7 +18,7 @@ import jax
 
 from apex_jax.agents import prompts as apex_prompts
 from apex_jax.agents.generator import with_experts
-from apex_jax.baselines import prompts
+from apex_jax.agents import baseline_prompts as prompts
 from apex_jax.baselines.expel import OTHERS, RuleBook
 from apex_jax.baselines.systems import MEMORY_SYSTEMS, Parts, Run, check_system, run_system
 from apex_jax.experiment import Experiment, fresh_bank_path

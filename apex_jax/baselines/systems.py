@@ -24,7 +24,7 @@ import jax
 
 from apex_jax.agents import Executor, Planner, run_episode
 from apex_jax.agents.trajectory import Trajectory
-from apex_jax.baselines import prompts
+from apex_jax.agents import baseline_prompts as prompts
 from apex_jax.baselines.expel import OTHERS, nearest
 from apex_jax.memory import MemoryBank
 from apex_jax.memory import skills as skills_lib

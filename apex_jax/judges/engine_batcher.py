@@ -86,14 +86,16 @@ class EngineBatcher(QueueWorker):
   thread_name = "chat-engine"
 
   def __init__(self, chat: InProcessChat, max_batch: int = 64, max_queue: int = 256,
-               cache_tokens: int = 1 << 16, step_tokens: int = 8):
+               cache_tokens: int = 1 << 16, step_tokens: int = 8, prefix_cache: bool = False):
     if max_batch < 1:
       raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     for name, value in (("cache_tokens", cache_tokens), ("step_tokens", step_tokens)):
       if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     self.chat, self.max_batch = chat, max_batch
-    self.cache_tokens, self.step_tokens = cache_tokens, step_tokens
+    if not isinstance(prefix_cache, bool):
+      raise ValueError(f"prefix_cache must be a bool, got {prefix_cache!r}")
+    self.cache_tokens, self.step_tokens, self.prefix_cache = cache_tokens, step_tokens, prefix_cache
     self.calls = self.rows = 0
     self.engines: dict[int, tuple[Engine, object]] = {}  # id(route chat) -> (engine, its row)
     self.live: list[_Job] = []
@@ -112,7 +114,7 @@ class EngineBatcher(QueueWorker):
   def engine(self, chat: InProcessChat) -> tuple[Engine, object]:
     if id(chat) not in self.engines:
       self.engines[id(chat)] = build_engine(chat, self.max_batch, self.cache_tokens,
-                                            self.step_tokens)
+                                            self.step_tokens, prefix_cache=self.prefix_cache)
     return self.engines[id(chat)]
 
   # -- the loop -----------------------------------------------------------------------------

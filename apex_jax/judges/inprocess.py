@@ -112,11 +112,13 @@ def runs_on_engine(chat) -> bool:
 
 
 def build_engine(chat: "InProcessChat", slots: int, cache_tokens: int, step_tokens: int = 8,
-                 max_len: int | None = None) -> tuple[Engine, object]:
+                 max_len: int | None = None, prefix_cache: bool = False) -> tuple[Engine, object]:
   """(an engine for `chat`'s route, the route row each of its requests carries: None without
   an adapter). Rows hold up to `max_len` tokens (None: `chat.max_context`); the pool
   `cache_tokens` (at least one full row), so admission waits for pages when long requests fill
-  it; `step_tokens` new tokens per row per step."""
+  it; `step_tokens` new tokens per row per step; `prefix_cache`: `EngineConfig.prefix_cache`
+  (the server's, `ChatLimits.prefix_cache`; the in-process judges keep it off, so that a judge's
+  numbers never depend on which calls came before it)."""
   max_len = max_len or chat.max_context
   tokens = max(cache_tokens, max_len)
   # Decode programs per multiple of slots / 8 live rows (at least 4): as a ragged load's rows
@@ -126,7 +128,7 @@ def build_engine(chat: "InProcessChat", slots: int, cache_tokens: int, step_toke
   config = EngineConfig(slots=slots, max_len=max_len, page_size=PAGE_SIZE,
                         num_pages=-(-tokens // PAGE_SIZE) + 1,  # + the trash page
                         steps_per_call=step_tokens, decode_row_step=max(4, slots // 8),
-                        prefill_order="longest")
+                        prefill_order="longest", prefix_cache=prefix_cache)
   adapter = route = None
   if chat.route is not None:
     r = chat.route

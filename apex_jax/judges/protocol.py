@@ -48,6 +48,8 @@ class ChatLimits(HttpLimits):
   chunk_tokens: int = 128  # merged calls (`ChatBatcher`): new tokens per row per turn
   step_tokens: int = 8  # the engine: new tokens per row per step (streamed text comes per step)
   cache_tokens: int = 65536  # the engine's KV pool per route (at least one row of the context)
+  prefix_cache: bool = True  # the engine keeps finished requests' full KV pages: a chat's next
+  # turn (its history sent again) or a shared system prompt prefills only what is new
 
 
 class ApiError(Exception):

@@ -274,7 +274,7 @@ class ChatServer(JsonServer):
       raise ValueError("engine=True needs every route to be an InProcessChat on one device")
     if engine:
       return EngineBatcher(self.chat, max_batch, self.limits.max_queue, self.limits.cache_tokens,
-                           self.limits.step_tokens)
+                           self.limits.step_tokens, self.limits.prefix_cache)
     return ChatBatcher(self.chat, max_batch, self.limits.max_queue, self.limits.chunk_tokens)
 
   def prepare(self, req: ChatRequest) -> tuple[str, InProcessChat, list[list[int]]]:

@@ -26,7 +26,7 @@ from apex_jax.datasets.world_records import invented_words
 from apex_jax.memory.records import Memory
 from apex_jax.tools.overlap import WordSearch
 from apex_jax.toy import corpus as C
-from apex_jax.toy import judging, reading
+from apex_jax.toy import judging, mia_forms, reading
 
 
 def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig = C.CorpusConfig(),
@@ -37,6 +37,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
   names = [e.name for e in world.entities.values()]
   stats, turns = collections.Counter(), []
   memories: dict[str, list[tuple[Memory, str | None]]] = collections.defaultdict(list)
+  mia_state = (collections.defaultdict(list), collections.defaultdict(list))  # cases, rules
   for ex in world.examples:
     spaced = corpus_config.spaced_copies
     gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
@@ -84,6 +85,9 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
       turns.append(judging.alignment_conversation(
           ex, C.skill_reply(ex.category, earlier, None, [])["skill"], rng))
       stats["judge_align"] += 1
+    if corpus_config.mia_share:
+      turns += _mia_drills(world, ex, gold, plan, run, run_correct, (trace, searched, kind),
+                           mia_state, searcher, config, corpus_config, rng, stats)
     flow = C.workflow(remembered)
     if C.record_step(ex) is not None and rng.random() < corpus_config.memory_noise:
       flow = C.noisy_workflow(flow, rng)
@@ -109,6 +113,54 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     stats["reading"] += len(drills)
     stats["reading_missed"] += missed
   return turns, stats
+
+
+def _mia_drills(world: World, ex, gold, plan, run, run_correct, judged, state, searcher,
+                config: AgentConfig, corpus_config: C.CorpusConfig, rng: random.Random,
+                stats) -> list[dict]:
+  """The comparison systems' drills of one question (`mia_forms`), mia_share of the questions;
+  every question's first plan goes into its category's Memento cases (as Memento stores
+  episodes) and each drilled rule call's operation into its rule bank."""
+  cases, rules = state[0][ex.category], state[1][ex.category]
+  out = []
+  if rng.random() < corpus_config.mia_share:
+    trace, searched, kind = judged
+    shown = [m for m in cases if m.correct][-2:] + [m for m in cases if not m.correct][-2:]
+    out.append(mia_forms.memento_conversation(ex, trace, searched, kind is None, shown, config))
+    out.append(mia_forms.expel_rule_conversation(ex, run, run_correct, rules, config, rng))
+    stats["mia_memento"] += 1
+    stats[f"mia_expel_{out[-1]['operation'].lower()}"] += 1
+    if rules:
+      rule = rng.choice(rules)
+      drill = mia_forms.expel_execute_conversation(
+          ex, rule, lambda word: _run_reading(world, ex, gold, word, searcher, config,
+                                              corpus_config, rng), config)
+      if drill is None:
+        stats["mia_rule_missed"] += 1
+      else:
+        out.append(drill)
+        stats["mia_rule_execute"] += 1
+  first_plan = plan or C.numbered(C.plan_steps(ex))
+  cases.append(Memory(len(cases) + 1, ex.category, C.MODALITY, ex.question, first_plan,
+                      "correct" if run_correct else "incorrect"))
+  return out
+
+
+def _run_reading(world: World, ex, gold, word, searcher, config: AgentConfig,
+                 corpus_config: C.CorpusConfig, rng: random.Random):
+  """The executor run of `ex` that reads `word`'s record (None: the unguided guess,
+  `record_guess`); the gold run for a question without a record step; None when the entity
+  has no such record or a search misses."""
+  if C.record_step(ex) is None:
+    return gold
+  records = _owner(world)[ex.chain[C.record_step(ex)].passage_id]
+  words = [r.word for r in records]
+  if word is None:
+    word = words[0] if corpus_config.record_guess == "first" else rng.choice(words)
+  if word not in words:
+    return None
+  return C.executor_rounds(C.reread(ex, records, word), searcher, config,
+                           spaced=corpus_config.spaced_copies)
 
 
 def _negatives(memories: Sequence[tuple[Memory, str | None]], corpus_config: C.CorpusConfig,

@@ -82,6 +82,9 @@ class CorpusConfig:
   # picked at random from the listing ("random"), or the first one listed ("first"): a rule the
   # toy can follow greedily, and since each entity's listing is shuffled, its unguided guesses
   # spread over the words, so memory building finds every category's word (RESULTS, run 10)
+  mia_share: float = 0.0  # questions that also get the comparison systems' drills
+  # (`mia_forms`): Memento's plan from its cases, ExpeL's rule call and the executor with a rule,
+  # so that the toy meets their prompt forms as it meets APEx's (issue 57: none favoured)
   fresh_record_words: float = 0.0  # planner conversations of a procedure category whose record
   # words are swapped, consistently in prompt and replies, for words drawn anew: the run-8
   # planner garbled the word a memory showed (`girnal` for `girnos`; RESULTS, "The procedure
@@ -94,7 +97,8 @@ class CorpusConfig:
 
   def __post_init__(self):
     for name in ("plan_share", "negative_share", "summary_share", "context_share", "judge_share",
-                 "align_share", "word_plan_share", "memory_noise", "fresh_record_words"):
+                 "align_share", "word_plan_share", "memory_noise", "fresh_record_words",
+                 "mia_share"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"CorpusConfig.{name} must be in [0, 1], got {value!r}")
@@ -309,14 +313,21 @@ def swap_words(conversation: dict, swap: dict[str, str]) -> dict:
   return out
 
 
+_SHOWN = object()  # planner_conversation's word: the one its context shows
+
+
 def planner_conversation(example: QAExample, trace: list[dict], searched: int, correct: bool,
-                         config: AgentConfig, context: tuple[str, str] | None = None) -> dict:
+                         config: AgentConfig, context: tuple[str, str] | None = None, *,
+                         opening: list[dict] | None = None, word=_SHOWN) -> dict:
   """context: (skill text, memory text) shown in the plan prompt (None: no skill, no memory).
-  A record step names the word the context shows (`shown_record_word`), if any."""
+  A record step names the word the context shows (`shown_record_word`), if any. opening, word:
+  another system's plan prompt and the word it shows (`mia_forms`: Memento's cases)."""
   skill, memory = context or (prompts.NO_SKILL, skills_lib.render_memories([], []).strip())
-  word = shown_record_word(skill, memory) if record_step(example) is not None else None
-  opening = prompts.plan_messages(skill, memory, example.question, config.plan_word_limit,
-                                  config.prompt_style)
+  if word is _SHOWN:
+    word = shown_record_word(skill, memory) if record_step(example) is not None else None
+  if opening is None:
+    opening = prompts.plan_messages(skill, memory, example.question, config.plan_word_limit,
+                                    config.prompt_style)
   n = example.hops
   supported = "in" if correct else "not in"
   decision = (f"<think>{searched} of {n} searches done; the answer is {supported} the "

@@ -1,4 +1,5 @@
-"""The APEx toy's pretraining runs (`assets/toy_apex` is run `COMMITTED`):
+"""The APEx toy's pretraining runs (`assets/toy_apex` is run `COMMITTED`; `assets/toy_apex_mia`, run
+`MIA_FORMS`, is that toy also taught the comparison systems' prompt forms, for their table):
 
   python -m launchers.pretrain_toy --config=configs/toy/apex.py:<run>
 
@@ -42,8 +43,13 @@ RUNS = {
     12: (dict(steps=240, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=12),
          dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
               spaced_copies=True, context_share=0.7, context_negatives=2, decoy_negatives=True)),
+    13: (dict(steps=160, lr=5e-4, warmup=5, buckets=(384, 640, 1024, 1536), seed=13),
+         dict(judge_share=0.1, align_share=0.1, distill_batches=8, reading_hops=3,
+              spaced_copies=True, context_share=0.7, context_negatives=2, decoy_negatives=True,
+              mia_share=0.5)),
 }
 COMMITTED = 12  # the run whose model is assets/toy_apex
+MIA_FORMS = 13  # run 12 also taught the comparison systems' prompt forms too: assets/toy_apex_mia
 DATA = {5: dict(worlds=30, apex_other_share=0.25),
         6: dict(worlds=20, apex_other_share=0.5, world_procedures=True),
         7: dict(worlds=30, apex_other_share=0.4, world_procedures=True),
@@ -51,11 +57,14 @@ DATA = {5: dict(worlds=30, apex_other_share=0.25),
         9: dict(worlds=30, apex_other_share=0.5, world_procedures=True),
         10: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
         11: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
-        12: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
-PARENT = {6: 5, 7: 5, 10: 8, 11: 8, 12: 8}  # the run a run continues, where it is not the one before
+        12: dict(worlds=30, apex_other_share=0.3, world_procedures=True),
+        13: dict(worlds=30, apex_other_share=0.3, world_procedures=True)}
+PARENT = {6: 5, 7: 5, 10: 8, 11: 8, 12: 8, 13: 12}  # the run a run continues, where it is not the one before
 
 
 def out_dir(run: int) -> str:
+  if run == MIA_FORMS:
+    return "assets/toy_apex_mia"
   return "assets/toy_apex" if run == COMMITTED else f"/tmp/toy_apex_{run}"
 
 

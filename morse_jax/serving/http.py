@@ -54,6 +54,10 @@ class HttpLimits:
   def __post_init__(self):
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
+      if isinstance(f.default, bool):  # a switch, not a bound
+        if not isinstance(value, bool):
+          raise ValueError(f"{type(self).__name__}.{f.name} must be a bool, got {value!r}")
+        continue
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{type(self).__name__}.{f.name} must be a positive number, got "
                          f"{value!r}")
@@ -604,7 +608,8 @@ def define_limit_flags(cls, skip=()):
   for f in dataclasses.fields(cls):
     if f.name in skip:
       continue
-    define = flags.DEFINE_float if isinstance(f.default, float) else flags.DEFINE_integer
+    define = (flags.DEFINE_bool if isinstance(f.default, bool) else
+              flags.DEFINE_float if isinstance(f.default, float) else flags.DEFINE_integer)
     holders[f.name] = define(f.name, f.default, f"Server limit {cls.__name__}.{f.name}.")
   return lambda **overrides: cls(**{n: h.value for n, h in holders.items()}, **overrides)
 

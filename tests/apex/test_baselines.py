@@ -6,6 +6,7 @@ Words the tests look for are w-words: the tiny tokenizer knows only w0..w89 as w
 a prompt decoded from its tokens keeps them (and turns every other word into <unk>)."""
 
 import json
+import os
 import re
 import types
 
@@ -14,8 +15,9 @@ import pytest
 
 from apex_jax import experiment, pipeline, seeds
 from apex_jax.agents import AgentConfig
+from apex_jax.agents import baseline_prompts as prompts
 from apex_jax.agents import prompts as apex_prompts
-from apex_jax.baselines import SYSTEMS, Parts, expel, prompts, rows, run_system
+from apex_jax.baselines import SYSTEMS, Parts, expel, rows, run_system
 from apex_jax.memory import MemoryBank, MemoryConfig
 from apex_jax.tools import render_tool_call
 from configs.apex import baselines as baselines_config
@@ -259,6 +261,9 @@ def test_a_memory_system_needs_its_bank_and_names_are_checked():
   with pytest.raises(ValueError, match="'ragg' not in"):
     baselines_config.get_config("react,ragg")
   assert baselines_config.get_config(None).eval.baselines == SYSTEMS
+  toy = baselines_config.get_config("react").model.path  # every row on the toy taught MIA's forms
+  assert toy.endswith(os.path.join("assets", "toy_apex_mia"))
+  assert os.path.isfile(os.path.join(toy, "model.safetensors"))
   assert baselines_config.get_config("memento, react").eval.baselines == ("memento", "react")
 
 

@@ -177,7 +177,9 @@ def left_padded_generate(ref_model, rows, pixels, grids, steps):
   return ids, mask, ref
 
 
-@pytest.mark.parametrize("use_cache", [False, True])
+# without the cache (a full forward a token: ~13 s) only in the slow run; the cached path is
+# the one generation takes
+@pytest.mark.parametrize("use_cache", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_greedy_batch_rows_with_their_own_image_offsets(vl_model, use_cache):
   """Three left-padded rows: a 448 x 448 image (offset 256 - 16 = 240 tokens back), a small one,
   text only; each row decodes from its own largest position, as transformers' `generate`."""

@@ -182,3 +182,29 @@ def test_a_stop_string_ends_its_row_early(server):
   assert texts(out)[0] == whole[:whole.find(stop)]
   assert out["choices"][0]["finish_reason"] == "stop"
   assert out["usage"]["completion_tokens"] < 40  # cancelled at the step it appeared in
+
+
+def test_a_conversations_next_turn_prefills_only_what_is_new(endless):
+  """ChatLimits.prefix_cache: the next turn (the first turn's messages, its reply and a new
+  message, as a chat client sends it) starts after the first turn's full pages, left in the
+  engine's cache; both replies are those of a server without the cache."""
+  got = {}
+  for cache in (True, False):
+    chat = InProcessChat(endless, max_context=256)
+    srv = serving.make_server(chat, "tiny", port=0, default_max_tokens=8,
+                              limits=dataclasses.replace(LIMITS, prefix_cache=cache))
+    with running(srv):
+      first = texts(post(srv, {"messages": MSG, "max_tokens": 40, "temperature": 0.0})[1])
+      turn = MSG + [{"role": "assistant", "content": first[0]},
+                    {"role": "user", "content": "w4 w5"}]
+      engine, _ = srv.batcher.engine(chat)
+      hit, prefilled = engine.stats["prefix_pages_hit"], engine.stats["prefill_tokens"]
+      second = texts(post(srv, {"messages": turn, "max_tokens": 8, "temperature": 0.0})[1])
+      got[cache] = (first, second, engine.stats["prefix_pages_hit"] - hit,
+                    engine.stats["prefill_tokens"] - prefilled, len(chat.prompt_tokens(turn)))
+  assert got[True][:2] == got[False][:2]
+  hit, prefilled, prompt = got[True][2:]
+  assert hit >= 2 and prefilled == prompt - hit * engine.config.page_size
+  assert got[False][2:4] == (0, prompt)
+  with pytest.raises(ValueError, match="ChatLimits.prefix_cache must be a bool, got 1"):
+    ChatLimits(prefix_cache=1)

@@ -77,6 +77,7 @@ Your output should only contain the guideline, with no additional explanations.
 **[Question]** (Global Objective): 
 {question}
 """
+EXPEL_SIMILAR = 3  # Expel.py: the rules of the top-3 similar memories are shown
 NO_MEMORY = "\n### Retrieved Relevant Memories:\nNone found."
 
 # Memory-Serve/Expel.py EXPEL_PROMPT. MIA constrains the reply with a JSON schema
