@@ -34,6 +34,10 @@ from apex_jax.memory.records import Memory
 from apex_jax.toy import corpus as C
 
 AVOID = "Avoid: "  # a rule written from a failed trial
+# rule calls shown no rule at all: memory building's first batch sees an empty bank (RuleBook
+# shows the bank as it stood before the batch: the demo's first 6 of 24 questions); drilled only
+# as each category's first question (5 %), run 13's first toy answered AGREE to "None"
+NO_RULES_SHARE = 0.3
 
 
 def record_word_of(text: str) -> str | None:
@@ -92,9 +96,11 @@ def apply_operation(rules: list[str], shown_at: Sequence[int], op: dict) -> None
 
 def expel_rule_conversation(example: QAExample, run, correct: bool, rules: list[str],
                             config: AgentConfig, rng: random.Random) -> dict:
-  """ExpeL's rule call on this run with up to EXPEL_SIMILAR of the category's rules (a random pick,
-  as cosine ranks a category's questions about alike), the reply applied to `rules`."""
-  shown_at = sorted(rng.sample(range(len(rules)), min(mia.EXPEL_SIMILAR, len(rules))))
+  """ExpeL's rule call on this run with up to EXPEL_SIMILAR of the category's rules (a random
+  pick, as cosine ranks a category's questions about alike; none in NO_RULES_SHARE of the
+  calls), the reply applied to `rules`."""
+  k = 0 if rng.random() < NO_RULES_SHARE else min(mia.EXPEL_SIMILAR, len(rules))
+  shown_at = sorted(rng.sample(range(len(rules)), k))
   rng.shuffle(shown_at)
   shown = [rules[i] for i in shown_at]
   trace = apex_prompts.render_trace(example.question, run,

@@ -70,8 +70,16 @@ def test_killed_and_resumed_run_equals_unbroken_run(trainer, tmp_path):
   assert sum(row[f"expert_usage/{k}"] for k in range(2, 6)) == 8 * 2  # two subtask experts a row
 
 
-def test_checkpoint_of_another_run_is_refused(trainer, tmp_path):
-  run(trainer, tmp_path, 2)
+@pytest.fixture(scope="module")
+def two_steps(trainer, tmp_path_factory):
+  """A run of 2 steps, its checkpoint at step 2: what the restore tests read (never write)."""
+  directory = tmp_path_factory.mktemp("two_steps")
+  run(trainer, directory, 2)
+  return directory
+
+
+def test_checkpoint_of_another_run_is_refused(trainer, two_steps):
+  tmp_path = two_steps
   other = trainer_lib.Trainer(trainer.model, shapes.LORA, shapes.RCFG,
                               dataclasses.replace(shapes.STEP, expert_lr=1e-3), ROLLOUT,
                               embed_dim=shapes.EMB_DIM)
@@ -107,10 +115,10 @@ def test_ppo_epochs_move_experts_further_and_the_router_once(trainer):
   assert m1["expert_loss"] == pytest.approx(m2["expert_loss"], rel=1e-5)  # first epoch's metrics
 
 
-def test_execution_only_settings_resume_the_same_run(trainer, tmp_path):
+def test_execution_only_settings_resume_the_same_run(trainer, two_steps):
   """A run stopped by the OOM killer may resume with layers recomputed or rows split: they
   leave the update's result unchanged, so they are not part of the checkpoint's metadata."""
-  run(trainer, tmp_path, 2)
+  tmp_path = two_steps
   other = trainer_lib.Trainer(trainer.model, shapes.LORA, shapes.RCFG,
                               dataclasses.replace(shapes.STEP, remat=True, micro_batches=2),
                               ROLLOUT, embed_dim=shapes.EMB_DIM)

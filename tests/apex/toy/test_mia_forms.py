@@ -68,18 +68,22 @@ def test_memento_drill_is_mementos_chat_and_names_only_a_positive_cases_word(dri
 
 def test_expel_replies_parse_as_the_rule_book_reads_them(drilled):
   turns, _ = drilled
-  ops = collections.Counter()
+  ops, empty = collections.Counter(), 0
   for t in _forms(turns, "expel_rule"):
     text = t["messages"][0]["content"]
     rules = text.split("Rules:\n", 1)[1].split("\nOne rule for this question", 1)[0]
     shown = len(re.findall(r"^\d+: ", rules, flags=re.M))
     op = parse_rule_op(t["target"], max(shown, 1))
     ops[op.operation] += 1
+    if shown == 0:  # an empty bank (memory building's first batch): only ADD applies
+      assert op.operation == "ADD"
+      empty += 1
     assert op.operation == t["operation"]
     if op.operation == "ADD":
       failed = "Failure:\nQuestion:" in text
       assert op.rule_content.startswith(mia_forms.AVOID) == failed
   assert ops["ADD"] and ops["AGREE"]
+  assert empty >= 0.2 * sum(ops.values())  # drilled often enough to be learnt (NO_RULES_SHARE)
 
 
 @pytest.mark.parametrize("correct, word, shown, want", [
