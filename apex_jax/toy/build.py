@@ -38,6 +38,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
   stats, turns = collections.Counter(), []
   memories: dict[str, list[tuple[Memory, str | None]]] = collections.defaultdict(list)
   mia_state = (collections.defaultdict(list), collections.defaultdict(list))  # cases, rules
+  owner = _owner(world)  # record passage id -> its entity's records
   for ex in world.examples:
     spaced = corpus_config.spaced_copies
     gold = C.executor_rounds(ex, searcher, config, spaced=spaced)
@@ -47,7 +48,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
     plan = C.numbered(C.plan_steps(ex)) if rng.random() < corpus_config.plan_share else None
     run, run_correct = gold, True  # the executor's run: what a memory of the episode stores
     if C.record_step(ex) is not None:
-      plan, run, run_correct = _record_run(world, ex, gold, plan is not None, searcher, config,
+      plan, run, run_correct = _record_run(owner, ex, gold, plan is not None, searcher, config,
                                            corpus_config, rng, stats)
       if run is None:
         continue
@@ -86,7 +87,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
           ex, C.skill_reply(ex.category, earlier, None, [])["skill"], rng))
       stats["judge_align"] += 1
     if corpus_config.mia_share:
-      turns += _mia_drills(world, ex, gold, plan, run, run_correct, (trace, searched, kind),
+      turns += _mia_drills(owner, ex, gold, plan, run, run_correct, (trace, searched, kind),
                            mia_state, searcher, config, corpus_config, rng, stats)
     flow = C.workflow(remembered)
     if C.record_step(ex) is not None and rng.random() < corpus_config.memory_noise:
@@ -115,7 +116,7 @@ def world_turns(world: World, config: AgentConfig, corpus_config: C.CorpusConfig
   return turns, stats
 
 
-def _mia_drills(world: World, ex, gold, plan, run, run_correct, judged, state, searcher,
+def _mia_drills(owner: dict, ex, gold, plan, run, run_correct, judged, state, searcher,
                 config: AgentConfig, corpus_config: C.CorpusConfig, rng: random.Random,
                 stats) -> list[dict]:
   """The comparison systems' drills of one question (`mia_forms`), mia_share of the questions;
@@ -133,7 +134,7 @@ def _mia_drills(world: World, ex, gold, plan, run, run_correct, judged, state, s
     if rules:
       rule = rng.choice(rules)
       drill = mia_forms.expel_execute_conversation(
-          ex, rule, lambda word: _run_reading(world, ex, gold, word, searcher, config,
+          ex, rule, lambda word: _run_reading(owner, ex, gold, word, searcher, config,
                                               corpus_config, rng), config)
       if drill is None:
         stats["mia_rule_missed"] += 1
@@ -146,19 +147,31 @@ def _mia_drills(world: World, ex, gold, plan, run, run_correct, judged, state, s
   return out
 
 
-def _run_reading(world: World, ex, gold, word, searcher, config: AgentConfig,
+def _run_reading(owner: dict, ex, gold, word, searcher, config: AgentConfig,
                  corpus_config: C.CorpusConfig, rng: random.Random):
   """The executor run of `ex` that reads `word`'s record (None: the unguided guess,
   `record_guess`); the gold run for a question without a record step; None when the entity
   has no such record or a search misses."""
   if C.record_step(ex) is None:
     return gold
-  records = _owner(world)[ex.chain[C.record_step(ex)].passage_id]
-  words = [r.word for r in records]
+  records = owner[ex.chain[C.record_step(ex)].passage_id]
   if word is None:
-    word = words[0] if corpus_config.record_guess == "first" else rng.choice(words)
-  if word not in words:
+    word = _guess(records, corpus_config, rng)
+  if word not in [r.word for r in records]:
     return None
+  return _reading(ex, records, word, searcher, config, corpus_config)
+
+
+def _guess(records, corpus_config: C.CorpusConfig, rng: random.Random) -> str:
+  """The record an unguided executor reads: the listing's first or a random one
+  (`record_guess`)."""
+  words = [r.word for r in records]  # in the listing's order
+  return words[0] if corpus_config.record_guess == "first" else rng.choice(words)
+
+
+def _reading(ex, records, word: str, searcher, config: AgentConfig,
+             corpus_config: C.CorpusConfig):
+  """The executor run of `ex` reading `word`'s record (None when a search misses)."""
   return C.executor_rounds(C.reread(ex, records, word), searcher, config,
                            spaced=corpus_config.spaced_copies)
 
@@ -173,22 +186,20 @@ def _negatives(memories: Sequence[tuple[Memory, str | None]], corpus_config: C.C
   return bad[len(bad) - corpus_config.context_negatives:]
 
 
-def _record_run(world: World, ex, gold_run, planned: bool, searcher, config: AgentConfig,
+def _record_run(owner: dict, ex, gold_run, planned: bool, searcher, config: AgentConfig,
                 corpus_config: C.CorpusConfig, rng: random.Random, stats):
   """(plan, executor run, correct) of a procedure question: with a plan naming the record word
   (word_plan_share of the plans) the gold run; else (the generic plan, or none) a run reading a
   record of the entity's listing (a random one, or the first: `record_guess`). The run is None when its search misses."""
   gold = ex.chain[C.record_step(ex)]
-  records = _owner(world)[gold.passage_id]
+  records = owner[gold.passage_id]
   if planned and rng.random() < corpus_config.word_plan_share:
     word = gold.query[:-len(" record")].rsplit(" ", 1)[1]
     stats["record_word_plan"] += 1
     return C.numbered(C.plan_steps(ex, word)), gold_run, True
   plan = C.numbered(C.plan_steps(ex)) if planned else None
-  words = [r.word for r in records]  # in the listing's order
-  guess = words[0] if corpus_config.record_guess == "first" else rng.choice(words)
-  run = C.executor_rounds(C.reread(ex, records, guess), searcher, config,
-                          spaced=corpus_config.spaced_copies)
+  guess = _guess(records, corpus_config, rng)
+  run = _reading(ex, records, guess, searcher, config, corpus_config)
   correct = guess == gold.passage_id.rsplit("-", 1)[1]
   stats["record_guess_right" if correct else "record_guess_wrong"] += 1
   if run is None:

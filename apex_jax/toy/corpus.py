@@ -254,10 +254,15 @@ def conversation(role: str, opening: list[dict], replies: Sequence[str],
 
 
 def executor_conversation(example: QAExample, turns: list[dict], plan: str | None,
-                          config: AgentConfig) -> dict:
-  opening = prompts.executor_messages(example.question, plan, config.prompt_style)
+                          config: AgentConfig, opening: list[dict] | None = None,
+                          **extra) -> dict:
+  """opening: another system's executor prompt (`mia_forms`: ExpeL's rule after the question);
+  None: APEx's, with `plan`."""
+  if opening is None:
+    opening = prompts.executor_messages(example.question, plan, config.prompt_style)
   follow = [[prompts.tool_message(t["tool_output"])] for t in turns[:-1]]
-  return conversation("apex_execute", opening, [t["text"] for t in turns], follow, example.id)
+  return conversation("apex_execute", opening, [t["text"] for t in turns], follow, example.id,
+                      **extra)
 
 
 # -------------------------------------------------------------------------------- planner

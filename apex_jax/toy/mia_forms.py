@@ -26,9 +26,9 @@ import json
 import random
 from typing import Callable, Sequence
 
+from apex_jax.agents import baseline_prompts as mia
 from apex_jax.agents import prompts as apex_prompts
 from apex_jax.agents.config import AgentConfig
-from apex_jax.agents import baseline_prompts as mia
 from apex_jax.datasets.records import QAExample
 from apex_jax.memory.records import Memory
 from apex_jax.toy import corpus as C
@@ -64,7 +64,7 @@ def memento_conversation(example: QAExample, trace, searched: int, correct: bool
   opening = mia.memento_messages(example.question, text, config.prompts)
   conv = C.planner_conversation(example, trace, searched, correct, config, opening=opening,
                                 word=word)
-  return {**conv, "role": "apex_plan", "form": "memento"}
+  return {**conv, "form": "memento"}
 
 
 def rule_operation(correct: bool, word: str | None, shown: Sequence[str],
@@ -121,7 +121,6 @@ def expel_execute_conversation(example: QAExample, rule: str,
   run = run_for(rule_word(rule) if C.record_step(example) is not None else None)
   if run is None:
     return None
-  opening = mia.rule_messages(example.question, rule, config.prompts)
-  follow = [[apex_prompts.tool_message(t["tool_output"])] for t in run[:-1]]
-  return C.conversation("apex_execute", opening, [t["text"] for t in run], follow, example.id,
-                        form="expel_execute")
+  return C.executor_conversation(example, run, None, config,
+                                 mia.rule_messages(example.question, rule, config.prompts),
+                                 form="expel_execute")
