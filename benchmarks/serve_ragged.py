@@ -43,6 +43,7 @@ _REPEATS = flags.DEFINE_integer("repeats", 1, "Ragged and uniform loads, alterna
 _CACHE = flags.DEFINE_integer("cache_tokens", 1 << 16, "The engine's KV pool in tokens "
                               "(ChatLimits.cache_tokens).")
 _ENGINE = flags.DEFINE_bool("engine", True, "Generate on the engine (else merged sampler calls).")
+_PREFIX = flags.DEFINE_bool("prefix_cache", True, "The engine's prefix cache (ChatLimits).")
 _OUT = flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
 
 
@@ -94,7 +95,8 @@ def main(_):
   n = _REQUESTS.value
   model = load_model(_MODEL.value)
   limits = ChatLimits(max_tokens=max(_MAX.value, 8 * n), max_batch=n, max_queue=max(256, n),
-                      max_connections=max(64, n + 8), cache_tokens=_CACHE.value)
+                      max_connections=max(64, n + 8), cache_tokens=_CACHE.value,
+                      prefix_cache=_PREFIX.value)
   chat = InProcessChat(model, max_context=min(1024, model.config.max_position_embeddings))
   srv = serving.make_server(chat, _MODEL.value, port=0, default_max_tokens=8, limits=limits,
                             engine=_ENGINE.value)
@@ -117,6 +119,7 @@ def main(_):
   ratio = loads["ragged"]["tokens_per_s"] / loads["uniform"]["tokens_per_s"]
   print(f"ragged_over_uniform (best runs): {ratio:.3f}")
   write_report("serve_ragged", _OUT.value, model=_MODEL.value, requests=n,
+               prefix_cache=_PREFIX.value,
                batcher=type(srv.batcher).__name__, warmup_seconds=warm["seconds"],
                ragged=loads["ragged"], uniform=loads["uniform"], ragged_over_uniform=ratio,
                runs=runs)
