@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: venv bubblewrap demo demo-apex real-model real-model-qwen test test-all bench clean
+.PHONY: venv bubblewrap demo demo-apex demo-apex-vision real-model real-model-qwen test test-all bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ demo: venv
 # "The procedure demo on three worlds"); configs/apex/demo_cpu.py is the chain on a plain world
 demo-apex: venv
 	$(BIN)/python -m launchers.train --config=configs/apex/demo_procedures.py
+
+# the vision toy on image questions: with / without the image-search tool and text-image memories
+demo-apex-vision: venv
+	$(BIN)/python -m launchers.train --config=configs/apex/demo_vision.py
 
 # SmolLM2-135M-Instruct as a Hugging Face folder at the `smollm2_135m` preset's default path.
 REAL_MODEL_DIR ?= $(HOME)/.cache/morse_jax/models/SmolLM2-135M-Instruct

@@ -24,6 +24,11 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint at INFO
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  if config.get("system") == "apex" and config.get("systems"):  # configs/apex/demo_vision.py
+    from apex_jax import vision_demo
+
+    vision_demo.run(config)
+    return
   if config.get("system") == "apex" and config.get("seeds"):  # the chain once per seed
     from apex_jax import seeds
 

@@ -172,6 +172,14 @@ APEX = {
         ttrl=(dataclasses.replace(DEMO_APEX["ttrl"][0], store="majority"), RULE_AGENTS)),
     ("demo_smollm2", None): dict(DEMO_APEX, agents=SMOLLM2_AGENTS,  # no stage, no TTRL
                                  stages=dict.fromkeys(STAGE_ORDER), ttrl=None),
+    # the vision demo: no stage, no TTRL (each system's initial experts with its own bank)
+    # workflow summaries by rule; the VL rows sample on the static VL sampler (no engine)
+    ("demo_vision", None): dict(DEMO_APEX, agents=dataclasses.replace(DEMO_AGENTS, summaries="rule"),
+                                stages=dict.fromkeys(STAGE_ORDER), ttrl=None),
+    ("demo_vision", "tool,no_text_image"): dict(
+        DEMO_APEX, agents=dataclasses.replace(DEMO_AGENTS, summaries="rule"),
+        bank=dataclasses.replace(DEMO_APEX["bank"], text_image=False),
+        stages=dict.fromkeys(STAGE_ORDER), ttrl=None),
     ("paper", None): PAPER,
     ("paper", "model=/m,judge=http://j:8002/v1,data=hotpotqa:/d,index=/i"): PAPER,
 }

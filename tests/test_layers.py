@@ -26,7 +26,7 @@ AROUND = ("configs", "launchers", "benchmarks")
 # imports only layers below its own (morse_jax and third parties aside).
 APEX = (("memory", "tools", "plots"), ("judges",), ("datasets", "agents"), ("training",),
         ("toy", "experiment", "ablations", "row_scores"), ("baselines",), ("pipeline",),
-        ("seeds",))
+        ("seeds",), ("vision_demo",))
 
 
 def _others(*keep: str) -> tuple[str, ...]:

@@ -66,7 +66,7 @@ class ImageSearch:
     if not os.path.isdir(folder):
       raise ImageSearchError(f"{folder}: no cached results for id {data_id!r}")
     titles = _titles(os.path.join(folder, "meta.json"))
-    text, found, kept = HEADER, [], []
+    found, kept = [], []
     for i, title in enumerate(titles):
       if len(found) == self.max_results:
         break
@@ -77,8 +77,14 @@ class ImageSearch:
       except images.ImageError as e:
         raise ImageSearchError(str(e)) from None
       kept.append(title)
-      text += f"{len(found)}. title: {title}\n{images.MARKER}\n"
-    return ImageResults(text, tuple(found), tuple(kept))
+    return ImageResults(results_text(kept), tuple(found), tuple(kept))
+
+
+def results_text(titles) -> str:
+  """The tool's text for results of these titles: HEADER, then "k. title: ...", one image
+  marker each (the toy's drills write the same text: apex_jax.toy.vision_drills)."""
+  return HEADER + "".join(f"{k}. title: {t}\n{images.MARKER}\n"
+                          for k, t in enumerate(titles, 1))
 
 
 def _titles(meta_path: str) -> list[str]:

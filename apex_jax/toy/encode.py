@@ -6,7 +6,8 @@ message as a chat-template delta (no newline after a generated <|im_end|>, as wh
 The loss mask is 1 on every reply and its <|im_end|>, 0 on prompts, tool outputs and follow-ups:
   loss = sum_t mask_t * -log p(x_t | x_<t) / sum_t mask_t.
 A turn without rounds encodes exactly as `morse_jax.toy.sft.encode` does, so MoRSE turns and
-APEx conversations share one encoder.
+APEx conversations share one encoder. With a VL chat tokenizer (`agents.vl_generator`), a turn's
+"images" (the vision toy's drills) make its `<image>` markers image blocks.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from apex_jax.agents.conversation import ChatDeltas, Conversation
+from apex_jax.agents.conversation import ChatDeltas, chat_ids, markers
 from morse_jax import llm
 from morse_jax.toy import tokenizer as toy_tokenizer
 
@@ -27,15 +28,17 @@ def _wrap(tok) -> llm.Tokenizer:
 def encode_rounds(turn: dict[str, Any], tok, deltas: ChatDeltas | None = None
                   ) -> tuple[np.ndarray, np.ndarray, list[int]]:
   """(tokens [n], loss_mask [n], the end position of each reply, its <|im_end|> included)."""
-  tok = _wrap(tok)
-  im_end = tok.hf.convert_tokens_to_ids(toy_tokenizer.IM_END)
-  conv = Conversation.start(tok, list(turn["messages"]))
-  tokens, mask, ends = conv.tokens(), [0.0] * len(conv), []
+  vl = getattr(tok, "takes_images", False)  # a VlChatTokenizer: the turn's markers are images
+  tok = tok if vl else _wrap(tok)
+  im_end = (tok.base if vl else tok).hf.convert_tokens_to_ids(toy_tokenizer.IM_END)
+  shown = (lambda messages: markers(messages)) if vl and turn.get("images") else (lambda _: 0)
+  tokens = chat_ids(tok, list(turn["messages"]), shown(turn["messages"]))
+  mask, ends = [0.0] * len(tokens), []
   rounds = [([], turn["target"])] + [(r["messages"], r["target"]) for r in turn.get("rounds", ())]
   for i, (messages, target) in enumerate(rounds):
     if i:
       deltas = deltas or ChatDeltas(tok)
-      ids = deltas(messages)
+      ids = deltas(messages, shown(messages))
       tokens += ids
       mask += [0.0] * len(ids)
     reply = tok.encode(target) + [im_end]
@@ -56,7 +59,7 @@ def examples(turns: Sequence[dict[str, Any]], tok, max_len: int, cut_rounds: boo
   """(encoded turns, dropped, cut): a conversation longer than max_len is cut after its last
   reply that fits whole (cut_rounds; the replies before it are complete examples of their
   turns), else dropped, as is a single-turn one (its reply would be partial)."""
-  tok = _wrap(tok)
+  tok = tok if getattr(tok, "takes_images", False) else _wrap(tok)
   deltas = ChatDeltas(tok)
   out, dropped, cut = [], 0, 0
   for turn in turns:

@@ -39,7 +39,7 @@ from morse_jax.llm.vision import Grid, VisionConfig, VisionParams
 
 @dataclasses.dataclass(frozen=True)
 class VlConfig:
-  text: LlmConfig  # a qwen2 config with mrope_section
+  text: LlmConfig  # a qwen2 (or, in our toy, qwen3) config with mrope_section
   vision: VisionConfig
   image_token_id: int
   video_token_id: int | None = None
@@ -51,7 +51,10 @@ class VlConfig:
     if hf.get("model_type") != "qwen2_5_vl":
       raise ConfigError(f"{source}: model_type {hf.get('model_type')!r} is not 'qwen2_5_vl'")
     text = dict(hf.get("text_config") or hf)  # transformers 5 nests it; older files are flat
-    text["model_type"] = "qwen2"
+    # "qwen3": a Qwen3 language model (q / k norms) behind the tower. No transformers class has
+    # that pair; the APEx vision toy is one (its language model is the committed text toy,
+    # apex_jax.toy.vision_train). Any other spelling is Qwen2.5-VL's own Qwen2 decoder.
+    text["model_type"] = "qwen3" if text.get("model_type") == "qwen3" else "qwen2"
     text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings")
                                        or text.get("tie_word_embeddings"))
     text_config = LlmConfig.from_hf_dict(text, source)
@@ -144,6 +147,59 @@ def load(path: str, dtype=jnp.float32) -> VlModel:
   tokenizer = load_tokenizer(path)
   return VlModel(config=config, params=params, hf_config=hf_config, tokenizer=tokenizer,
                  stop_ids=stop_ids(path, tokenizer))
+
+
+def save(model: VlModel, path: str) -> None:
+  """Writes the folder `load` reads: config.json (`text_config`, `vision_config`, the image
+  token ids), one model.safetensors (`model.*` / `lm_head.weight` and `visual.*` as the Hub
+  names them) and the tokenizer."""
+  from safetensors.numpy import save_file
+
+  path = os.path.abspath(os.path.expanduser(path))
+  os.makedirs(path, exist_ok=True)
+  config = model.config
+  tensors = hf_io.hf_tensors(model.params.text, config.text)
+
+  def add(weight, array):
+    array = np.asarray(array)
+    if not weight.stacked:
+      tensors[weight.hf] = np.ascontiguousarray(array)
+      return
+    for i in range(config.vision.depth):
+      tensors[weight.hf.format(i=i)] = np.ascontiguousarray(array[i])
+
+  jax.tree.map(add, vision.VISION_WEIGHTS, jax.device_get(model.params.vision))
+  tmp = os.path.join(path, "model.safetensors.tmp")
+  save_file(tensors, tmp, metadata={"format": "pt"})
+  os.replace(tmp, os.path.join(path, "model.safetensors"))
+  v = config.vision
+  hf = {**model.hf_config, "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        # without them transformers' config classes (read by the tokenizer's loader) put in
+        # Qwen2.5-VL's own ids, which a smaller vocabulary does not have
+        "bos_token_id": None, "eos_token_id": list(model.stop_ids) or None,
+        "text_config": {**config.text.to_hf_dict(), "bos_token_id": None,
+                        "eos_token_id": list(model.stop_ids) or None},
+        "vision_config": {"depth": v.depth, "hidden_size": v.hidden_size,
+                          "intermediate_size": v.intermediate_size, "num_heads": v.num_heads,
+                          "out_hidden_size": v.out_hidden_size,
+                          "fullatt_block_indexes": list(v.fullatt_block_indexes),
+                          "window_size": v.window_size, "patch_size": v.patch_size,
+                          "temporal_patch_size": v.temporal_patch_size,
+                          "spatial_merge_size": v.spatial_merge_size,
+                          "in_channels": v.in_channels, "hidden_act": "silu",
+                          "rope_parameters": {"rope_theta": v.rope_theta}},
+        "image_token_id": config.image_token_id, "video_token_id": config.video_token_id,
+        "vision_start_token_id": config.vision_start_token_id,
+        "vision_end_token_id": config.vision_end_token_id,
+        "tie_word_embeddings": config.text.tie_word_embeddings,
+        "dtype": str(jnp.dtype(model.params.text.embed.dtype))}
+  hf_io._atomic_write_json(hf, os.path.join(path, "config.json"))
+  if model.stop_ids:
+    hf_io._atomic_write_json({"eos_token_id": list(model.stop_ids)},
+                             os.path.join(path, "generation_config.json"))
+  if model.tokenizer is not None:
+    model.tokenizer.save(path)
 
 
 # ---- prompts ----
