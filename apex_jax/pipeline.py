@@ -274,14 +274,14 @@ def ttrl_phase(exp: Experiment, experts, bank: MemoryBank, panel: JudgeBackends,
   `experts` for every module (its episodes, summaries and evolution run on them). frozen: the
   planner is not updated (FrozenUpdater): the bank grows as that system's TTRL would grow it."""
   t = settings(TtrlPhase, exp.config.ttrl, "ttrl")
-  queries = [Query(ex.question, ex.caption, category=ex.category, data_id=ex.id)
-             for ex in exp.test]
+  queries = [Query(ex.question, ex.caption, category=ex.category, data_id=ex.id,
+                   images=tuple(ex.images[:1])) for ex in exp.test]
   updater = exp.updater
   if frozen:
     updater = FrozenUpdater.of(updater)
   return run_ttrl(updater, experts, queries, bank, exp.generator,
                   rollouts.TtrlEpisodes(exp.searcher, bank, agents_for(exp, t, "ttrl"),
-                                        t.summarize),
+                                        t.summarize, image_search=exp.image_search),
                   panel, None, evolve_fn=rollouts.evolve_with(exp.evolving_agents()),
                   config=t.ttrl(len(queries)), rng=rng, logdir=logdir,
                   checkpoint_dir=checkpoint_dir, checkpoint_every=t.checkpoint_every,

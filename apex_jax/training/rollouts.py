@@ -46,6 +46,7 @@ from apex_jax.datasets.image_qa import episode_inputs
 from apex_jax.judges.skill_judge import SkillItem
 from apex_jax.memory import format_batch
 from apex_jax.memory.schema import as_bucket
+from apex_jax.tools import images as images_lib
 from apex_jax.training import rewards as rw
 from apex_jax.training.accuracy import RULES, AccuracyItem, as_accuracy, rule_accuracy
 from apex_jax.training.ttrl import PlannerEpisode
@@ -297,17 +298,25 @@ class TtrlEpisodes:
   bank: object
   agent_config: AgentConfig
   summarize: bool = True
+  image_search: object = None  # the image questions' tool (experiment.image_searcher)
 
   def __call__(self, queries, contexts, generator, rng, config) -> list[list[PlannerEpisode]]:
     cfg = dataclasses.replace(self.agent_config, temperature=config.temperature,
                               planner_max_new_tokens=config.max_new_tokens)
     g = config.group_size
     k_episode, k_summary = jax.random.split(rng)
-    episodes = run_episode(Planner(generator, cfg), Executor(generator, self.searcher, cfg),
-                           [q.question for q in _repeat(queries, g)], rng=k_episode,
+    repeated = _repeat(queries, g)
+    # a query with an image: the executor's first turn shows it and may call the image search
+    # on its cache id, as in memory building, the stages and the evaluation
+    images = [images_lib.decode_base64(q.images[0], f"query {q.data_id!r} images[0]")
+              if q.images else None for q in repeated]
+    executor = Executor(generator, self.searcher, cfg, image_search=self.image_search)
+    episodes = run_episode(Planner(generator, cfg), executor,
+                           [q.question for q in repeated], rng=k_episode,
                            bank=self.bank,
                            categories=[c.bucket.category for c in _repeat(contexts, g)],
-                           captions=[q.caption for q in _repeat(queries, g)])
+                           captions=[q.caption for q in repeated], images=images,
+                           data_ids=[q.data_id if q.images else None for q in repeated])
     traces = [episode_trace(ep) for ep in episodes]
     summaries = [None] * len(traces)
     if self.summarize:  # the judges still read the whole trace; the bank stores the summary

@@ -124,7 +124,14 @@ class Query:
   caption: str | None = None
   category: str | None = None  # None: the bank's classifier routes it
   modality: str | None = None
-  data_id: str | None = None
+  data_id: str | None = None  # the image-search cache's folder for the question's image
+  images: tuple[str, ...] = ()  # the question's image as its example carries it (data URL)
+
+  def identity(self) -> tuple:
+    """What a checkpoint's run identity records of the query (a text query's as before images
+    were carried, so its runs still resume)."""
+    fields = (self.question, self.caption, self.category, self.modality, self.data_id)
+    return fields + ((self.images,) if self.images else ())
 
 
 @dataclasses.dataclass
@@ -336,7 +343,7 @@ def _records(updater: ModuleUpdater, config: TtrlConfig, queries: Sequence[Query
   queries, from this key)."""
   meta = record(model=updater.model.config, lora=updater.lora, step=updater.step,
                 ttrl=phase_record(config))
-  return meta, record(ttrl=meta, queries=fingerprint([dataclasses.astuple(q) for q in queries]),
+  return meta, record(ttrl=meta, queries=fingerprint([q.identity() for q in queries]),
                       rng=rng)
 
 

@@ -2,6 +2,7 @@
 by the authors' rules, loss masks on generated tokens only, the TTRL episode and evolve hooks."""
 
 import base64
+import dataclasses
 import io
 import json
 
@@ -20,6 +21,7 @@ from apex_jax.training.stages import StageConfig
 from apex_jax.agents.trajectory import Trajectory
 from morse_jax.rl.rollout import Segment, pack
 from tests.apex.agents import fakes
+from tests.apex.agents.test_executor_images import IMAGE_CALL, cache
 from tests.apex.training import test_ttrl
 from tests.apex.training.test_ttrl import OneHotEmbedder
 
@@ -348,3 +350,32 @@ def test_image_examples_bring_caption_image_and_cache_id_to_the_agents(gen, tmp_
   # the word-level test vocabulary keeps only the w-words: the question, then its caption
   plan_prompts = [gen.tokenizer.decode(p).split() for p in gen.prompts[:2]]
   assert plan_prompts[0][-2:] == ["w40", "w70"] and "w70" not in plan_prompts[1]
+
+
+def test_ttrl_image_queries_show_their_image_and_may_call_the_image_search(tmp_path):
+  buffer = io.BytesIO()
+  Image.new("RGB", (8, 8), (3, 4, 5)).save(buffer, "PNG")
+  image = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+  def replies(module, prompt, call):  # every executor calls the image search first
+    if module != "executor":
+      return reply(module, prompt, call)
+    return IMAGE_CALL if turn_of(prompt) == 0 else "<think>w5</think><answer>w7</answer>"
+
+  reply.distiller_rows = 0
+  bank = bank_with_memories(tmp_path)
+  queries = [ttrl.Query(" w40", "w70", category="time", data_id="q1", images=(image,)),
+             ttrl.Query("w41", category="time")]
+  contexts = [bank.planner_context(q.question, q.caption, category="time") for q in queries]
+  fn = rollouts.TtrlEpisodes(fakes.FakeSearcher(), bank, AgentConfig(), summarize=False,
+                             image_search=cache(tmp_path))
+  groups = fn(queries, contexts, fakes.ScriptedGenerator(replies), RNG,
+              ttrl.TtrlConfig(steps=1, batch_size=2, group_size=2, max_new_tokens=16))
+  for ep in groups[0]:  # the image query's runs: the results came back, then the answer
+    assert "[Image Search Results]" in ep.workflow and "title: w20" in ep.workflow
+    assert ep.answer == "w7"
+  for ep in groups[1]:  # the text query is offered no image tool: its call gets no results
+    assert "web_image_to_image_search" in ep.workflow and "Image Search Results" not in ep.workflow
+  # a text query's run identity is what it was before queries carried images (runs resume)
+  assert queries[1].identity() == dataclasses.astuple(queries[1])[:5]
+  assert queries[0].identity()[-1] == (image,)
