@@ -118,6 +118,13 @@ def image_conversations(seed: int, entities: int, questions: int, config: AgentC
   return out
 
 
+def reading_conversations(seed: int, variant: int) -> list[dict]:
+  """The reading drill on every entity's emblem of world `seed` (`variant` of each)."""
+  world = World.generate(seed, 120, 64, image_share=0.5)
+  return [vision_drills.reading_conversation(world, e, variant) | {"kind": "apex_see"}
+          for e in world.entities]
+
+
 def text_conversations(seeds, entities: int, questions: int, config: AgentConfig) -> list[dict]:
   turns, _ = build.corpus(seeds, entities, questions, config, CorpusConfig(**TEXT_CORPUS))
   return [t | {"kind": "text"} for t in turns]
@@ -208,7 +215,8 @@ def optimizer(steps: int, lr: float, tower_lr: float):
   labels = lambda p: vl.VlParams(text=jax.tree.map(lambda _: "text", p.text),
                                  vision=jax.tree.map(lambda _: "vision", p.vision))
   return optax.chain(optax.clip_by_global_norm(1.0), optax.multi_transform(
-      {"text": optax.adamw(schedule(lr), b1=0.9, b2=0.95, weight_decay=0.0),
+      {"text": optax.set_to_zero() if lr == 0 else  # --lr=0: the language model frozen
+               optax.adamw(schedule(lr), b1=0.9, b2=0.95, weight_decay=0.0),
        "vision": optax.adamw(schedule(tower_lr), b1=0.9, b2=0.95, weight_decay=0.0)}, labels))
 
 
@@ -288,11 +296,17 @@ def main(argv):
   rng = random.Random(F.seed)
   train_seeds = [F.world_seed + i for i in range(F.worlds)]
   held_seed = F.world_seed + 100000
-  images = [c for s in train_seeds for c in image_conversations(s, 120, 64, agent, rng)]
-  text = text_conversations(train_seeds, 120, 64, agent)
-  keep = rng.sample(text, min(len(text), int(F.text_share * len(images))))
-  held = image_conversations(held_seed, 120, 64, agent, random.Random(held_seed), read_variant=0)
-  held_text = text_conversations([held_seed], 120, 64, agent)[:64]
+  if F.rows == "reading":  # the reading drill alone: every emblem's 4 search-result copies
+    images, keep = [c for s in train_seeds for v in range(1, 5)
+                    for c in reading_conversations(s, v)], []
+    held, held_text = reading_conversations(held_seed, 0), []
+  else:
+    images = [c for s in train_seeds for c in image_conversations(s, 120, 64, agent, rng)]
+    text = text_conversations(train_seeds, 120, 64, agent)
+    keep = rng.sample(text, min(len(text), int(F.text_share * len(images))))
+    held = image_conversations(held_seed, 120, 64, agent, random.Random(held_seed),
+                               read_variant=0)
+    held_text = text_conversations([held_seed], 120, 64, agent)[:64]
   buckets = tuple(F.buckets)
   start_id = config.vision_start_token_id
   train = rows(images + keep, tok, max(buckets), start_id)
@@ -311,7 +325,7 @@ def main(argv):
   record({"command": "python -m apex_jax.toy.vision_train", "init": F.init, "out": F.out,
           "steps": F.steps, "batch": F.batch, "lr": F.lr, "tower_lr": F.tower_lr,
           "image_size": F.image_size, "worlds": train_seeds, "held_out_world": held_seed,
-          "text_share": F.text_share, "seed": F.seed,
+          "text_share": F.text_share, "rows_kind": F.rows, "seed": F.seed,
           "rows": dict(collections.Counter(r.kind for r in train)),
           "held_out_rows": dict(collections.Counter(r.kind for r in held_rows)),
           "params_language_model": config.text.num_params(),
@@ -377,6 +391,8 @@ def define_flags() -> None:
   flags.DEFINE_multi_integer("buckets", [384, 640, 1024, 1536], "Row length buckets.")
   flags.DEFINE_integer("seed", 0, "Tower, sampling and batch seed.")
   flags.DEFINE_string("log", None, "Append the run's JSON lines to this file.")
+  flags.DEFINE_enum("rows", "all", ["all", "reading"], "all: the drills and the text toy's "
+                    "conversations; reading: the reading drill alone (4 copies of each emblem).")
   flags.DEFINE_bool("reading_only", False, "Only print --init's greedy reading of the held-out "
                     "world's emblems.")
 

@@ -69,3 +69,29 @@ def test_the_training_loss_is_vl_forwards_row_by_row(model):
     want = -sum(float(logp[t, r.tokens[t + 1]]) for t in range(len(r.tokens) - 1) if r.mask[t + 1])
     assert n[k] == r.mask[1:].sum()
     np.testing.assert_allclose(nll[k], want, rtol=2e-5)
+
+
+@pytest.mark.slow  # ~30 s alone: a second compile of the whole model's gradient
+def test_a_reading_run_at_lr_0_trains_the_tower_alone(model):
+  import optax
+
+  rows = vt.rows(vt.reading_conversations(11, 2)[:2], VlChatTokenizer(model.tokenizer, 56), 256,
+                 model.config.vision_start_token_id)
+  assert [len(r.images) for r in rows] == [1, 1]
+  pixels = vt.Pixels(model.config.vision, 56)
+  arrays = vt.batch_arrays(rows, max(len(r.tokens) for r in rows), 56, model.config, pixels,
+                           model.tokenizer.pad_id)
+  opt = vt.optimizer(steps=2, lr=0.0, tower_lr=1e-3)
+
+  def loss(p):
+    nll, n, _ = vt.loss_sums(p, model.config, pixels.grid, arrays)
+    return nll.sum() / n.sum()
+
+  after, state = model.params, opt.init(model.params)
+  for _ in range(2):  # the schedule's first step is the warmup's 0
+    updates, state = opt.update(jax.grad(loss)(after), state, after)
+    after = optax.apply_updates(after, updates)
+  for a, b in zip(jax.tree.leaves(model.params.text), jax.tree.leaves(after.text)):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(model.params.vision),
+                                                      jax.tree.leaves(after.vision)))
