@@ -2,8 +2,14 @@
 Qwen2.5-VL vision tower, taught on this CPU to read the synthetic world's emblems and to run its
 image questions.
 
-  python -m apex_jax.toy.vision_train --out=assets/toy_apex_vision \
-      --log=assets/toy_apex_vision_pretrain.log
+  python -m apex_jax.toy.vision_train --steps=300 --out=/tmp/vt1 --log=LOG          # run 1
+  python -m apex_jax.toy.vision_train --init=/tmp/vt1 --steps=200 --seed=1 --out=/tmp/vt2 \
+      --log=LOG                                                                     # run 2
+  python -m apex_jax.toy.vision_train --init=/tmp/vt2 --rows=reading --lr=0 --steps=300 \
+      --batch=32 --buckets=128 --seed=2 --out=assets/toy_apex_vision --log=LOG      # run 3
+
+(LOG: assets/toy_apex_vision_pretrain.log; docs/RESULTS.md, "The demo that sees", says what
+each run taught and measured.)
 
 The model (`assemble`): the text toy (`--init`, a Qwen3: q / k norms) with Qwen2.5-VL's vision
 tokens added to its tokenizer and embedding (their rows start at the mean embedding), its rotary
