@@ -86,7 +86,9 @@ def old_ttrl_records(updater, config, queries, rng):
   meta = json.loads(json.dumps({
       "model": dataclasses.asdict(updater.model.config), "lora": dataclasses.asdict(updater.lora),
       "step": old_step_identity(updater.step), "ttrl": old_phase(config)}))
-  return meta, {"ttrl": meta, "queries": fingerprint([dataclasses.astuple(q) for q in queries]),
+  # the old code fingerprinted astuple(query): the five fields a Query had before it carried images
+  old_fields = [(q.question, q.caption, q.category, q.modality, q.data_id) for q in queries]
+  return meta, {"ttrl": meta, "queries": fingerprint(old_fields),
                 "rng": old_rng(rng)}
 
 
