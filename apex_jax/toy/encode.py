@@ -63,17 +63,26 @@ def examples(turns: Sequence[dict[str, Any]], tok, max_len: int, cut_rounds: boo
   deltas = ChatDeltas(tok)
   out, dropped, cut = [], 0, 0
   for turn in turns:
-    tokens, mask, ends = encode_rounds(turn, tok, deltas)
-    if len(tokens) <= max_len:
-      out.append((tokens, mask))
-      continue
-    fit = [e for e in ends if e <= max_len] if cut_rounds else []
-    if fit:
-      cut += 1
-      out.append((tokens[:fit[-1]], mask[:fit[-1]]))
-    else:
+    got, was_cut = example(turn, tok, max_len, deltas, cut_rounds)
+    if got is None:
       dropped += 1
+    else:
+      out.append(got)
+      cut += was_cut
   return out, dropped, cut
+
+
+def example(turn: dict[str, Any], tok, max_len: int, deltas: ChatDeltas,
+            cut_rounds: bool = True) -> tuple[tuple[np.ndarray, np.ndarray] | None, bool]:
+  """One conversation as `examples` encodes it: ((tokens, mask) or None when dropped, whether it
+  was cut). tok: as `examples` passes it (wrapped, or a VL chat tokenizer)."""
+  tokens, mask, ends = encode_rounds(turn, tok, deltas)
+  if len(tokens) <= max_len:
+    return (tokens, mask), False
+  fit = [e for e in ends if e <= max_len] if cut_rounds else []
+  if not fit:
+    return None, False
+  return (tokens[:fit[-1]], mask[:fit[-1]]), True
 
 
 def texts(turns: Sequence[dict[str, Any]]) -> list[str]:

@@ -47,6 +47,7 @@ import optax
 from absl import app, flags
 
 from apex_jax.agents.config import AgentConfig
+from apex_jax.agents.conversation import ChatDeltas
 from apex_jax.agents.prompts import numbered
 from apex_jax.agents.vl_generator import VlChatTokenizer
 from apex_jax.datasets.world import World
@@ -104,8 +105,7 @@ def image_conversations(seed: int, entities: int, questions: int, config: AgentC
   earlier image questions' memories, with captions (a text-image bank) or without, even odds."""
   world = World.generate(seed, entities, questions, image_share=0.5)
   searcher = WordSearch(world.passages, config.topk)
-  out = [vision_drills.reading_conversation(world, e, read_variant) | {"kind": "apex_see"}
-         for e in world.entities]
+  out = readings(world, (read_variant,))
   earlier = collections.defaultdict(list)  # category -> its questions' gold runs so far
   for ex in (e for e in world.examples if e.images):
     plan = numbered(vision_drills.plan_steps(world, ex)) if rng.random() < plan_share else None
@@ -124,11 +124,15 @@ def image_conversations(seed: int, entities: int, questions: int, config: AgentC
   return out
 
 
-def reading_conversations(seed: int, variant: int) -> list[dict]:
-  """The reading drill on every entity's emblem of world `seed` (`variant` of each)."""
-  world = World.generate(seed, 120, 64, image_share=0.5)
-  return [vision_drills.reading_conversation(world, e, variant) | {"kind": "apex_see"}
-          for e in world.entities]
+def readings(world, variants) -> list[dict]:
+  """The reading drill on every entity's emblem of `world`, each of `variants` of it."""
+  return [vision_drills.reading_conversation(world, e, v) | {"kind": "apex_see"}
+          for v in variants for e in world.entities]
+
+
+def reading_conversations(seed: int, variants) -> list[dict]:
+  """`readings` of world `seed` (the drills' worlds: 120 entities, 64 questions)."""
+  return readings(World.generate(seed, 120, 64, image_share=0.5), variants)
 
 
 def text_conversations(seeds, entities: int, questions: int, config: AgentConfig) -> list[dict]:
@@ -147,12 +151,12 @@ class Row:
 def rows(conversations, tok: VlChatTokenizer, max_len: int, start_id: int) -> list[Row]:
   """Each conversation's encoded row (cut or dropped as `encode.examples` does), with the
   recipes of the image blocks it keeps."""
-  out = []
+  out, deltas = [], ChatDeltas(tok)
   for c in conversations:
-    got, _, _ = encode.examples([c], tok, max_len)
-    if not got:
+    got, _ = encode.example(c, tok, max_len, deltas)
+    if got is None:
       continue
-    tokens, mask = got[0]
+    tokens, mask = got
     shown = int((tokens == start_id).sum())
     out.append(Row(tokens, mask, list(c.get("images", ()))[:shown], c["kind"]))
   return out
@@ -167,7 +171,7 @@ class Pixels:
     self.blank, self.grid = vision.patchify(vision.normalize(blank), config)
 
   def __call__(self, recipe) -> np.ndarray:
-    key = (recipe[0], recipe[1], recipe[2])
+    key = tuple(recipe)
     if key not in self.cache:
       image = vision_drills.render_images([recipe])[0]
       self.cache[key] = vision.patchify(vision.normalize(images_lib.resized(image, self.size)),
@@ -262,10 +266,9 @@ def reading_accuracy(model: vl.VlModel, seed: int, size: int, batch: int = 40,
                      steps: int = 40) -> dict:
   """Greedy captions of every entity's emblem (the question's image, variant 0) of world
   `seed`: the share with each attribute's word right and with every word right."""
-  world = World.generate(seed, 120, 64, image_share=0.5)
   tok = VlChatTokenizer(model.tokenizer, image_size=size)
   pixels = Pixels(model.config.vision, size)
-  convs = [vision_drills.reading_conversation(world, e) for e in world.entities]
+  convs = reading_conversations(seed, (0,))
   prompt = tok.apply_chat_template(convs[0]["messages"], images=1)
   said = []
   for i in range(0, len(convs), batch):
@@ -303,9 +306,8 @@ def main(argv):
   train_seeds = [F.world_seed + i for i in range(F.worlds)]
   held_seed = F.world_seed + 100000
   if F.rows == "reading":  # the reading drill alone: every emblem's 4 search-result copies
-    images, keep = [c for s in train_seeds for v in range(1, 5)
-                    for c in reading_conversations(s, v)], []
-    held, held_text = reading_conversations(held_seed, 0), []
+    images, keep = [c for s in train_seeds for c in reading_conversations(s, range(1, 5))], []
+    held, held_text = reading_conversations(held_seed, (0,)), []
   else:
     images = [c for s in train_seeds for c in image_conversations(s, 120, 64, agent, rng)]
     text = text_conversations(train_seeds, 120, 64, agent)

@@ -75,7 +75,7 @@ def test_the_training_loss_is_vl_forwards_row_by_row(model):
 def test_a_reading_run_at_lr_0_trains_the_tower_alone(model):
   import optax
 
-  rows = vt.rows(vt.reading_conversations(11, 2)[:2], VlChatTokenizer(model.tokenizer, 56), 256,
+  rows = vt.rows(vt.reading_conversations(11, (2,))[:2], VlChatTokenizer(model.tokenizer, 56), 256,
                  model.config.vision_start_token_id)
   assert [len(r.images) for r in rows] == [1, 1]
   pixels = vt.Pixels(model.config.vision, 56)
