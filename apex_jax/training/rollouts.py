@@ -308,8 +308,8 @@ class TtrlEpisodes:
     repeated = _repeat(queries, g)
     # a query with an image: the executor's first turn shows it and may call the image search
     # on its cache id, as in memory building, the stages and the evaluation
-    images = [images_lib.decode_base64(q.images[0], f"query {q.data_id!r} images[0]")
-              if q.images else None for q in repeated]
+    images = _repeat([images_lib.decode_base64(q.images[0], f"query {q.data_id!r} images[0]")
+                      if q.images else None for q in queries], g)  # each decoded once
     executor = Executor(generator, self.searcher, cfg, image_search=self.image_search)
     episodes = run_episode(Planner(generator, cfg), executor,
                            [q.question for q in repeated], rng=k_episode,
