@@ -130,16 +130,22 @@ def assemble_params(config: LlmConfig, dtype,
 
 def hf_tensors(params: Params, config: LlmConfig) -> dict[str, np.ndarray]:
   """Our params as a flat dict of Hugging Face tensor names -> numpy arrays."""
+  return named_tensors(declared(config), params, config.num_layers)
+
+
+def named_tensors(weights, params, layers: int) -> dict[str, np.ndarray]:
+  """A params tree as Hugging Face tensor names -> numpy arrays, by its tree of `Weight`
+  declarations (a stacked weight: one tensor per layer, "{i}" in its name)."""
   out: dict[str, np.ndarray] = {}
 
   def add(weight: Weight, array) -> None:
     if not weight.stacked:
       out[weight.hf] = np.ascontiguousarray(array)
       return
-    for i in range(config.num_layers):
+    for i in range(layers):
       out[weight.hf.format(i=i)] = np.ascontiguousarray(array[i])
 
-  jax.tree.map(add, declared(config), jax.device_get(params))
+  jax.tree.map(add, weights, jax.device_get(params))
   return out
 
 

@@ -158,17 +158,9 @@ def save(model: VlModel, path: str) -> None:
   path = os.path.abspath(os.path.expanduser(path))
   os.makedirs(path, exist_ok=True)
   config = model.config
-  tensors = hf_io.hf_tensors(model.params.text, config.text)
-
-  def add(weight, array):
-    array = np.asarray(array)
-    if not weight.stacked:
-      tensors[weight.hf] = np.ascontiguousarray(array)
-      return
-    for i in range(config.vision.depth):
-      tensors[weight.hf.format(i=i)] = np.ascontiguousarray(array[i])
-
-  jax.tree.map(add, vision.VISION_WEIGHTS, jax.device_get(model.params.vision))
+  tensors = {**hf_io.hf_tensors(model.params.text, config.text),
+             **hf_io.named_tensors(vision.VISION_WEIGHTS, model.params.vision,
+                                   config.vision.depth)}
   tmp = os.path.join(path, "model.safetensors.tmp")
   save_file(tensors, tmp, metadata={"format": "pt"})
   os.replace(tmp, os.path.join(path, "model.safetensors"))
