@@ -18,6 +18,8 @@ transformers' batched `generate` (`--transformers`, on by default for a model fo
 the static side's batches left-padded with greedy `generate` at `--torch_threads` threads
 (`ratio_vs_transformers`, `transformers_greedy_equal`). Sides run one after the other (engine,
 static, transformers) and the report is written after each, so a long run keeps what it did.
+Where a side's greedy tokens part from the engine's (bfloat16 rounds each program its own way),
+`divergences_vs_<side>` says where and whether the two tokens were a near-tie in float32.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def run_static(model, prompts, lengths, slots: int) -> dict:
 
   from morse_jax import llm
 
-  tokens, computed = [], 0
+  tokens, logprobs, computed = [], [], 0
   with CompileClock() as clock:
     start = time.perf_counter()
     for i in range(0, len(prompts), slots):
@@ -97,9 +99,11 @@ def run_static(model, prompts, lengths, slots: int) -> dict:
                                         pad_id=model.pad_id)
       out = llm.sample(model, batch, settings, rng=jax.random.key(0))
       tokens += [out.tokens[j, :b].tolist() for j, b in enumerate(budgets)]
+      logprobs += [out.logprobs[j, :b].tolist() for j, b in enumerate(budgets)]
       computed += len(batch) * max(budgets)  # every row runs to the batch's longest
     wall = time.perf_counter() - start
-  return _side(wall, clock, sum(lengths), computed) | {"tokens": tokens}
+  return _side(wall, clock, sum(lengths), computed) | {"tokens": tokens,
+                                                        "logprobs": logprobs}
 
 
 def run_engine(model, prompts, lengths, slots: int, steps_per_call: int = 8,
@@ -123,13 +127,14 @@ def run_engine(model, prompts, lengths, slots: int, steps_per_call: int = 8,
       peak = max(peak, usage, key=lambda u: u["bytes_held"])
     wall = time.perf_counter() - start
   tokens = [h.result().tokens.tolist() for h in handles]
+  logprobs = [h.result().logprobs.tolist() for h in handles]
   s = engine.stats
   held = sum(u["bytes_held"] for u in samples)
   live = sum(u["bytes_live"] for u in samples)
   ratio = max(u["slots_held"] / max(1.25 * u["tokens_live"] + psize * u["rows"], 1)
               for u in samples if u["rows"])
   return _side(wall, clock, sum(lengths), s["decode_computed"]) | {
-      "tokens": tokens, "config": {k: getattr(config, k) for k in (
+      "tokens": tokens, "logprobs": logprobs, "config": {k: getattr(config, k) for k in (
           "slots", "max_len", "page_size", "steps_per_call", "min_decode_rows", "prefill_chunk",
           "prefill_rows", "block_pages")},
       "decode_calls": s["decode_calls"], "prefill_calls": s["prefill_calls"],
@@ -173,6 +178,51 @@ def run_transformers(folder: str, dtype_name: str, prompts, lengths, slots: int,
           "torch_threads": threads, "tokens": tokens}
 
 
+def logprob_noise(ours, theirs, ours_logp, theirs_logp) -> float:
+  """The largest difference between two sides' log-probs of the tokens they agree on (each
+  request up to where its tokens part): how far apart the two programs' numbers are."""
+  noise = 0.0
+  for a, b, la, lb in zip(ours, theirs, ours_logp, theirs_logp):
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    noise = max([noise] + [abs(x - y) for x, y in zip(la[:same], lb[:same])])
+  return noise
+
+
+def divergences(model, prompts, ours, theirs, noise: float | None = None) -> list[dict]:
+  """Where two sides' greedy tokens part, each explained or not: for every request whose tokens
+  differ, its first differing position `at`, the two tokens, and their logits there in float32
+  (the model's weights cast to float32, exactly; the prompt and the shared reply prefix through
+  `llm.forward`). `gap`: the two logits' difference; `spacing`: bfloat16's spacing at the
+  larger one (2^(e - 7)); `near_tie`: the gap within the larger of that spacing and `noise`
+  (`logprob_noise`: how far the two sides' numbers already differ where they agree), so that
+  either side's choice is a rounding's. A request whose replies differ only in length has `at`
+  = the shorter length and no logits."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from morse_jax import llm
+
+  f32 = lambda a: a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a
+  params = jax.tree.map(f32, model.params)
+  last = jax.jit(lambda p, t: llm.forward(p, model.config, t, last_only=True)[0][0, -1])
+  out = []
+  for r, (prompt, a, b) in enumerate(zip(prompts, ours, theirs)):
+    if a == b:
+      continue
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    row = {"request": r, "at": at}
+    if at < min(len(a), len(b)):
+      logits = np.asarray(last(params, jnp.asarray([list(prompt) + a[:at]], jnp.int32)))
+      la, lb = float(logits[a[at]]), float(logits[b[at]])
+      spacing = float(2.0 ** (np.floor(np.log2(max(abs(la), abs(lb), 1e-30))) - 7))
+      row |= {"tokens": [a[at], b[at]], "logits": [la, lb], "gap": abs(la - lb),
+              "spacing": spacing, "near_tie": bool(abs(la - lb) <= max(spacing, noise or 0.0)),
+              "f32_argmax": int(np.argmax(logits))}
+    out.append(row)
+  return out
+
+
 def report(fields: dict, sides: dict, tokens: dict) -> dict:
   """The JSON fields of the sides run so far (ratios against the engine, greedy equality)."""
   out = {**fields, **sides}
@@ -210,13 +260,19 @@ def main(_):
     runs.append(("transformers", lambda: run_transformers(
         folder, f.dtype, prompts, lengths, f.slots, model.pad_id,
         f.torch_threads)))
-  sides, tokens = {}, {}
+  sides, tokens, logprobs, parted = {}, {}, {}, {}
   for name, run in runs:
     side = run()
-    tokens[name] = side.pop("tokens")
+    tokens[name], logprobs[name] = side.pop("tokens"), side.pop("logprobs", None)
     sides[name] = side
     print(name, side, flush=True)
-    write_report("ragged", f.out, **report(fields, sides, tokens))
+    if name != "engine" and f.divergences:
+      noise = None if logprobs[name] is None else logprob_noise(
+          tokens["engine"], tokens[name], logprobs["engine"], logprobs[name])
+      parted[f"logprob_noise_vs_{name}"] = noise
+      parted[f"divergences_vs_{name}"] = divergences(model, prompts, tokens["engine"],
+                                                     tokens[name], noise)
+    write_report("ragged", f.out, **report(fields, sides, tokens), **parted)
 
 
 if __name__ == "__main__":
@@ -233,5 +289,7 @@ if __name__ == "__main__":
   flags.DEFINE_integer("max_reply", 512, "Cap on a drawn reply length.")
   flags.DEFINE_integer("steps_per_call", 8, "Engine tokens per row per host round trip.")
   flags.DEFINE_integer("prefill_chunk", 128, "Engine prefill chunk.")
+  flags.DEFINE_bool("divergences", True, "Where the sides' greedy tokens part: the two tokens' "
+                    "float32 logits there (`divergences`).")
   flags.DEFINE_string("out", None, "Write the report as JSON to this file.")
   app.run(main)

@@ -2,9 +2,9 @@
 
 `cpu_attention` (the engine's decode attention over pages, `paged_attention_cpu.cc`) and
 `cpu_matmul` (a decode step's few-row weight products, `skinny_matmul_cpu.cc`) each run a kernel
-on a CPU backend and keep their plain-JAX path everywhere else. The sources (with the threading
-header `cpu_parallel.h`) are compiled together, once per source, compiler and CPU (`-O3
--march=native`), into `~/.cache/morse_jax/kernels` (`MORSE_KERNEL_CACHE` overrides), loaded with
+on a CPU backend and keep their plain-JAX path everywhere else. The sources (with the headers
+`cpu_parallel.h`, threads, and `cpu_vector.h`, 16-lane vectors) are compiled together, once per
+source, compiler and CPU (`-O3 -march=native`), into `~/.cache/morse_jax/kernels` (`MORSE_KERNEL_CACHE` overrides), loaded with
 ctypes, and every handler in `TARGETS` is registered for the cpu platform. Where no compiler is
 found or the build fails, or `MORSE_CPU_KERNELS=0`, `available()` is False (the reason in
 `unavailable_reason()`, logged once) and the JAX paths run: slower, the same numbers up to float
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 SOURCES = (_HERE / "paged_attention_cpu.cc", _HERE / "skinny_matmul_cpu.cc")
-HEADERS = (_HERE / "cpu_parallel.h",)
+HEADERS = (_HERE / "cpu_parallel.h", _HERE / "cpu_vector.h")
 # custom-call target name -> the library's handler symbol
 TARGETS = {
     "morse_paged_attention_f32": "PagedAttentionF32",

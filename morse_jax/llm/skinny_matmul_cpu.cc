@@ -25,78 +25,18 @@
 #include <string>
 
 #include "cpu_parallel.h"
+#include "cpu_vector.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef uint16_t h16 __attribute__((vector_size(32)));
-typedef uint32_t u16 __attribute__((vector_size(64)));
+using morse::load1;
+using morse::load16;
+using morse::v16;
 
 constexpr int64_t kBlock = 64;  // w rows (output columns) per work item
-
-inline v16 load16(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline v16 load16(const uint16_t* p) {  // 16 bfloat16 -> float32
-  h16 h;
-  std::memcpy(&h, p, sizeof h);
-  return (v16)(__builtin_convertvector(h, u16) << 16);
-}
-inline float load1(float v) { return v; }
-inline float load1(uint16_t v) {
-  uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// 16 lanes summed in a fixed tree: lane j + lane j + 8, then j + 4, j + 2, j + 1.
-inline float lanes_sum(v16 v) {
-  float a[16];
-  std::memcpy(a, &v, sizeof a);
-  for (int w = 8; w >= 1; w /= 2) {
-    for (int j = 0; j < w; ++j) a[j] += a[j + w];
-  }
-  return a[0];
-}
-
-// Lane l of the result: lanes_sum(a[bitrev(l)]), the same tree, for 16 vectors at once
-// (halves of each vector's segments folded pairwise: 15 adds instead of 16 x 15).
-inline v16 fold(v16 a, v16 b, int level) {
-  switch (level) {
-    case 0: return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
-                                           22, 23) +
-                   __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
-                                           28, 29, 30, 31);
-    case 1: return __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24,
-                                           25, 26, 27) +
-                   __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28,
-                                           29, 30, 31);
-    case 2: return __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12,
-                                           13, 28, 29) +
-                   __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14,
-                                           15, 30, 31);
-    default: return __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12,
-                                            28, 14, 30) +
-                    __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13,
-                                            29, 15, 31);
-  }
-}
-constexpr int kBitrev[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-
-inline void sums16(v16 (&a)[16], float* out) {
-  for (int level = 0, n = 16; n > 1; ++level, n /= 2) {
-    for (int i = 0; i < n / 2; ++i) a[i] = fold(a[2 * i], a[2 * i + 1], level);
-  }
-  float lanes[16];
-  std::memcpy(lanes, &a[0], sizeof lanes);
-  for (int l = 0; l < 16; ++l) out[kBitrev[l]] = lanes[l];
-}
 
 // y[m, n .. n + NR] for rows m0 .. m0 + MR: dot products of x rows with w rows.
 template <typename T, int NR, int MR>
@@ -118,9 +58,9 @@ void tile(const float* x, const T* w, float* y, int64_t K, int64_t N, int64_t m0
   }
   float sums[MR * NR];
   if constexpr (MR * NR == 16) {
-    sums16(acc, sums);
+    morse::sums16(acc, sums);
   } else {
-    for (int i = 0; i < MR * NR; ++i) sums[i] = lanes_sum(acc[i]);
+    for (int i = 0; i < MR * NR; ++i) sums[i] = morse::lanes_sum(acc[i]);
   }
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) {
