@@ -254,8 +254,9 @@ def main(_):
       prompt_tokens={"min": min(map(len, prompts)), "max": max(map(len, prompts))})
   folder = model_folder(f.model)
   runs = [("engine", lambda: run_engine(model, prompts, lengths, f.slots, f.steps_per_call,
-                                       f.prefill_chunk)),
-          ("static", lambda: run_static(model, prompts, lengths, f.slots))]
+                                       f.prefill_chunk))]
+  if f.static:
+    runs.append(("static", lambda: run_static(model, prompts, lengths, f.slots)))
   if f.transformers and folder:
     runs.append(("transformers", lambda: run_transformers(
         folder, f.dtype, prompts, lengths, f.slots, model.pad_id,
@@ -281,6 +282,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("model", "smollm2", "smollm2, a Hugging Face folder, tiny or a name in "
                       "llm.presets.ARCHITECTURES (random weights).")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and cache.")
+  flags.DEFINE_bool("static", True, "Also the static sampler (--nostatic: the engine alone).")
   flags.DEFINE_bool("transformers", True, "Also transformers' generate (model folders only).")
   flags.DEFINE_integer("torch_threads", 2, "torch threads of the transformers side.")
   flags.DEFINE_integer("requests", 128, "Requests in the workload.")

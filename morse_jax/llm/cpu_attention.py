@@ -18,21 +18,26 @@ import jax.numpy as jnp
 from morse_jax.llm.cpu_kernels import available
 
 MAX_QUERIES = 4  # queries a row up to which the kernel runs (decode: 1)
-# pool dtype -> the custom call's target name (`cpu_kernels.TARGETS`)
-_TARGETS = {jnp.dtype(jnp.float32): "morse_paged_attention_f32",
-            jnp.dtype(jnp.bfloat16): "morse_paged_attention_bf16"}
+# (pool storage dtype, the keys' dtype) -> the custom call's target name (`cpu_kernels.TARGETS`);
+# a bfloat16 pool may be stored as its uint16 bits (`paged.init_pool`)
+_TARGETS = {(jnp.dtype(jnp.float32),) * 2: "morse_paged_attention_f32",
+            (jnp.dtype(jnp.bfloat16),) * 2: "morse_paged_attention_bf16",
+            (jnp.dtype(jnp.uint16), jnp.dtype(jnp.bfloat16)): "morse_paged_attention_bf16_bits"}
 
 
-def takes(q, pool_k) -> bool:
-  """Whether `attend` takes this pass: few queries a row, a pool dtype the kernel reads."""
-  return (q.shape[1] <= MAX_QUERIES and jnp.dtype(pool_k.dtype) in _TARGETS
-          and available())
+def _target(pool_k, dtype=None) -> str | None:
+  return _TARGETS.get((jnp.dtype(pool_k.dtype), jnp.dtype(dtype or pool_k.dtype)))
 
 
-def attend(q, pool_k, pool_v, pages, q_pos, kv_len):
+def takes(q, pool_k, dtype=None) -> bool:
+  """Whether `attend` takes this pass: few queries a row, a pool the kernel reads (`dtype`: the
+  keys' dtype where the pool holds their bits; None: the pool's own)."""
+  return q.shape[1] <= MAX_QUERIES and _target(pool_k, dtype) is not None and available()
+
+
+def attend(q, pool_k, pool_v, pages, q_pos, kv_len, dtype=None):
   """`paged.paged_attention`'s result by the kernel: q [b, t, h, x], pool_k / pool_v
   [pages, kv, P, x], pages [b, n], q_pos [b, t], kv_len [b] -> [b, t, h, x] float32."""
-  call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(pool_k.dtype)],
-                          jax.ShapeDtypeStruct(q.shape, jnp.float32))
+  call = jax.ffi.ffi_call(_target(pool_k, dtype), jax.ShapeDtypeStruct(q.shape, jnp.float32))
   i32 = lambda a: jnp.asarray(a, jnp.int32)
   return call(q.astype(jnp.float32), pool_k, pool_v, i32(pages), i32(q_pos), i32(kv_len))

@@ -34,6 +34,7 @@ HEADERS = (_HERE / "cpu_parallel.h", _HERE / "cpu_vector.h")
 TARGETS = {
     "morse_paged_attention_f32": "PagedAttentionF32",
     "morse_paged_attention_bf16": "PagedAttentionBF16",
+    "morse_paged_attention_bf16_bits": "PagedAttentionBF16Bits",
     "morse_skinny_matmul_f32": "SkinnyMatmulF32",
     "morse_skinny_matmul_bf16": "SkinnyMatmulBF16",
     "morse_skinny_matmul_layer_f32": "SkinnyMatmulLayerF32",

@@ -48,6 +48,7 @@ import numpy as np
 
 from morse_jax.llm import engine_images, engine_steps, fused_decode, paged, vl
 from morse_jax.llm.bundle import Model
+from morse_jax.llm.model import bits_view
 from morse_jax.llm.pages import TRASH_PAGE, PageAllocator
 from morse_jax.llm.prefix_cache import PrefixCache, root_of
 from morse_jax.llm.paged import PagedRows
@@ -262,6 +263,9 @@ class Engine:
     unstack = default_unstack(model.params) if config.unstack is None else config.unstack
     # One program builds the copy (op by op it compiled a dozen small programs).
     self.fused = jax.jit(fused_decode.decode_layers)(model.params.layers) if unstack else None
+    # A 16-bit embedding gathered as its bits (`paged.forward_paged`; a view, made outside jit).
+    bits = bits_view(model.params)
+    self.embed_bits = None if bits is None else bits.embed
     if adapter is not None and getattr(adapter, "kernel", None) == "merged":
       # "merged" folds row 0's route into W for the whole batch: the engine's rows differ.
       adapter = dataclasses.replace(adapter, kernel="auto")
@@ -600,8 +604,8 @@ class Engine:
     self.pool, self.pending = engine_steps.prefill(
         self.model.params, self.fused, self._adapter_for(rows, r), self.pool, self.pending,
         self._slot_index(rows, r), tokens, PagedRows(self._table(rows, r), start, count), last,
-        *self._image_chunk(rows, chunks, r, t), config=self.model.config,
-        block_pages=cfg.block_pages)
+        *self._image_chunk(rows, chunks, r, t), embed_bits=self.embed_bits,
+        config=self.model.config, block_pages=cfg.block_pages)
     self.stats["prefill_calls"] += 1
     self.stats["prefill_computed"] += r * t
     self.stats["prefill_tokens"] += sum(chunks)
@@ -680,7 +684,7 @@ class Engine:
     self.pool, self.pending, out = engine_steps.decode(
         self.model.params, self.fused, self._adapter_for(rows, r), self.pool, self.pending,
         self._slot_index(rows, r), active, self._table(rows, r), length, generated, settings,
-        offset, config=self.model.config, steps=cfg.steps_per_call,
+        offset, self.embed_bits, config=self.model.config, steps=cfg.steps_per_call,
         block_pages=cfg.block_pages)
     out = jax.device_get(out)
     emitted = (out.tokens >= 0).sum(axis=1)

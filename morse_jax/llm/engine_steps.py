@@ -44,13 +44,14 @@ class Decoded(NamedTuple):
 @functools.partial(jax.jit, static_argnames=("config", "steps", "block_pages"),
                    donate_argnames=("pool", "pending"))
 def decode(params: Params, fused, adapter, pool: PagePool, pending, idx, active, pages, length,
-           generated, row: RowSettings, offset=None, *, config: LlmConfig, steps: int,
-           block_pages: int):
+           generated, row: RowSettings, offset=None, embed_bits=None, *, config: LlmConfig,
+           steps: int, block_pages: int):
   """Up to `steps` tokens for each active row of `idx` (a while loop that ends when every row
   is done), all on device; (pool, pending, Decoded).
 
   offset: [r] int32, each row's rotary position less its slot (Qwen2.5-VL's rope delta: text
   after an image goes on from the image's largest position); None: the slot (a text model).
+  embed_bits: the embedding as its uint16 bits (`forward_paged`), or None.
 
   pending: [S, v] float32, each slot's logits for its next token (from prefill or the last
   step). A row emits a token from its logits, then runs it through the decoder for the next
@@ -79,7 +80,8 @@ def decode(params: Params, fused, adapter, pool: PagePool, pending, idx, active,
     new_logits, pool = forward_paged(params, config, token[:, None],
                                      PagedRows(pages, length, count), pool, adapter=adapter,
                                      fused=fused, block_pages=block_pages,
-                                     rope=None if offset is None else (length + offset)[:, None])
+                                     rope=None if offset is None else (length + offset)[:, None],
+                                     embed_bits=embed_bits)
     logits = jnp.where(count[:, None] > 0, new_logits, logits)
     return step + 1, logits, pool, length + count, generated, done, out_tokens, out_logp
 
@@ -94,12 +96,14 @@ def decode(params: Params, fused, adapter, pool: PagePool, pending, idx, active,
 @functools.partial(jax.jit, static_argnames=("config", "block_pages"),
                    donate_argnames=("pool", "pending"))
 def prefill(params: Params, fused, adapter, pool: PagePool, pending, idx, tokens, rows: PagedRows,
-            last, rope=None, image=None, *, config: LlmConfig, block_pages: int):
+            last, rope=None, image=None, embed_bits=None, *, config: LlmConfig,
+            block_pages: int):
   """One chunk of each row's prompt into its pages; a row whose prompt ends in this chunk
   (`last`) gets its next-token logits in `pending`. (pool, pending). rope, image: the chunk's
   Qwen2.5-VL inputs (`forward_paged`'s); None for a text model."""
   logits, pool = forward_paged(params, config, tokens, rows, pool, adapter=adapter, fused=fused,
-                               block_pages=block_pages, rope=rope, image=image)
+                               block_pages=block_pages, rope=rope, image=image,
+                               embed_bits=embed_bits)
   target = jnp.where(last, idx, pending.shape[0])  # the others' logits are dropped
   return pool, pending.at[target].set(logits, mode="drop")
 
@@ -110,7 +114,8 @@ def fork(pool: PagePool, pending, src_pages, dst_pages, src_slots, dst_slots):
   ones are shared) and its leader's pending logits. Padding entries point past the pool / the
   slots and are dropped."""
   copy = lambda a: a.at[dst_pages].set(a[jnp.minimum(src_pages, a.shape[0] - 1)], mode="drop")
-  pool = PagePool(k=tuple(map(copy, pool.k)), v=tuple(map(copy, pool.v)))
+  pool = PagePool(k=tuple(map(copy, pool.k)), v=tuple(map(copy, pool.v)),
+                  dtype=pool.dtype)
   pending = pending.at[dst_slots].set(pending[jnp.minimum(src_slots, pending.shape[0] - 1)],
                                       mode="drop")
   return pool, pending

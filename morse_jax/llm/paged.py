@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,10 @@ class PagePool:
   # loop may copy the whole pool on XLA:CPU (as `fused_decode.unstack_cache` found for caches).
   k: tuple
   v: tuple
+  # The keys' and values' dtype where k / v hold their uint16 bits (`init_pool` stores a 16-bit
+  # float pool so: XLA:CPU scatters bfloat16 through a float32 copy of the whole pool); None:
+  # the arrays' own.
+  dtype: Any = dataclasses.field(default=None, metadata=dict(static=True))
 
   @property
   def page_size(self) -> int:
@@ -55,8 +59,34 @@ class PagePool:
 def init_pool(config: LlmConfig, num_pages: int, page_size: int, dtype=jnp.float32) -> PagePool:
   shape = (num_pages, config.num_kv_heads, page_size, config.head_dim)
   layers = range(config.num_layers)
-  return PagePool(k=tuple(jnp.zeros(shape, dtype) for _ in layers),
-                  v=tuple(jnp.zeros(shape, dtype) for _ in layers))
+  dtype = jnp.dtype(dtype)
+  stored = jnp.uint16 if dtype.itemsize == 2 else dtype
+  return PagePool(k=tuple(jnp.zeros(shape, stored) for _ in layers),
+                  v=tuple(jnp.zeros(shape, stored) for _ in layers),
+                  dtype=dtype if stored == jnp.uint16 else None)
+
+
+def _bits(a):
+  return jax.lax.bitcast_convert_type(a, jnp.uint16)
+
+
+def write_pages(layer, where, new, dtype):
+  """`layer` [pages, kv, P, x] (a `PagePool`'s, of keys or values of `dtype`) with `new` [b, t,
+  kv, x] written at `where` (page [b, t], offset [b, t]: advanced indices around the kv-head
+  slice). A uint16 layer holds its 16-bit floats' bits and takes new's bits: XLA:CPU scatters
+  bfloat16 by converting the whole layer to float32 and back, four passes over every page for
+  each token (Qwen2.5-Coder-1.5B's decode call spent 6 of its 6.9 s there), and a bitcast of
+  the whole layer is a copy too; an integer scatter writes in place."""
+  page, offset = where
+  new = new.astype(dtype or layer.dtype)
+  return layer.at[page, :, offset].set(_bits(new) if layer.dtype == jnp.uint16 else new)
+
+
+def read_pages(block, dtype):
+  """Gathered pages of a `PagePool` layer as float32 (a uint16 layer holds `dtype`'s bits)."""
+  if block.dtype == jnp.uint16:
+    block = jax.lax.bitcast_convert_type(block, dtype)
+  return block.astype(jnp.float32)
 
 
 def page_bytes(config: LlmConfig, page_size: int, dtype) -> int:
@@ -79,20 +109,24 @@ class PagedRows(NamedTuple):
   count: jax.Array
 
 
-def paged_attention(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int):
+def paged_attention(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int, dtype=None):
   """q [b, t, h, x] at positions q_pos [b, t] over the keys at positions < kv_len [b] (and <=
   the query's own) in one layer's pages pool_k / pool_v [pages, kv, P, x]: [b, t, h, x] f32.
 
   A pass of a few queries a row (decode) runs the C++ kernel on a CPU backend where it is built
-  (`cpu_attention`); everything else, and every other platform, runs `paged_attention_loop`."""
-  loop = functools.partial(paged_attention_loop, block_pages=block_pages)
+  (`cpu_attention`); everything else, and every other platform, runs `paged_attention_loop`.
+  dtype: the keys' and values' dtype where the pools hold their bits (uint16); None: the
+  pools' own."""
+  loop = functools.partial(paged_attention_loop, block_pages=block_pages, dtype=dtype)
   args = (q, pool_k, pool_v, pages, q_pos, kv_len)
-  if not cpu_attention.takes(q, pool_k):
+  if not cpu_attention.takes(q, pool_k, dtype):
     return loop(*args)
-  return jax.lax.platform_dependent(*args, cpu=cpu_attention.attend, default=loop)
+  kernel = functools.partial(cpu_attention.attend, dtype=dtype)
+  return jax.lax.platform_dependent(*args, cpu=kernel, default=loop)
 
 
-def paged_attention_loop(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int):
+def paged_attention_loop(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: int,
+                         dtype=None):
   """`paged_attention` in plain JAX (the kernel's reference): a loop over blocks of
   `block_pages` pages of the page table, up to the longest row, with the running max / sum /
   output of an online softmax; each block is gathered through the table
@@ -111,8 +145,8 @@ def paged_attention_loop(q, pool_k, pool_v, pages, q_pos, kv_len, block_pages: i
   def body(j, carry):
     m, l, acc = carry
     blk = jax.lax.dynamic_slice_in_dim(pages, j * bp, bp, axis=1)  # [b, bp]
-    kb = pool_k[blk].astype(jnp.float32)  # [b, bp, kv, P, x]
-    vb = pool_v[blk].astype(jnp.float32)
+    kb = read_pages(pool_k[blk], dtype)  # [b, bp, kv, P, x]
+    vb = read_pages(pool_v[blk], dtype)
     k_pos = j * slots + jnp.arange(slots).reshape(bp, psize)  # [bp, P]
     filled = k_pos[None] < kv_len[:, None, None]  # [b, bp, P]
     # A page's unfilled slots hold whatever its last row left (or the trash page's writes):
@@ -149,13 +183,12 @@ def _layer(x, lp, lora, adapter, project, config: LlmConfig, cos, sin, pool: Pag
     q = model.rms_norm(q, lp.q_norm, config.rms_norm_eps)
     k = model.rms_norm(k, lp.k_norm, config.rms_norm_eps)
   q, k = model._apply_rope(q, cos, sin), model._apply_rope(k, cos, sin)
-  page, offset = where
-  # Advanced indices (page [b, t], offset [b, t]) around the kv-head slice: [b, t, kv, x].
-  k_l = pool.k[i].at[page, :, offset].set(k.astype(pool.k[i].dtype))
-  v_l = pool.v[i].at[page, :, offset].set(v.astype(pool.v[i].dtype))
+  k_l, v_l = (write_pages(pool.k[i], where, k, pool.dtype),
+              write_pages(pool.v[i], where, v, pool.dtype))
   swap = lambda layers, new: layers[:i] + (new,) + layers[i + 1:]
-  pool = PagePool(k=swap(pool.k, k_l), v=swap(pool.v, v_l))
-  a = paged_attention(q, k_l, v_l, rows.pages, q_pos, rows.start + rows.count, block_pages)
+  pool = PagePool(k=swap(pool.k, k_l), v=swap(pool.v, v_l), dtype=pool.dtype)
+  a = paged_attention(q, k_l, v_l, rows.pages, q_pos, rows.start + rows.count, block_pages,
+                      pool.dtype)
   a = a.astype(x.dtype).reshape(b, t, config.q_size)
   x = x + project.o(a, lp, lora, adapter)
   h = model.rms_norm(x, lp.mlp_norm, config.rms_norm_eps)
@@ -165,7 +198,8 @@ def _layer(x, lp, lora, adapter, project, config: LlmConfig, cos, sin, pool: Pag
 
 
 def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, pool: PagePool, *,
-                  adapter=None, fused=None, block_pages: int = 16, rope=None, image=None):
+                  adapter=None, fused=None, block_pages: int = 16, rope=None, image=None,
+                  embed_bits=None):
   """tokens [b, t] (each row's `rows.count` real tokens first) through the decoder over pages;
   (logits [b, v] float32 at each row's last real token, the pool with this pass's k and v).
 
@@ -175,7 +209,10 @@ def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, po
   rope: the rotary positions, [b, t] or Qwen2.5-VL's three streams [b, 3, t]; None: the slots
     (a text model's). The slots still say where k / v go and what each query sees.
   image: (features [b, t, d], is_image [b, t] bool): the vision tower's tokens replacing the
-    image pad tokens' embeddings."""
+    image pad tokens' embeddings.
+  embed_bits: `model.bits_view(params).embed` (a 16-bit embedding as uint16, made outside jit),
+    gathered instead of the embedding: XLA:CPU gathers a bfloat16 table through a float32 copy
+    of all of it (Qwen2.5-Coder-1.5B's 467 MB, 934 MB written at every decode call)."""
   b, t = tokens.shape
   psize = pool.page_size
   idx = jnp.arange(t)
@@ -186,7 +223,10 @@ def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, po
   where = (page, positions % psize)
   rope = positions if rope is None else rope if rope.ndim == 2 else jnp.moveaxis(rope, 1, 0)
   cos, sin = model._rope_tables(rope, config)
-  x = jnp.take(params.embed, tokens, axis=0)
+  if embed_bits is None:
+    x = jnp.take(params.embed, tokens, axis=0)
+  else:
+    x = jax.lax.bitcast_convert_type(jnp.take(embed_bits, tokens, axis=0), params.embed.dtype)
   if image is not None:
     features, is_image = image
     x = jnp.where(is_image[..., None], features.astype(x.dtype), x)

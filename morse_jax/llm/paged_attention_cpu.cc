@@ -229,3 +229,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttentionF32, Impl<ffi::F32>, BIND);
 #define DT_ ffi::BF16
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttentionBF16, Impl<ffi::BF16>, BIND);
 #undef DT_
+// A bfloat16 pool stored as its uint16 bits (paged.py: XLA:CPU scatters bfloat16 through a
+// float32 copy of the whole pool): the same 16 bits, read as bfloat16.
+#define DT_ ffi::U16
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttentionBF16Bits, Impl<ffi::U16>, BIND);
+#undef DT_

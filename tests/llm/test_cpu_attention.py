@@ -67,6 +67,36 @@ def test_kernel_equals_the_jax_loop(dtype, b, t, h, kvh, x, ctx):
   assert not np.any(np.asarray(got)[1])  # the idle row sees no key: zeros
 
 
+def test_a_pool_of_bfloat16_bits_reads_as_bfloat16():
+  """The engine stores a bfloat16 pool as its uint16 bits (paged.init_pool): the kernel and the
+  loop read them as the bfloat16 values."""
+  assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
+  q, pk, pv, pages, q_pos, kv_len = _case(5, 1, 9, 3, 64, 300, jnp.bfloat16)
+  bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16)
+  want = jax.jit(cpu_attention.attend)(q, pk, pv, pages, q_pos, kv_len)
+  attend = functools.partial(cpu_attention.attend, dtype=jnp.bfloat16)
+  got = jax.jit(attend)(q, bits(pk), bits(pv), pages, q_pos, kv_len)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  clean = lambda a: jnp.where(jnp.isnan(a), jnp.zeros_like(a), a)
+  loop = paged.paged_attention_loop(q, bits(clean(pk)), bits(clean(pv)), pages, q_pos, kv_len,
+                                    block_pages=4, dtype=jnp.bfloat16)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(loop), atol=2e-6, rtol=2e-6)
+  assert cpu_attention.takes(q, bits(pk), jnp.bfloat16)
+  assert not cpu_attention.takes(q, bits(pk))  # bits without their dtype: not the kernel's
+
+
+def test_kernel_equals_the_loop_when_scores_span_hundreds():
+  """Scores far below the block's largest: the kernel's exp (cpu_vector.h's exp16, clamped at
+  -87.3) against jnp.exp, where most weights underflow."""
+  assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
+  q, *rest = _case(5, 1, 9, 3, 64, 300, jnp.float32)
+  args = (q * 40.0, *rest)
+  got = jax.jit(cpu_attention.attend)(*args)
+  want = _nan_free_loop(args)
+  assert bool(jnp.all(jnp.isfinite(got)))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
+
+
 def test_paged_attention_dispatches_to_the_kernel_on_cpu_only():
   assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
   args = _case(4, 1, 9, 3, 64, 100, jnp.float32)

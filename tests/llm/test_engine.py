@@ -283,3 +283,47 @@ def test_set_adapter_between_requests_only(model, adapter):
   engine.run()
   engine.set_adapter(dataclasses.replace(adapter, kernel="merged"))
   assert engine.adapter.kernel == "auto"  # the per-row kernel: "merged" holds one route
+
+
+def test_a_bfloat16_pool_is_written_as_its_bits_in_place(model, monkeypatch):
+  """A bfloat16 model's pool holds uint16 bits: its decode program scatters them in place, with
+  no float32 copy of a pool layer (XLA:CPU's bfloat16 scatter converts the whole layer to
+  float32 and back: four passes over every page a token), and reads them as bfloat16; the
+  embedding is gathered as its bits (XLA:CPU's bfloat16 gather converts the whole table)."""
+  from morse_jax.llm import engine_steps, paged
+
+  bf16 = llm.Model(CONFIG, jax.tree.map(lambda a: a.astype(jnp.bfloat16), model.params),
+                   stop_ids=(STOP,))
+  engine = Engine(bf16, ENGINE)
+  assert engine.pool.k[0].dtype == jnp.uint16 and engine.pool.dtype == jnp.bfloat16
+  calls = []
+  decode = engine_steps.decode
+
+  def recorded(*args, **kwargs):
+    calls.append((jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args),
+                  kwargs))
+    return decode(*args, **kwargs)
+
+  monkeypatch.setattr(engine_steps, "decode", recorded)
+  prompts = prompts_of([6, 19], seed=7)
+  out = engine.generate(prompts, settings(8), rng=jax.random.key(5))
+  for i, prompt in enumerate(prompts):  # the bits read back: the log-probs of a full forward
+    reply = out.tokens[i, :out.lengths[i]].tolist()
+    logits, _ = llm.forward(bf16.params, CONFIG, jnp.asarray([prompt + reply]))
+    logp = jax.nn.log_softmax(logits[0, len(prompt) - 1:-1].astype(jnp.float32), axis=-1)
+    want = np.asarray(jnp.take_along_axis(logp, jnp.asarray(reply)[:, None], axis=-1)[:, 0])
+    np.testing.assert_allclose(out.logprobs[i, :len(reply)], want, atol=0.05)
+  args, kwargs = calls[0]
+  hlo = decode.lower(*args, **kwargs).compile().as_text()
+  layer = engine.pool.k[0].shape
+  assert f"f32[{','.join(map(str, layer))}]" not in hlo
+  assert f"u16[{','.join(map(str, layer))}]" in hlo
+  # nor of the embedding: it is gathered as its bits too
+  assert f"f32[{CONFIG.vocab_size},{CONFIG.hidden_size}]" not in hlo
+  assert engine.embed_bits is not None and engine.embed_bits.dtype == jnp.uint16
+  # the bits, written and read back, are the bfloat16 values
+  k = jax.random.normal(jax.random.key(1), (2, 3) + layer[1:2] + layer[3:], jnp.bfloat16)
+  where = (jnp.asarray([[1, 1, 2], [3, 3, 3]]), jnp.asarray([[0, 1, 0], [4, 5, 6]]))
+  bits = paged.write_pages(jnp.zeros(layer, jnp.uint16), where, k, jnp.bfloat16)
+  back = paged.read_pages(bits[where[0], :, where[1]], jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(back), np.asarray(k.astype(jnp.float32)))
