@@ -39,6 +39,8 @@ TARGETS = {
     "morse_skinny_matmul_bf16": "SkinnyMatmulBF16",
     "morse_skinny_matmul_layer_f32": "SkinnyMatmulLayerF32",
     "morse_skinny_matmul_layer_bf16": "SkinnyMatmulLayerBF16",
+    "morse_skinny_matmul_bf16x": "SkinnyMatmulBF16X",
+    "morse_skinny_matmul_layer_bf16x": "SkinnyMatmulLayerBF16X",
 }
 _state: dict = {}
 

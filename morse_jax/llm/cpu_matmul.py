@@ -12,7 +12,8 @@ as fast or up to a fifth faster): the kernel's result for a row does not depend 
 beside it, so a row's tokens do not depend on how many others are live.
 
 The kernel takes x as float32 (a bfloat16 x converts exactly, and products of bfloat16 values
-are exact in float32, as under the einsum's float32 accumulation).
+are exact in float32, as under the einsum's float32 accumulation), or, bfloat16 x by bfloat16
+w, as it is: bf16 dot products (AVX512-BF16) with float32 sums.
 """
 
 from __future__ import annotations
@@ -36,18 +37,26 @@ def reference(x, w):
   return jnp.einsum("...d,nd->...n", x, w, preferred_element_type=jnp.float32)
 
 
+def _rows_and_target(x, w) -> tuple:
+  """x as [rows, k] for the kernel and its target: bfloat16 x by bfloat16 w keeps x as it is
+  (the kernel's bf16 dot products, `skinny_matmul_cpu.cc`); else x in float32."""
+  rows = x.reshape(-1, x.shape[-1])
+  if jnp.dtype(x.dtype) == jnp.dtype(w.dtype) == jnp.dtype(jnp.bfloat16):
+    return rows, "morse_skinny_matmul_bf16x"
+  return rows.astype(jnp.float32), _TARGETS[jnp.dtype(w.dtype)]
+
+
 def kernel(x, w):
   """`reference` by the kernel (CPU only)."""
-  rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-  call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(w.dtype)],
-                          jax.ShapeDtypeStruct((rows.shape[0], w.shape[0]), jnp.float32))
+  rows, target = _rows_and_target(x, w)
+  call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows.shape[0], w.shape[0]), jnp.float32))
   return call(rows, w).reshape(*x.shape[:-1], w.shape[0])
 
 
 def layer_kernel(x, w, layer):
   """`reference(x, w[layer])` by the kernel (CPU only), w [layers, n, k] read in place."""
-  rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-  call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(w.dtype)].replace("matmul", "matmul_layer"),
+  rows, target = _rows_and_target(x, w)
+  call = jax.ffi.ffi_call(target.replace("matmul", "matmul_layer"),
                           jax.ShapeDtypeStruct((rows.shape[0], w.shape[1]), jnp.float32))
   return call(rows, w, jnp.asarray(layer, jnp.int32)).reshape(*x.shape[:-1], w.shape[1])
 

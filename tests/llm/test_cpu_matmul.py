@@ -121,3 +121,23 @@ def test_the_stored_layers_decode_on_the_layer_kernel():
   want = model.STORED.qkv(h, lp, None, None, cfg)
   for a, b in zip(got, want):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 8), (5, 70, 101), (9, 48, 67), (17, 33, 130)])
+def test_bfloat16_x_by_bfloat16_w_equals_a_float64_loop(m, k, n):
+  """A bf16 model's decode (bf16 activations, bf16 weights): the kernel's bf16 dot products
+  (pairs of k into 16 float32 lanes, then the tail past 32) against float64 sums of the same
+  bf16 values; every tile shape and tail, the layer form too."""
+  assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
+  x, w = _case(m, k, n, jnp.bfloat16)
+  xb, wb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+  want = _loop(np.asarray(xb.astype(jnp.float32)), np.asarray(wb.astype(jnp.float32)))
+  got = np.asarray(jax.jit(cpu_matmul.kernel)(xb, wb))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+  assert "morse_skinny_matmul_bf16x" in jax.jit(cpu_matmul.kernel).lower(xb, wb).as_text()
+  stack = jnp.stack([wb * 2, wb])
+  layer = np.asarray(jax.jit(cpu_matmul.layer_kernel)(xb, stack, 1))
+  np.testing.assert_array_equal(layer, got)
+  together = got
+  for i in range(0, m, 4):  # a row alone: the same bits
+    np.testing.assert_array_equal(np.asarray(cpu_matmul.kernel(xb[i:i + 1], wb))[0], together[i])
