@@ -43,6 +43,26 @@ using morse::v16;
 
 constexpr int64_t kBlock = 64;  // w rows (output columns) per work item
 
+// A tile's end: its MR x NR lane vectors summed in the fixed tree, then the k past `body` in
+// order, into y.
+template <int NR, int MR, typename X, typename T>
+inline void finish(v16 (&acc)[MR * NR], const X* x, const T* w, float* y, int64_t body,
+                   int64_t K, int64_t N, int64_t m0, int64_t n) {
+  float sums[MR * NR];
+  if constexpr (MR * NR == 16) {
+    morse::sums16(acc, sums);
+  } else {
+    for (int i = 0; i < MR * NR; ++i) sums[i] = morse::lanes_sum(acc[i]);
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float s = sums[i * NR + j];
+      for (int64_t k = body; k < K; ++k) s += load1(x[(m0 + i) * K + k]) * load1(w[(n + j) * K + k]);
+      y[(m0 + i) * N + n + j] = s;
+    }
+  }
+}
+
 // y[m, n .. n + NR] for rows m0 .. m0 + MR: dot products of x rows with w rows.
 template <typename T, int NR, int MR>
 void tile(const float* x, const T* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n) {
@@ -61,19 +81,7 @@ void tile(const float* x, const T* w, float* y, int64_t K, int64_t N, int64_t m0
       for (int j = 0; j < NR; ++j) acc[i * NR + j] += xv * wv[j];
     }
   }
-  float sums[MR * NR];
-  if constexpr (MR * NR == 16) {
-    morse::sums16(acc, sums);
-  } else {
-    for (int i = 0; i < MR * NR; ++i) sums[i] = morse::lanes_sum(acc[i]);
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      float s = sums[i * NR + j];
-      for (int64_t k = body; k < K; ++k) s += x[(m0 + i) * K + k] * load1(w[(n + j) * K + k]);
-      y[(m0 + i) * N + n + j] = s;
-    }
-  }
+  finish<NR, MR>(acc, x, w, y, body, K, N, m0, n);
 }
 
 template <typename T, int NR>
@@ -139,7 +147,7 @@ ffi::Error Run(ffi::ThreadPool& pool, const float* x, const T* w, float* y, int6
 // conversion of w, where at 16+ rows the f32 path is bound by the cores' FMA rate (PyTorch's
 // oneDNN uses the same instruction). The order is fixed per output element, as above, so a
 // row's result still does not depend on its company. Elsewhere x is widened to float32 and the
-// f32 path runs (exact: bf16 values are float32 values).
+// f32 path runs (exact: bf16 values are float32 values). `Run` for a bf16 x is this overload.
 #ifdef __AVX512BF16__
 template <int NR, int MR>
 void tile_dp(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int64_t N, int64_t m0,
@@ -161,19 +169,7 @@ void tile_dp(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int64_t 
       }
     }
   }
-  float sums[MR * NR];
-  if constexpr (MR * NR == 16) {
-    morse::sums16(acc, sums);
-  } else {
-    for (int i = 0; i < MR * NR; ++i) sums[i] = morse::lanes_sum(acc[i]);
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      float s = sums[i * NR + j];
-      for (int64_t k = body; k < K; ++k) s += load1(x[(m0 + i) * K + k]) * load1(w[(n + j) * K + k]);
-      y[(m0 + i) * N + n + j] = s;
-    }
-  }
+  finish<NR, MR>(acc, x, w, y, body, K, N, m0, n);
 }
 
 template <int NR>
@@ -189,8 +185,8 @@ void rows_dp(const uint16_t* x, const uint16_t* w, float* y, int64_t M, int64_t 
   }
 }
 
-ffi::Error RunBF16X(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* w, float* y,
-                    int64_t M, int64_t K, int64_t N) {
+ffi::Error Run(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* w, float* y, int64_t M,
+               int64_t K, int64_t N) {
   auto fn = [=](int64_t item) {
     const int64_t end = std::min(N, item * kBlock + kBlock);
     int64_t n = item * kBlock;
@@ -201,8 +197,8 @@ ffi::Error RunBF16X(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* w,
   return ffi::Error::Success();
 }
 #else
-ffi::Error RunBF16X(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* w, float* y,
-                    int64_t M, int64_t K, int64_t N) {
+ffi::Error Run(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* w, float* y, int64_t M,
+               int64_t K, int64_t N) {
   std::vector<float> wide(M * K);
   for (int64_t i = 0; i < M * K; ++i) wide[i] = load1(x[i]);
   return Run<uint16_t>(pool, wide.data(), w, y, M, K, N);
@@ -215,9 +211,9 @@ std::string Shape(ffi::Span<const int64_t> d) {
   return s;
 }
 
-// y = x @ w^T, w [n, k].
-template <ffi::DataType DT>
-ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
+// y = x @ w^T, w [n, k]; x float32, or bfloat16 with a bfloat16 w (the overloads of `Run`).
+template <ffi::DataType XT, ffi::DataType DT>
+ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<DT> w,
                 ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || wd[1] != xd[1] ||
@@ -230,8 +226,8 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w
 
 // y = x @ w[layer]^T, w [layers, n, k] (stacked layers read in place: a slice of them passed
 // to a custom call would be copied first, a whole layer's weights per token).
-template <ffi::DataType DT>
-ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
+template <ffi::DataType XT, ffi::DataType DT>
+ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<XT> x, ffi::Buffer<DT> w,
                      ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 3 || wd[2] != xd[1] || layer.element_count() != 1 ||
@@ -248,70 +244,32 @@ ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<
              xd[1], wd[1]);
 }
 
-// y = x @ w^T and y = x @ w[layer]^T with x and w bfloat16 (`RunBF16X`).
-ffi::Error ImplBF16X(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
-                     ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || wd[1] != xd[1] ||
-      y->element_count() != xd[0] * wd[0]) {
-    return ffi::Error::InvalidArgument("skinny_matmul_cpu: shapes do not agree (x " +
-                                       Shape(xd) + ", w [out, in] " + Shape(wd) + ")");
-  }
-  return RunBF16X(pool, x.typed_data(), w.typed_data(), y->typed_data(), xd[0], xd[1], wd[0]);
-}
-
-ffi::Error LayerImplBF16X(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
-                          ffi::Buffer<ffi::BF16> w, ffi::Buffer<ffi::S32> layer,
-                          ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 3 || wd[2] != xd[1] || layer.element_count() != 1 ||
-      y->element_count() != xd[0] * wd[1]) {
-    return ffi::Error::InvalidArgument("skinny_matmul_cpu: shapes do not agree (x " +
-                                       Shape(xd) + ", w [layers, out, in] " + Shape(wd) + ")");
-  }
-  const int64_t i = layer.typed_data()[0];
-  if (i < 0 || i >= wd[0]) {
-    return ffi::Error::InvalidArgument("skinny_matmul_cpu: layer " + std::to_string(i) +
-                                       " out of range for " + std::to_string(wd[0]) + " layers");
-  }
-  return RunBF16X(pool, x.typed_data(), w.typed_data() + i * wd[1] * wd[2], y->typed_data(),
-                  xd[0], xd[1], wd[1]);
-}
-
 }  // namespace
 
-#define BIND(DT)                    \
+#define BIND(XT, DT)                \
   ffi::Ffi::Bind()                  \
       .Ctx<ffi::ThreadPool>()       \
-      .Arg<ffi::Buffer<ffi::F32>>() \
+      .Arg<ffi::Buffer<XT>>()       \
       .Arg<ffi::Buffer<DT>>()       \
       .Ret<ffi::Buffer<ffi::F32>>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulF32, Impl<ffi::F32>, BIND(ffi::F32));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulBF16, Impl<ffi::BF16>, BIND(ffi::BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulF32, (Impl<ffi::F32, ffi::F32>), BIND(ffi::F32, ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulBF16, (Impl<ffi::F32, ffi::BF16>),
+                              BIND(ffi::F32, ffi::BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulBF16X, (Impl<ffi::BF16, ffi::BF16>),
+                              BIND(ffi::BF16, ffi::BF16));
 
-#define BIND_LAYER(DT)              \
+#define BIND_LAYER(XT, DT)          \
   ffi::Ffi::Bind()                  \
       .Ctx<ffi::ThreadPool>()       \
-      .Arg<ffi::Buffer<ffi::F32>>() \
+      .Arg<ffi::Buffer<XT>>()       \
       .Arg<ffi::Buffer<DT>>()       \
       .Arg<ffi::Buffer<ffi::S32>>() \
       .Ret<ffi::Buffer<ffi::F32>>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerF32, LayerImpl<ffi::F32>, BIND_LAYER(ffi::F32));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerBF16, LayerImpl<ffi::BF16>,
-                              BIND_LAYER(ffi::BF16));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulBF16X, ImplBF16X,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerBF16X, LayerImplBF16X,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerF32, (LayerImpl<ffi::F32, ffi::F32>),
+                              BIND_LAYER(ffi::F32, ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerBF16, (LayerImpl<ffi::F32, ffi::BF16>),
+                              BIND_LAYER(ffi::F32, ffi::BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SkinnyMatmulLayerBF16X, (LayerImpl<ffi::BF16, ffi::BF16>),
+                              BIND_LAYER(ffi::BF16, ffi::BF16));
