@@ -226,7 +226,7 @@ def forward_paged(params: Params, config: LlmConfig, tokens, rows: PagedRows, po
   if embed_bits is None:
     x = jnp.take(params.embed, tokens, axis=0)
   else:
-    x = jax.lax.bitcast_convert_type(jnp.take(embed_bits, tokens, axis=0), params.embed.dtype)
+    x = model._from_bits(jnp.take(embed_bits, tokens, axis=0), params.embed)
   if image is not None:
     features, is_image = image
     x = jnp.where(is_image[..., None], features.astype(x.dtype), x)
