@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_parallel.h"
@@ -38,14 +39,16 @@ struct Dims {
 
 // One block of 16 keys for G query heads of one kv head (G <= 3: their accumulators fit the
 // vector registers), each key and value loaded once for all G. Lanes past the block's n keys
-// read a row of zeros and are masked out.
+// read a row of zeros and are masked out. The next block's first next_n keys and values are
+// prefetched into L2, a line beside each line of this block's loads (see `attend`).
 //
 // q . k: each dot product sums x in 16-lane chunks in order, then its lanes in the fixed tree
 // (`sums16`), then the x % 16 tail; p . v: each output sums the block's keys in order; so a
 // row's numbers never depend on the slot, the rows around it or the threads.
 template <int G, typename T>
 inline void block(const float* q, const T* const* keys, const T* const* values, int64_t n,
-                  int64_t x, float* m, float* l, float* acc) {
+                  int64_t x, float* m, float* l, float* acc, const T* const* next_keys,
+                  const T* const* next_values, int64_t next_n) {
   constexpr int kHalf = kKeys / 2;  // keys per pass: G x 8 sums in registers
   const int64_t body = x - x % 16;
   v16 dots[G][kKeys];
@@ -56,6 +59,7 @@ inline void block(const float* q, const T* const* keys, const T* const* values, 
       for (int j = 0; j < G; ++j) qv[j] = morse::load16(q + j * x + c);
 #pragma GCC unroll 8
       for (int r = 0; r < kHalf; ++r) {
+        if (half + r < next_n) __builtin_prefetch(next_keys[half + r] + c, 0, 2);
         const v16 kv = morse::load16(keys[half + r] + c);
         for (int j = 0; j < G; ++j) a[j][r] += qv[j] * kv;
       }
@@ -85,6 +89,7 @@ inline void block(const float* q, const T* const* keys, const T* const* values, 
     for (int j = 0; j < G; ++j) a[j] = morse::load16(acc + j * x + c) * corr[j];
 #pragma GCC unroll 16
     for (int r = 0; r < kKeys; ++r) {
+      if (r < next_n) __builtin_prefetch(next_values[r] + c, 0, 2);
       const v16 vv = morse::load16(values[r] + c);
       for (int j = 0; j < G; ++j) a[j] += w[j][r] * vv;
     }
@@ -112,6 +117,8 @@ void attend(const Dims& d, const float* q, const T* pool_k, const T* pool_v,
   const std::vector<T> zeros(x, T{});  // the keys and values of a partial block's empty lanes
   const T* keys[kKeys];
   const T* values[kKeys];
+  const T* next_keys[kKeys];
+  const T* next_values[kKeys];
   for (int64_t i = 0; i < d.t; ++i) {
     const int64_t at = (row * d.t + i) * d.h + k * g;  // first of this kv head's query heads
     float* o = out + at * x;
@@ -147,26 +154,31 @@ void attend(const Dims& d, const float* q, const T* pool_k, const T* pool_v,
       }
       // The next block's keys and values are fetched (into L2) while this one is summed: its
       // pages lie anywhere in the pool, so the hardware prefetcher cannot guess them (into L1,
-      // 128 lines a block, the fetches were 20 % slower in a C++ harness).
-      const int64_t ahead = std::min<int64_t>(kKeys, limit - p0 - kKeys);
+      // 128 lines a block, the fetches were 20 % slower in a C++ harness). `block` issues them
+      // one line beside each load of this block: all 128 at the block's start left the core
+      // waiting in the model (a call's KV is cold there), 1.5x the time of spreading them
+      // (`benchmarks.engine_step_cpu`, SmolLM2 4 x 460 and 32 x 280); 2 or 4 blocks ahead
+      // instead of 1 changed nothing.
+      const int64_t ahead = std::max<int64_t>(0, std::min<int64_t>(kKeys, limit - p0 - kKeys));
       for (int64_t r = 0, pj = ahead_page, slot = ahead_slot, off = ahead > 0 ? base(pj) : 0;
            r < ahead; ++r) {
-        const char* kp = reinterpret_cast<const char*>(pool_k + off + slot * x);
-        const char* vp = reinterpret_cast<const char*>(pool_v + off + slot * x);
-        for (int64_t byte = 0; byte < x * int64_t{sizeof(T)}; byte += 64) {
-          __builtin_prefetch(kp + byte, 0, 2);
-          __builtin_prefetch(vp + byte, 0, 2);
-        }
+        next_keys[r] = pool_k + off + slot * x;
+        next_values[r] = pool_v + off + slot * x;
         if (++slot == P && r + 1 < ahead) slot = 0, off = base(++pj);
       }
       advance(at_page, at_slot, kKeys);
       advance(ahead_page, ahead_slot, kKeys);
       for (int64_t j = 0; j < g; j += 3) {  // heads in groups of 3, then the 1 or 2 left
         float *qj = qs.data() + j * x, *aj = acc.data() + j * x;
+        const int64_t nn = j == 0 ? ahead : 0;  // the first group fetches the next block
+        auto run = [&](auto G) {
+          block<decltype(G)::value>(qj, keys, values, n, x, &m[j], &l[j], aj, next_keys,
+                                    next_values, nn);
+        };
         switch (std::min<int64_t>(3, g - j)) {
-          case 1: block<1>(qj, keys, values, n, x, &m[j], &l[j], aj); break;
-          case 2: block<2>(qj, keys, values, n, x, &m[j], &l[j], aj); break;
-          default: block<3>(qj, keys, values, n, x, &m[j], &l[j], aj); break;
+          case 1: run(std::integral_constant<int, 1>{}); break;
+          case 2: run(std::integral_constant<int, 2>{}); break;
+          default: run(std::integral_constant<int, 3>{}); break;
         }
       }
     }
