@@ -16,8 +16,8 @@
 // prefetches go to L2 (prefetcht1), not L1: into L1 they held the core's L1 miss buffers that
 // its own loads wait for, and SmolLM2's decode products at 4 rows ran at 70 % of the machine's
 // read bandwidth (25.3 ms a token); into L2, at the read floor (18.6-19.2 ms; 8 rows 32 -> 23.5
-// ms; `benchmarks.decode_matmul_cpu`, AMD EPYC). Prefetching 2 or 4 groups ahead instead, or
-// not at all, was no faster or slower.
+// ms; `benchmarks.decode_matmul_cpu`, AMD EPYC). Into L1 2 or 4 groups ahead was no faster;
+// without prefetches, slower still (28.2 ms).
 // Items: blocks of 64 output columns (w rows), spread over XLA's intra-op threads.
 //
 // Summation order: each output element sums its k products in one fixed order whatever the x
