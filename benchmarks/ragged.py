@@ -245,11 +245,14 @@ def main(_):
   f = flags.FLAGS
   model = bench_model(f.model, f.dtype)
   prompts, lengths = workload(model, f.requests, f.seed, f.max_reply)
+  if f.reply_tokens:  # every reply this long (1: the prompts' prefill, timed alone)
+    lengths = [f.reply_tokens] * len(prompts)
   print(f"{len(prompts)} requests, prompts {min(map(len, prompts))}..{max(map(len, prompts))} "
         f"tokens, replies {min(lengths)}..{max(lengths)} (sum {sum(lengths)})", flush=True)
   fields = dict(
       model=f.model, dtype=f.dtype, requests=len(prompts), slots=f.slots,
-      reply_lengths={"source": REPLIES, "seed": f.seed, "cap": f.max_reply,
+      reply_lengths={"source": f"fixed at {f.reply_tokens}" if f.reply_tokens else REPLIES,
+                     "seed": f.seed, "cap": f.max_reply,
                      "sum": sum(lengths), "min": min(lengths), "max": max(lengths)},
       prompt_tokens={"min": min(map(len, prompts)), "max": max(map(len, prompts))})
   folder = model_folder(f.model)
@@ -289,6 +292,8 @@ if __name__ == "__main__":
   flags.DEFINE_integer("slots", 16, "Engine slots = the static sampler's batch rows.")
   flags.DEFINE_integer("seed", 0, "Seed of the reply-length draw.")
   flags.DEFINE_integer("max_reply", 512, "Cap on a drawn reply length.")
+  flags.DEFINE_integer("reply_tokens", 0, "Every reply this many tokens instead of the drawn "
+                       "lengths (1: the prompts' prefill alone); 0: drawn.")
   flags.DEFINE_integer("steps_per_call", 8, "Engine tokens per row per host round trip.")
   flags.DEFINE_integer("prefill_chunk", 128, "Engine prefill chunk.")
   flags.DEFINE_bool("divergences", True, "Where the sides' greedy tokens part: the two tokens' "
